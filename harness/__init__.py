@@ -1,0 +1,1 @@
+"""servelab measuring core: engine loop, model, request state, replay, metrics, telemetry, CLI."""

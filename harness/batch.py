@@ -1,0 +1,69 @@
+"""The one explicit description of a model step, shared by the engine, the model and attention.
+
+Every engine step packs the new tokens of all scheduled sequences into one ragged batch:
+no padding, one row per new token. `ForwardBatch` says which tokens those are, where each
+one sits in its sequence, where its key/value go in the KV cache, and how attention must
+read the cache back. The model knows nothing about scheduling; it only reads this.
+
+KV cache layout (both KV strategies): per layer, `k` and `v` are tensors of shape
+`[num_blocks, block_size, num_kv_heads, head_dim]`, viewed flat as
+`[num_slots, num_kv_heads, head_dim]` with `slot = block * block_size + offset`.
+Contiguous KV gives each request one run of consecutive slots (`slab_starts`); paged KV
+maps position `p` of sequence `b` to `block_tables[b, p // block_size] * block_size +
+p % block_size`. New tokens' K/V are written at `slot_mapping` before attention reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    """A packed ragged batch: `B` sequences contributing `T` new tokens in total.
+
+    Sequence `b` owns rows `query_start_loc[b] : query_start_loc[b + 1]`; its new tokens
+    are the last `query_lens[b]` positions of a context of `seq_lens[b]` tokens, so the
+    query at row offset `i` sits at position `seq_lens[b] - query_lens[b] + i` and attends
+    causally to positions `0 ..` that position.
+    """
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    query_start_loc: torch.Tensor  # [B + 1] int32 (CPU)
+    seq_lens: torch.Tensor  # [B] int32 (CPU), cached + new tokens after this step
+    query_lens: list[int]  # [B] new tokens per sequence (Python ints, for per-sequence loops)
+    slot_mapping: torch.Tensor  # [T] int64, flat KV slot for each new token
+    logits_indices: torch.Tensor  # [S] int64, rows whose next-token logits are needed
+    slab_starts: torch.Tensor | None = None  # [B] int64, contiguous KV: first slot of each slab
+    block_tables: torch.Tensor | None = None  # [B, max_blocks] int32, paged KV
+    block_size: int = 1
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def is_decode_only(self) -> bool:
+        return all(n == 1 for n in self.query_lens)
+
+    def to(self, device: torch.device) -> ForwardBatch:
+        """Move the tensors the model reads on-device; host-side lists stay on the host."""
+        return ForwardBatch(
+            input_ids=self.input_ids.to(device, non_blocking=True),
+            positions=self.positions.to(device, non_blocking=True),
+            query_start_loc=self.query_start_loc,
+            seq_lens=self.seq_lens,
+            query_lens=self.query_lens,
+            slot_mapping=self.slot_mapping.to(device, non_blocking=True),
+            logits_indices=self.logits_indices.to(device, non_blocking=True),
+            slab_starts=self.slab_starts,
+            block_tables=None if self.block_tables is None else self.block_tables.to(device),
+            block_size=self.block_size,
+        )

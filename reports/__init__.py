@@ -1,0 +1,1 @@
+"""HTML reports built from run and sweep directories."""

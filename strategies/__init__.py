@@ -1,0 +1,1 @@
+"""Pluggable serving strategies: batching, KV cache management, head layouts, weights, decoding."""

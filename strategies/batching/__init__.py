@@ -1,0 +1,1 @@
+"""Batching strategies: static (FasterTransformer-style) and iteration-level (Orca)."""

@@ -1,0 +1,1 @@
+"""KV cache strategies: contiguous slabs and paged blocks."""
