@@ -1,0 +1,144 @@
+"""The `servelab` command: a Hydra run by default, or a tool verb in front of the overrides.
+
+`servelab [overrides]` runs one configuration (`-m` sweeps). Verbs:
+`servelab workload show [overrides]`, `servelab report DIR...`, `servelab calibrate`,
+`servelab kv-size [overrides]`. Every verb that needs configuration composes the same
+Hydra config tree, so every override works the same way everywhere. Bad input prints one
+line naming the field and the fix, and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from harness.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+GROUPS = ("model", "workload", "strategy")
+
+
+def check_group_choices(overrides: list[str]) -> None:
+    """Unknown preset names fail here with one line, before Hydra's longer message."""
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key in GROUPS and value and "," not in value:
+            if not (CONF_DIR / key / f"{value}.yaml").is_file():
+                known = ", ".join(sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml")))
+                raise ConfigError(key, f"unknown preset {value!r}; choose one of: {known}")
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    check_group_choices(overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+def run_main() -> None:
+    """The Hydra entry point: one run per job, into Hydra's output directory."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
+    def job(cfg: DictConfig) -> None:
+        from harness.run import run
+        from harness.summary_table import render_summary
+
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        try:
+            summary = run(cfg, run_dir)
+        except ConfigError as error:
+            print(f"servelab: error: {error}", file=sys.stderr)
+            sys.exit(2)
+        render_summary(summary, str(run_dir))
+
+    check_group_choices([a for a in sys.argv[1:] if not a.startswith("-")])
+    job()
+
+
+def workload_show(args: list[str]) -> None:
+    from harness.loaders.load import resolve_model_path
+    from harness.run import cache_dir_of, load_tokenizer_for_dummy
+    from harness.tokenizer import load_tokenizer
+    from workloads.build import build_workload
+    from workloads.show import render_workload
+
+    if not args or args[0] != "show":
+        raise ConfigError("workload", "usage: servelab workload show [workload=NAME] [overrides]")
+    cfg = compose(args[1:])
+    path = resolve_model_path(cfg.model, cache_dir_of(cfg))
+    tokenizer = load_tokenizer(path) if path is not None else load_tokenizer_for_dummy(cfg)
+    max_context = _max_context(cfg, path)
+    print(render_workload(build_workload(cfg.workload, tokenizer, max_context), max_context))
+
+
+def _max_context(cfg: DictConfig, path: Path | None) -> int:
+    from harness.loaders.dummy import DUMMY_SHAPES
+    from harness.loaders.gguf_file import read_gguf_config
+    from harness.loaders.hf_folder import read_hf_config
+
+    if path is None:
+        return DUMMY_SHAPES[cfg.model.shape].max_context
+    if path.is_dir():
+        return read_hf_config(path).max_context
+    from gguf import GGUFReader
+
+    return read_gguf_config(GGUFReader(str(path))).max_context
+
+
+def report(args: list[str]) -> None:
+    from reports.cli import report_main
+
+    if not args:
+        raise ConfigError("report", "usage: servelab report DIR [DIR ...] [--out FILE]")
+    out = None
+    if "--out" in args:
+        index = args.index("--out")
+        out = Path(args[index + 1])
+        args = args[:index] + args[index + 2 :]
+    for path in report_main([Path(a) for a in args], out, None):
+        print(path)
+
+
+def calibrate(args: list[str]) -> None:
+    from harness.calibrate import calibrate_main
+    from harness.run import cache_dir_of
+    from harness.settings import DTYPES, resolve_device
+
+    refresh = "--refresh" in args
+    cfg = compose([a for a in args if a != "--refresh"])
+    device = resolve_device(str(cfg.engine.device))
+    dtypes = [DTYPES["fp32"], DTYPES["bf16"]] + ([DTYPES["fp16"]] if device.type == "cuda" else [])
+    print(calibrate_main(device, dtypes, cache_dir_of(cfg), refresh))
+
+
+def kv_size(args: list[str]) -> None:
+    from harness.kv_size import kv_size_main
+
+    print(kv_size_main(compose(args)))
+
+
+VERBS: dict[str, Callable[[list[str]], None]] = {
+    "workload": workload_show,
+    "report": report,
+    "calibrate": calibrate,
+    "kv-size": kv_size,
+}
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    try:
+        if args and args[0] in VERBS:
+            VERBS[args[0]](args[1:])
+        else:
+            run_main()
+    except ConfigError as error:
+        print(f"servelab: error: {error}", file=sys.stderr)
+        sys.exit(2)

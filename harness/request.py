@@ -1,0 +1,93 @@
+"""A request's state as it moves through the engine.
+
+`num_computed_tokens` is the one counter every strategy moves: it catches up with
+`len(all_token_ids)` as prefill chunks and decode steps run; a prefix-cache hit advances it
+without compute; preemption by recompute resets it to zero; speculative rollback moves it
+back. `prompt_ids + output_ids` is always the full token sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class RequestState(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    ignore_eos: bool = False
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(eq=False)
+class Request:
+    id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    t_scheduled: float = 0.0
+    t_send: float | None = None
+    excluded: bool = False
+    state: RequestState = RequestState.WAITING
+    num_computed_tokens: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    preemptions: int = 0
+    cached_prompt_tokens: int = 0
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Prompt plus the most output the request may produce: what reserve-the-maximum holds."""
+        return len(self.prompt_ids) + self.sampling.max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state is RequestState.FINISHED
+
+    def token_at(self, position: int) -> int:
+        if position < len(self.prompt_ids):
+            return self.prompt_ids[position]
+        return self.output_ids[position - len(self.prompt_ids)]
+
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def record(self) -> dict:
+        """The `requests.jsonl` line for this request (DESIGN.md, run directory)."""
+        return {
+            "id": self.id,
+            "prompt_len": self.prompt_len,
+            "output_len": len(self.output_ids),
+            "t_scheduled": self.t_scheduled,
+            "t_send": self.t_send,
+            "token_times": self.token_times,
+            "output_ids": self.output_ids,
+            "finish_reason": self.finish_reason,
+            "error": self.error,
+            "preemptions": self.preemptions,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "excluded": self.excluded,
+        }

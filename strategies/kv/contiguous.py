@@ -1,0 +1,86 @@
+"""Contiguous KV: one slab of consecutive slots per request, reserved for prompt + max output.
+
+This is what servers before PagedAttention did (FasterTransformer, Orca): the whole
+maximum length is reserved at admission, so a request that stops early leaves its tail
+unused, and free space fragments between slabs. Both show in the accounting.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+from harness.request import Request
+from strategies.kv.base import KVManager, KVStats
+
+
+class ContiguousKVManager(KVManager):
+    """First-fit slab allocation over a flat slot space."""
+
+    def __init__(self, total_slots: int) -> None:
+        self.block_size = 1
+        self.total_slots = total_slots
+        self._free: list[tuple[int, int]] = [(0, total_slots)]  # sorted (start, length)
+        self._slabs: dict[Request, tuple[int, int]] = {}
+
+    def fits_empty(self, request: Request) -> bool:
+        return request.max_total_tokens <= self.total_slots
+
+    def admit(self, request: Request) -> bool:
+        need = request.max_total_tokens
+        for index, (start, length) in enumerate(self._free):
+            if length >= need:
+                if length == need:
+                    del self._free[index]
+                else:
+                    self._free[index] = (start + need, length - need)
+                self._slabs[request] = (start, need)
+                return True
+        return False
+
+    def grow(self, request: Request, num_new_tokens: int) -> bool:
+        return request.num_computed_tokens + num_new_tokens <= self._slabs[request][1]
+
+    def free(self, request: Request) -> None:
+        start, length = self._slabs.pop(request)
+        index = bisect.bisect(self._free, (start, length))
+        self._free.insert(index, (start, length))
+        self._merge_around(index)
+
+    def _merge_around(self, index: int) -> None:
+        if index + 1 < len(self._free):
+            start, length = self._free[index]
+            next_start, next_length = self._free[index + 1]
+            if start + length == next_start:
+                self._free[index] = (start, length + next_length)
+                del self._free[index + 1]
+        if index > 0:
+            prev_start, prev_length = self._free[index - 1]
+            start, length = self._free[index]
+            if prev_start + prev_length == start:
+                self._free[index - 1] = (prev_start, prev_length + length)
+                del self._free[index]
+
+    def slot_mapping(self, request: Request, start: int, end: int) -> torch.Tensor:
+        base = self._slabs[request][0]
+        return torch.arange(base + start, base + end, dtype=torch.int64)
+
+    def layout(self, requests: list[Request]) -> dict[str, torch.Tensor | int]:
+        starts = [self._slabs[r][0] for r in requests]
+        return {"slab_starts": torch.tensor(starts, dtype=torch.int64), "block_size": 1}
+
+    def stats(self) -> KVStats:
+        allocated = sum(length for _, length in self._slabs.values())
+        live = sum(r.num_computed_tokens for r in self._slabs if not r.is_finished)
+        largest_free = max((length for _, length in self._free), default=0)
+        free = self.total_slots - allocated
+        return KVStats(
+            total_slots=self.total_slots,
+            allocated_slots=allocated,
+            live_slots=live,
+            extra={
+                "kv_slabs": len(self._slabs),
+                "kv_external_fragmentation": 0.0 if free == 0 else 1 - largest_free / free,
+            },
+        )
