@@ -16,6 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from harness.errors import ConfigError
+from harness.model import ModelConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("model", "workload", "strategy")
@@ -64,7 +65,8 @@ def run_main() -> None:
 
 def workload_show(args: list[str]) -> None:
     from harness.loaders.load import resolve_model_path
-    from harness.run import cache_dir_of, load_tokenizer_for_dummy
+    from harness.run import load_tokenizer_for_dummy
+    from harness.settings import cache_dir_of
     from harness.tokenizer import load_tokenizer
     from workloads.build import build_workload
     from workloads.show import render_workload
@@ -74,22 +76,26 @@ def workload_show(args: list[str]) -> None:
     cfg = compose(args[1:])
     path = resolve_model_path(cfg.model, cache_dir_of(cfg))
     tokenizer = load_tokenizer(path) if path is not None else load_tokenizer_for_dummy(cfg)
-    max_context = _max_context(cfg, path)
+    max_context = model_config_of(cfg).max_context
     print(render_workload(build_workload(cfg.workload, tokenizer, max_context), max_context))
 
 
-def _max_context(cfg: DictConfig, path: Path | None) -> int:
+def model_config_of(cfg: DictConfig) -> ModelConfig:
+    """The model's architecture, read from its file's metadata without loading weights."""
+    from gguf import GGUFReader
+
     from harness.loaders.dummy import DUMMY_SHAPES
     from harness.loaders.gguf_file import read_gguf_config
     from harness.loaders.hf_folder import read_hf_config
+    from harness.loaders.load import resolve_model_path
+    from harness.settings import cache_dir_of
 
+    path = resolve_model_path(cfg.model, cache_dir_of(cfg))
     if path is None:
-        return DUMMY_SHAPES[cfg.model.shape].max_context
+        return DUMMY_SHAPES[cfg.model.shape]
     if path.is_dir():
-        return read_hf_config(path).max_context
-    from gguf import GGUFReader
-
-    return read_gguf_config(GGUFReader(str(path))).max_context
+        return read_hf_config(path)
+    return read_gguf_config(GGUFReader(str(path)))
 
 
 def report(args: list[str]) -> None:
@@ -108,8 +114,7 @@ def report(args: list[str]) -> None:
 
 def calibrate(args: list[str]) -> None:
     from harness.calibrate import calibrate_main
-    from harness.run import cache_dir_of
-    from harness.settings import DTYPES, resolve_device
+    from harness.settings import DTYPES, cache_dir_of, resolve_device
 
     refresh = "--refresh" in args
     cfg = compose([a for a in args if a != "--refresh"])
@@ -121,7 +126,17 @@ def calibrate(args: list[str]) -> None:
 def kv_size(args: list[str]) -> None:
     from harness.kv_size import kv_size_main
 
-    print(kv_size_main(compose(args)))
+    numbers = {"context": 4096, "batch": 1}
+    rest = []
+    for arg in args:
+        key, _, value = arg.partition("=")
+        if key in numbers:
+            if not value.isdigit() or int(value) <= 0:
+                raise ConfigError(key, f"{value!r} must be a positive whole number of tokens")
+            numbers[key] = int(value)
+        else:
+            rest.append(arg)
+    print(kv_size_main(compose(rest), numbers["context"], numbers["batch"]))
 
 
 VERBS: dict[str, Callable[[list[str]], None]] = {

@@ -20,6 +20,7 @@ from harness.batch import ForwardBatch
 from harness.kv_cache import KVCache
 from harness.model import AttentionFn, LlamaModel
 from harness.request import Request, RequestState
+from harness.roofline import StepRoofline
 from harness.sampler import sample
 from strategies.batching.base import ScheduledSeq, Scheduler
 from strategies.kv.base import KVStats
@@ -42,6 +43,7 @@ class Engine:
         device: torch.device,
         clock: Callable[[], float],
         max_context: int,
+        roofline: StepRoofline | None = None,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -51,6 +53,7 @@ class Engine:
         self.clock = clock
         self.max_context = max_context
         self.eos_ids = frozenset(model.config.eos_token_ids)
+        self.roofline = roofline
         self.step_index = 0
 
     def add_request(self, request: Request) -> None:
@@ -79,7 +82,7 @@ class Engine:
         ]
         for request in finished:
             self.scheduler.on_finished(request)
-        record = self._record(plan.seqs, plan.preempted, t_start, model_s, kv_stats)
+        record = self._record(plan.seqs, plan.preempted, t_start, model_s, kv_stats, len(sampling))
         self.step_index += 1
         return StepResult(finished=finished, record=record, emitted=sampling)
 
@@ -153,6 +156,7 @@ class Engine:
         t_start: float,
         model_s: float,
         kv: KVStats,
+        num_logits: int,
     ) -> dict:
         decode = sum(
             1
@@ -177,4 +181,11 @@ class Engine:
             "preempted": len(preempted),
         }
         record.update(kv.extra)
+        if self.roofline is not None:
+            self.roofline.annotate(
+                record,
+                [s.num_new_tokens for s in seqs],
+                [s.request.num_computed_tokens for s in seqs],
+                num_logits,
+            )
         return record

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from harness.calibrate import measure_peaks
+from harness.calibrate import Peaks, measure_peaks
 from harness.engine import Engine
 from harness.errors import ConfigError
 from harness.kv_cache import KVLayout, allocate_kv_cache
@@ -25,8 +25,15 @@ from harness.profiling import StepProfiler
 from harness.replay import replay
 from harness.request import Request
 from harness.rundir import SCHEMA_VERSION, RunWriter, read_jsonl
-from harness.settings import EngineSettings, StrategySettings, engine_settings, strategy_settings
-from harness.telemetry import TelemetrySampler
+from harness.settings import (
+    EngineSettings,
+    StrategySettings,
+    cache_dir_of,
+    engine_settings,
+    strategy_settings,
+)
+from harness.roofline import ModelShape, StepRoofline, run_utilisation
+from harness.telemetry import TelemetryResult, TelemetrySampler
 from harness.tokenizer import load_tokenizer
 from kernels.attention import Attention, AttentionConfig
 from strategies.assemble import build_kv_manager, build_scheduler, kv_block_size
@@ -45,10 +52,6 @@ class Prepared:
     loaded: LoadedModel
     workload: Workload
     engine: Engine
-
-
-def cache_dir_of(cfg: DictConfig) -> Path:
-    return Path(str(cfg.engine.get("cache_dir", "~/.cache/servelab"))).expanduser()
 
 
 def slo_of(cfg: DictConfig) -> SLO:
@@ -96,10 +99,42 @@ def prepare(cfg: DictConfig, clock: object) -> Prepared:
     )
     scheduler = build_scheduler(strategy, kv, limits)
     attention = Attention(AttentionConfig(impl=settings.attention), settings.device)
+    roofline = None
+    if cfg.telemetry.get("roofline", True):
+        peaks = measure_peaks(settings.device, settings.dtype, cache_dir_of(cfg))
+        roofline = roofline_of(loaded, settings, peaks)
     engine = Engine(
-        loaded.model, cache, scheduler, attention, settings.device, clock, model_cfg.max_context
+        loaded.model,
+        cache,
+        scheduler,
+        attention,
+        settings.device,
+        clock,
+        model_cfg.max_context,
+        roofline,
     )
     return Prepared(settings, strategy, loaded, workload, engine)
+
+
+def roofline_of(loaded: LoadedModel, settings: EngineSettings, peaks: Peaks) -> StepRoofline:
+    config = loaded.config
+    shape = ModelShape(
+        num_layers=config.num_layers,
+        hidden_size=config.hidden_size,
+        num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        intermediate_size=config.intermediate_size,
+        vocab_size=config.vocab_size,
+        tie_embeddings=config.tie_embeddings,
+    )
+    model = loaded.model
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    if not config.tie_embeddings:  # an untied input table is only gathered at a few rows
+        embedding = model.embed_tokens.weight
+        weight_bytes -= embedding.numel() * embedding.element_size()
+    element = torch.empty((), dtype=settings.dtype).element_size()
+    return StepRoofline(shape, weight_bytes, element, element, model.kv_heads_stored, peaks)
 
 
 def load_tokenizer_for_dummy(cfg: DictConfig) -> object:
@@ -143,7 +178,8 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         {"engine": settings.seed, "workload": int(cfg.workload.get("seed", 0))},
         settings.device,
     )
-    meta["peaks"] = peaks_record(settings, cfg)
+    roofline = prepared.engine.roofline
+    meta["peaks"] = peaks_record(roofline.peaks) if roofline else None
     writer.json("meta.json", meta)
     profiler = StepProfiler(
         enabled=bool(cfg.profile.enabled),
@@ -166,18 +202,19 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         telemetry = sampler.stop()
         profiler.close()
         writer.close()
-        summary = summary_for(run_dir, cfg, strategy, prepared.workload, telemetry, error)
+        summary = summary_for(
+            run_dir, cfg, strategy, prepared.workload, telemetry, error, meta["peaks"]
+        )
         writer.json("summary.json", summary)
     return summary
 
 
-def peaks_record(settings: EngineSettings, cfg: DictConfig) -> dict | None:
-    if not cfg.telemetry.get("roofline", True):
-        return None
-    peaks = measure_peaks(settings.device, settings.dtype, cache_dir_of(cfg))
+def peaks_record(peaks: Peaks) -> dict:
     return {
         "matmul_flops_per_s": peaks.matmul_flops_per_s,
         "copy_bytes_per_s": peaks.copy_bytes_per_s,
+        "device": peaks.device,
+        "dtype": peaks.dtype,
     }
 
 
@@ -186,8 +223,9 @@ def summary_for(
     cfg: DictConfig,
     strategy: StrategySettings,
     workload: Workload,
-    telemetry: object,
+    telemetry: TelemetryResult,
     error: str | None,
+    peaks: dict | None,
 ) -> dict:
     requests = read_jsonl(run_dir / "requests.jsonl")
     steps = read_jsonl(run_dir / "steps.jsonl")
@@ -201,6 +239,7 @@ def summary_for(
         "error": error,
     }
     summary.update(summarize(requests, steps, slo_of(cfg)))
+    summary["mfu_mean"], summary["mbu_mean"] = run_utilisation(steps, peaks)
     summary["telemetry"] = {
         "source": telemetry.source,
         "samples": telemetry.samples,

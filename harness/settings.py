@@ -7,6 +7,7 @@ Hydra gives a loose tree; these dataclasses check it once, before any work, and 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
@@ -65,6 +66,11 @@ def _positive_int(node: DictConfig, key: str, prefix: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{prefix}.{key}", f"{value!r} must be a positive integer")
     return value
+
+
+def cache_dir_of(cfg: DictConfig) -> Path:
+    """Where model files and measured machine peaks are cached (`engine.cache_dir`)."""
+    return Path(str(cfg.engine.get("cache_dir", "~/.cache/servelab"))).expanduser()
 
 
 def resolve_device(name: str) -> torch.device:

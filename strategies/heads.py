@@ -71,6 +71,8 @@ def convert_checkpoint(checkpoint: Checkpoint, layout: HeadLayout) -> Checkpoint
     target = layout.pooled_heads(config)
     if target == config.num_kv_heads:
         return checkpoint
+    if state is None:  # random weights: only the shape changes
+        return replace(config, num_kv_heads=target), None
     group = config.num_kv_heads // target
     pooled = dict(state)
     for name, tensor in state.items():

@@ -8,12 +8,14 @@ the weights are placed, and a linear factory lets quantised layers swap in.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
+from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
 from harness.errors import ConfigError
@@ -21,12 +23,12 @@ from harness.fetch import fetch_wheel_model, sha256_of
 from harness.loaders.dummy import DUMMY_SHAPES
 from harness.loaders.gguf_file import load_gguf
 from harness.loaders.hf_folder import load_hf_folder
-from harness.model import LinearFactory, LlamaModel, ModelConfig, plain_linear
+from harness.model import LinearFactory, LlamaModel, ModelConfig, RotaryEmbedding, plain_linear
 from harness.models import EMBEDDED_MODELS
 from harness.tokenizer import load_tokenizer
 
 StateDict = dict[str, torch.Tensor]
-Checkpoint = tuple[ModelConfig, StateDict]
+Checkpoint = tuple[ModelConfig, StateDict | None]
 SOURCES = ("embedded", "gguf", "hf", "dummy")
 
 
@@ -65,26 +67,50 @@ def resolve_model_path(cfg: DictConfig, cache_dir: Path) -> Path | None:
     return found
 
 
-def read_checkpoint(cfg: DictConfig, path: Path | None) -> Checkpoint:
-    """The architecture and fp32 weights (random for `dummy`, seeded by `model.seed`)."""
+def read_checkpoint(cfg: DictConfig, path: Path | None, cache_dir: Path) -> Checkpoint:
+    """The architecture and fp32 weights; `dummy` has no weights yet (None): they are drawn
+    on the device, in place, when the model is built."""
     if path is None:
-        config = DUMMY_SHAPES[cfg.shape]
-        generator = torch.Generator().manual_seed(int(cfg.get("seed", 0)))
-        model = LlamaModel(config)
-        state = {
-            name: _random_like(name, tensor, generator)
-            for name, tensor in model.state_dict().items()
-        }
-        return config, state
+        return DUMMY_SHAPES[cfg.shape], None
     if path.is_dir():
         return load_hf_folder(path)
-    return load_gguf(path)
+    return read_gguf_cached(path, cache_dir)
 
 
-def _random_like(name: str, tensor: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    if name.endswith("norm.weight"):
-        return torch.ones_like(tensor)
-    return torch.randn(tensor.shape, generator=generator) * 0.02
+def read_gguf_cached(path: Path, cache_dir: Path) -> Checkpoint:
+    """Parsing and dequantising a GGUF takes seconds; keep the result by file hash."""
+    folder = converted_gguf(path, cache_dir)
+    raw = json.loads((folder / "servelab-config.json").read_text())
+    raw["eos_token_ids"] = tuple(raw["eos_token_ids"])
+    return ModelConfig(**raw), load_file(str(folder / "model.safetensors"))
+
+
+def converted_gguf(path: Path, cache_dir: Path) -> Path:
+    """A folder with the GGUF's fp32 weights, architecture and tokenizer, made once per file."""
+    folder = cache_dir / "converted" / sha256_of(path)
+    if (folder / "complete").exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    config, state = load_gguf(path)
+    save_file({name: t.contiguous() for name, t in state.items()}, str(folder / "model.safetensors"))
+    (folder / "servelab-config.json").write_text(json.dumps(asdict(config)))
+    load_tokenizer(path).save_pretrained(str(folder / "tokenizer"))
+    (folder / "complete").write_text(str(path) + "\n")
+    return folder
+
+
+def tokenizer_path(path: Path, cache_dir: Path) -> Path:
+    """Where to read the tokenizer fast: a GGUF's converted copy, else the checkpoint folder."""
+    return path if path.is_dir() else converted_gguf(path, cache_dir) / "tokenizer"
+
+
+def _init_random(model: LlamaModel, seed: int) -> None:
+    generator = torch.Generator(device=model.embed_tokens.weight.device).manual_seed(seed)
+    for name, parameter in model.named_parameters():
+        if name.endswith("norm.weight"):
+            parameter.data.fill_(1.0)
+        else:
+            parameter.data.normal_(0.0, 0.02, generator=generator)
 
 
 def build_model(
@@ -92,22 +118,27 @@ def build_model(
     dtype: torch.dtype,
     device: torch.device,
     linear: LinearFactory = plain_linear,
+    seed: int = 0,
 ) -> LlamaModel:
     config, state = checkpoint
     with torch.device("meta"):
         model = LlamaModel(config, linear)
-    model = model.to_empty(device=device)
-    model.rotary.__init__(config.head_dim, config.max_context, config.rope_theta)
-    model.rotary.to(device)
+    model = model.to(dtype).to_empty(device=device)  # weights land once, already in dtype
+    model.rotary = RotaryEmbedding(config.head_dim, config.max_context, config.rope_theta).to(
+        device
+    )
+    if config.tie_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    if state is None:
+        _init_random(model, seed)
+        return model.eval().requires_grad_(False)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (config.tie_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         raise ConfigError(
             "model", f"checkpoint mismatch: missing {missing}, unexpected {unexpected}"
         )
-    if config.tie_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-    return model.to(dtype).eval().requires_grad_(False)
+    return model.eval().requires_grad_(False)
 
 
 def load_model(
@@ -119,10 +150,10 @@ def load_model(
     linear: LinearFactory = plain_linear,
 ) -> LoadedModel:
     path = resolve_model_path(cfg, cache_dir)
-    checkpoint = read_checkpoint(cfg, path)
+    checkpoint = read_checkpoint(cfg, path, cache_dir)
     if transform is not None:
         checkpoint = transform(checkpoint)
-    model = build_model(checkpoint, dtype, device, linear)
+    model = build_model(checkpoint, dtype, device, linear, int(cfg.get("seed", 0)))
     sha = None if path is None or path.is_dir() else sha256_of(path)
-    tokenizer = None if path is None else load_tokenizer(path)
+    tokenizer = None if path is None else load_tokenizer(tokenizer_path(path, cache_dir))
     return LoadedModel(model, checkpoint[0], path, sha, tokenizer)

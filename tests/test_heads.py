@@ -1,0 +1,57 @@
+"""Head layouts: the conversions are the stated arithmetic, and `mha` is `gqa` with a bigger cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.errors import ConfigError
+from harness.kv_cache import KVLayout
+from harness.loaders.dummy import DUMMY_SHAPES
+from harness.model import LlamaModel
+from strategies.heads import HeadLayout, convert_checkpoint
+from tests.tiny import make_engine, make_requests, random_prompts, serve, strategy, tiny_model
+
+
+def _stored_bytes(layout: str) -> int:
+    config = DUMMY_SHAPES["smollm2-135m"]
+    heads = HeadLayout.parse(layout).stored_heads(config)
+    return KVLayout(config.num_layers, heads, config.head_dim, torch.bfloat16).bytes_per_token
+
+
+def test_kv_bytes_per_token_on_the_real_shape_are_3_to_1_to_a_third() -> None:
+    assert _stored_bytes("gqa") == 2 * 30 * 3 * 64 * 2 == 23040
+    assert _stored_bytes("mha") == 3 * _stored_bytes("gqa")
+    assert _stored_bytes("mqa") * 3 == _stored_bytes("gqa")
+
+
+def test_mqa_conversion_mean_pools_key_and_value_heads() -> None:
+    config = DUMMY_SHAPES["tiny"]  # 4 query heads, 2 KV heads of 16 dims
+    state = {name: torch.randn(t.shape) for name, t in LlamaModel(config).state_dict().items()}
+    converted, pooled = convert_checkpoint((config, state), HeadLayout.parse("mqa"))
+    assert converted.num_kv_heads == 1
+    for kind in ("k_proj", "v_proj"):
+        original = state[f"layers.0.self_attn.{kind}.weight"]
+        expected = (original[:16] + original[16:]) / 2
+        assert torch.allclose(pooled[f"layers.0.self_attn.{kind}.weight"], expected)
+    assert torch.equal(pooled["layers.0.self_attn.q_proj.weight"], state["layers.0.self_attn.q_proj.weight"])
+
+
+def test_head_counts_that_do_not_divide_are_rejected() -> None:
+    with pytest.raises(ConfigError, match="strategy.heads"):
+        HeadLayout.parse("gqa-3").check(DUMMY_SHAPES["tiny"])
+    with pytest.raises(ConfigError, match="strategy.heads"):
+        HeadLayout.parse("groups")
+
+
+def test_mha_layout_serves_the_same_tokens_as_gqa() -> None:
+    prompts = random_prompts(4, 3, 20, seed=5)
+    outputs = {}
+    for layout in ("gqa", "mha"):
+        model = tiny_model()
+        HeadLayout.parse(layout).apply(model)
+        requests = make_requests(prompts, [6, 3, 8, 5])
+        serve(make_engine(model, strategy("iteration", heads=layout), kv_slots=300), requests)
+        outputs[layout] = [r.output_ids for r in requests]
+        assert model.kv_heads_stored == (4 if layout == "mha" else 2)
+    assert outputs["mha"] == outputs["gqa"]
