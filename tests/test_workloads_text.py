@@ -1,0 +1,47 @@
+"""The real-text sections: deterministic, disjoint, covering the text, assigned by content."""
+
+from __future__ import annotations
+
+from pydoc_data.topics import topics
+
+from workloads.text import SECTIONS, section_chunks, section_of, text_section
+
+
+def test_sections_are_deterministic() -> None:
+    for name in SECTIONS:
+        assert text_section(name) == text_section(name)
+        assert text_section(name) == "\n\n".join(section_chunks(name))
+
+
+def test_sections_are_disjoint_and_sized() -> None:
+    chunks = {name: set(section_chunks(name)) for name in SECTIONS}
+    assert not chunks["calibration"] & chunks["evaluation"]
+    assert not chunks["calibration"] & chunks["prompts"]
+    assert not chunks["evaluation"] & chunks["prompts"]
+    paragraphs = {name: text_section(name).split("\n\n") for name in SECTIONS}
+    seen: set[str] = set()
+    for name in SECTIONS:
+        assert len(set(paragraphs[name])) == len(paragraphs[name])
+        assert not seen & set(paragraphs[name])
+        seen |= set(paragraphs[name])
+    sizes = {name: len(text_section(name)) for name in SECTIONS}
+    total = sum(len(text) for text in topics.values())
+    assert sizes["prompts"] > sizes["calibration"] > 50_000
+    assert sizes["evaluation"] > 50_000
+    assert sum(sizes.values()) > 0.7 * total  # repeated paragraphs are kept once
+
+
+def test_every_chunk_is_in_the_section_its_hash_names() -> None:
+    for name in SECTIONS:
+        assert all(section_of(chunk) == name for chunk in section_chunks(name))
+
+
+def test_assignment_depends_on_the_chunk_text_only() -> None:
+    assert section_of("The assert statement") == section_of("The assert statement")
+    assert {section_of(f"paragraph {i}") for i in range(200)} == set(SECTIONS)
+    # pinned: a chunk's section never changes with the Python version or the other chunks
+    assert [section_of(f"paragraph {i}") for i in range(3)] == [
+        "prompts",
+        "calibration",
+        "calibration",
+    ]

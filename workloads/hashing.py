@@ -1,0 +1,35 @@
+"""The workload hash: sha256 of a canonical encoding of everything the replay sends.
+
+Two workloads with the same hash send the same token ids, at the same scheduled times,
+with the same limits and sampling settings. The name and the display text are left out:
+renaming a preset does not change the load it describes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from workloads.spec import RequestSpec
+
+
+def _canonical(request: RequestSpec) -> list[object]:
+    return [
+        request.id,
+        list(request.prompt_ids),
+        request.max_tokens,
+        request.arrival,
+        request.excluded,
+        request.ignore_eos,
+        request.temperature,
+        request.top_k,
+        request.top_p,
+        request.seed,
+    ]
+
+
+def workload_hash(requests: tuple[RequestSpec, ...], concurrency: int | None) -> str:
+    """sha256 hex of the requests (in order) and the closed-loop concurrency."""
+    payload = {"concurrency": concurrency, "requests": [_canonical(r) for r in requests]}
+    encoded = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(encoded.encode("utf-8")).hexdigest()
