@@ -1,0 +1,54 @@
+"""A whole run on the tiny model: the run directory is complete and its summary recomputable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import compose
+from harness.engine import Engine
+from harness.metrics import summarize
+from harness.run import run, slo_of
+from harness.rundir import read_jsonl
+
+OVERRIDES = ["model=dummy-tiny", "telemetry.roofline=false", "engine.dtype=fp32"]
+
+
+def test_summary_is_recomputable_from_the_records(tmp_path: Path) -> None:
+    cfg = compose([*OVERRIDES, "strategy=orca", "slo.ttft_s=0.5"])
+    summary = run(cfg, tmp_path, progress=False)
+    for name in ("config.yaml", "meta.json", "requests.jsonl", "steps.jsonl", "telemetry.csv"):
+        assert (tmp_path / name).exists(), name
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk == json.loads(json.dumps(summary))
+    requests = read_jsonl(tmp_path / "requests.jsonl")
+    steps = read_jsonl(tmp_path / "steps.jsonl")
+    recomputed = summarize(requests, steps, slo_of(cfg))
+    for key, value in recomputed.items():
+        assert on_disk[key] == pytest.approx(value), key
+    assert on_disk["schema"] == 1 and on_disk["status"] == "complete"
+    assert on_disk["completed"] == 8 and len(requests) == 8
+    assert all(len(r["token_times"]) == r["output_len"] == 16 for r in requests)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["workload_hash"] == on_disk["workload_hash"]
+
+
+def test_a_crash_mid_run_keeps_the_records_and_marks_the_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_step = Engine.step
+
+    def failing_step(self: Engine):
+        if self.step_index == 5:
+            raise RuntimeError("device lost")
+        return real_step(self)
+
+    monkeypatch.setattr(Engine, "step", failing_step)
+    with pytest.raises(RuntimeError, match="device lost"):
+        run(compose([*OVERRIDES, "strategy=orca"]), tmp_path, progress=False)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "device lost" in summary["error"]
+    assert len(read_jsonl(tmp_path / "steps.jsonl")) == 5
+    assert summary["steps"] == 5
