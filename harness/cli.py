@@ -2,7 +2,7 @@
 
 `servelab [overrides]` runs one configuration (`-m` sweeps). Verbs:
 `servelab workload show [overrides]`, `servelab report DIR...`, `servelab calibrate`,
-`servelab kv-size [overrides]`. Every verb that needs configuration composes the same
+`servelab kv-size [overrides]`, `servelab search [overrides]`. Every verb that needs configuration composes the same
 Hydra config tree, so every override works the same way everywhere. Bad input prints one
 line naming the field and the fix, and exits with status 2.
 """
@@ -48,10 +48,15 @@ def run_main() -> None:
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
     def job(cfg: DictConfig) -> None:
-        from harness.run import run
+        from harness.run import completed_summary, run
         from harness.summary_table import render_summary
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
+        earlier = completed_summary(cfg, run_dir)
+        if earlier is not None:
+            print(f"already complete, not run again: {run_dir}")
+            render_summary(earlier, str(run_dir))
+            return
         try:
             summary = run(cfg, run_dir)
         except ConfigError as error:
@@ -101,14 +106,19 @@ def model_config_of(cfg: DictConfig) -> ModelConfig:
 def report(args: list[str]) -> None:
     from reports.cli import report_main
 
+    usage = "usage: servelab report DIR [DIR ...] [--out FILE] [--baseline STRATEGY]"
+    options: dict[str, str | None] = {"--out": None, "--baseline": None}
+    for option in options:
+        if option in args:
+            index = args.index(option)
+            if index + 1 >= len(args):
+                raise ConfigError("report", f"{option} needs a value; {usage}")
+            options[option] = args[index + 1]
+            args = args[:index] + args[index + 2 :]
     if not args:
-        raise ConfigError("report", "usage: servelab report DIR [DIR ...] [--out FILE]")
-    out = None
-    if "--out" in args:
-        index = args.index("--out")
-        out = Path(args[index + 1])
-        args = args[:index] + args[index + 2 :]
-    for path in report_main([Path(a) for a in args], out, None):
+        raise ConfigError("report", usage)
+    out = Path(options["--out"]) if options["--out"] else None
+    for path in report_main([Path(a) for a in args], out, options["--baseline"]):
         print(path)
 
 
@@ -139,11 +149,24 @@ def kv_size(args: list[str]) -> None:
     print(kv_size_main(compose(rest), numbers["context"], numbers["batch"]))
 
 
+def slo_search(args: list[str]) -> None:
+    from harness.run import completed_summary, run
+    from harness.search import render_search, search
+
+    def run_or_reuse(cfg: DictConfig, run_dir: Path) -> dict:
+        return completed_summary(cfg, run_dir) or run(cfg, run_dir)
+
+    results, out_dir = search(args, compose, run_or_reuse)
+    print(render_search(results))
+    print(f"probes and search.json under {out_dir}")
+
+
 VERBS: dict[str, Callable[[list[str]], None]] = {
     "workload": workload_show,
     "report": report,
     "calibrate": calibrate,
     "kv-size": kv_size,
+    "search": slo_search,
 }
 
 

@@ -68,6 +68,11 @@ class Engine:
         plan = self.scheduler.schedule()
         if not plan.seqs:
             return None
+        for seq in plan.seqs:
+            if seq.request.t_admitted is None:
+                seq.request.t_admitted = t_start
+        for request in plan.preempted:
+            request.preempt_times.append(t_start)
         batch, sampling = self._build_batch(plan.seqs)
         t_model = time.perf_counter()
         logits = self._forward(batch)

@@ -48,6 +48,8 @@ class Request:
     finish_reason: str | None = None
     error: str | None = None
     preemptions: int = 0
+    preempt_times: list[float] = field(default_factory=list)
+    t_admitted: float | None = None  # first step that computed any of its tokens
     cached_prompt_tokens: int = 0
 
     @property
@@ -88,6 +90,8 @@ class Request:
             "finish_reason": self.finish_reason,
             "error": self.error,
             "preemptions": self.preemptions,
+            "preempt_times": self.preempt_times,
+            "t_admitted": self.t_admitted,
             "cached_prompt_tokens": self.cached_prompt_tokens,
             "excluded": self.excluded,
         }

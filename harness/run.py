@@ -7,6 +7,9 @@ as it happens; a failure mid-run still leaves the records and a summary marked f
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +39,7 @@ from harness.roofline import ModelShape, StepRoofline, run_utilisation
 from harness.telemetry import TelemetryResult, TelemetrySampler
 from harness.tokenizer import load_tokenizer
 from kernels.attention import Attention, AttentionConfig
+from reports.run_report import build_run_report
 from strategies.assemble import build_kv_manager, build_scheduler, kv_block_size
 from strategies.batching.base import SchedulerLimits
 from strategies.heads import HeadLayout, convert_checkpoint
@@ -159,6 +163,25 @@ def check_requests_fit(workload: Workload, kv: object, total_slots: int, per_tok
             )
 
 
+def config_hash(cfg: DictConfig) -> str:
+    """sha256 of the resolved configuration: what decides whether two runs are the same run."""
+    text = OmegaConf.to_yaml(cfg, resolve=True, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def completed_summary(cfg: DictConfig, run_dir: Path) -> dict | None:
+    """The summary of an earlier complete run of this same config in `run_dir`, if any."""
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    same = summary.get("config_hash") == config_hash(cfg)
+    return summary if same and summary.get("status") == "complete" else None
+
+
 def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
     """Execute one configured run into `run_dir`; returns the summary."""
     start = time.perf_counter()
@@ -206,7 +229,16 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
             run_dir, cfg, strategy, prepared.workload, telemetry, error, meta["peaks"]
         )
         writer.json("summary.json", summary)
+        write_report(run_dir)
     return summary
+
+
+def write_report(run_dir: Path) -> None:
+    """The run's report.html; a report that cannot be drawn never fails the run."""
+    try:
+        build_run_report(run_dir)
+    except Exception as exc:  # noqa: BLE001  (the measurements are already safe on disk)
+        logging.getLogger(__name__).warning("report.html not written: %s", exc)
 
 
 def peaks_record(peaks: Peaks) -> dict:
@@ -235,6 +267,7 @@ def summary_for(
         "workload": workload.name,
         "workload_hash": workload.hash,
         "model": str(cfg.model.get("name")),
+        "config_hash": config_hash(cfg),
         "status": "failed" if error else "complete",
         "error": error,
     }

@@ -1,0 +1,206 @@
+"""Read run directories into typed `RunData`, tolerating runs that crashed part-way.
+
+A run directory holds `config.yaml`, `meta.json`, `requests.jsonl`, `steps.jsonl`,
+`telemetry.csv` and, once the run finished, `summary.json` (see DESIGN.md, "Run directory").
+Reports read only these files, never the engine. Lines are appended while a run goes, so a
+crash can leave a truncated last line or no summary: such a run still loads, marked
+incomplete, with every problem noted in `RunData.problems`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from harness.errors import ConfigError
+
+SUMMARY = "summary.json"
+REQUESTS = "requests.jsonl"
+STEPS = "steps.jsonl"
+TELEMETRY = "telemetry.csv"
+META = "meta.json"
+CONFIG_CANDIDATES = ("config.yaml", ".hydra/config.yaml")
+
+
+@dataclass
+class RunData:
+    """Everything one run directory recorded; optional parts are empty, never missing."""
+
+    path: Path
+    config: dict[str, Any]
+    meta: dict[str, Any]
+    summary: dict[str, Any] | None
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    telemetry: pd.DataFrame
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        """`complete`; `failed` (summary written after an error); `incomplete` (no summary)."""
+        if self.summary is None:
+            return "incomplete"
+        return "failed" if self.summary.get("status") == "failed" else "complete"
+
+    @property
+    def complete(self) -> bool:
+        """Complete: the run finished and wrote its summary without an error."""
+        return self.status == "complete"
+
+    @property
+    def strategy(self) -> dict[str, Any]:
+        """The strategy section of the config (axes and name), possibly empty."""
+        return as_dict(self.config.get("strategy"))
+
+    @property
+    def strategy_name(self) -> str:
+        """The strategy's name: from the config, else the summary, else `unknown`."""
+        name = self.strategy.get("name")
+        if name is None and self.summary is not None:
+            named = self.summary.get("strategy")
+            name = as_dict(named).get("name") if isinstance(named, dict) else named
+        return str(name) if name is not None else "unknown"
+
+    @property
+    def workload(self) -> dict[str, Any]:
+        """The workload section of the config, possibly empty."""
+        return as_dict(self.config.get("workload"))
+
+    @property
+    def workload_name(self) -> str:
+        """The workload's name: from the config, else the summary, else `unknown`."""
+        name = self.workload.get("name")
+        if name is None and self.summary is not None:
+            named = self.summary.get("workload")
+            name = as_dict(named).get("name") if isinstance(named, dict) else named
+        return str(name) if name is not None else "unknown"
+
+    @property
+    def arrival(self) -> dict[str, Any]:
+        """The workload's arrival section (`process`, `rate`, `concurrency`), possibly empty."""
+        return as_dict(self.workload.get("arrival"))
+
+    @property
+    def model_name(self) -> str:
+        """The model's name from the config, else the summary, else `unknown`."""
+        name = as_dict(self.config.get("model")).get("name")
+        if name is None and self.summary is not None:
+            name = self.summary.get("model")
+        return str(name) if name is not None else "unknown"
+
+    @property
+    def slo(self) -> dict[str, Any]:
+        """The SLO limits from the config (`ttft_s`, `tpot_s`, `e2e_s`, ...), possibly empty."""
+        return as_dict(self.config.get("slo"))
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    """`value` if it is a mapping, else an empty dict: config sections may be absent."""
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run directory has a summary, or at least a requests file (a crashed run)."""
+    return (path / SUMMARY).is_file() or (path / REQUESTS).is_file()
+
+
+def find_run_dirs(paths: Iterable[Path]) -> list[Path]:
+    """Every run directory at or below `paths`, sorted, each once.
+
+    Raises ConfigError when a path does not exist, so a typo fails before any work.
+    """
+    found: set[Path] = set()
+    for path in paths:
+        if not path.exists():
+            raise ConfigError("paths", f"{path} does not exist; pass a run or sweep directory")
+        if path.is_file():
+            path = path.parent
+        if is_run_dir(path):
+            found.add(path.resolve())
+        for marker in (SUMMARY, REQUESTS):
+            found.update(p.parent.resolve() for p in path.rglob(marker))
+    return sorted(found)
+
+
+def load_run(path: Path) -> RunData:
+    """Read one run directory; missing or damaged parts become empty and are noted."""
+    if not is_run_dir(path):
+        raise ConfigError(
+            "run_dir", f"{path} has neither {SUMMARY} nor {REQUESTS}; pass a run directory"
+        )
+    problems: list[str] = []
+    summary = _read_json(path / SUMMARY, problems)
+    if summary is None:
+        problems.append(f"no {SUMMARY}: the run did not finish; figures show what was recorded")
+    return RunData(
+        path=path,
+        config=_read_config(path, problems),
+        meta=_read_json(path / META, problems) or {},
+        summary=summary,
+        requests=_read_jsonl(path / REQUESTS, problems),
+        steps=_read_jsonl(path / STEPS, problems),
+        telemetry=_read_csv(path / TELEMETRY, problems),
+        problems=problems,
+    )
+
+
+def _read_config(path: Path, problems: list[str]) -> dict[str, Any]:
+    for name in CONFIG_CANDIDATES:
+        candidate = path / name
+        if candidate.is_file():
+            try:
+                return as_dict(yaml.safe_load(candidate.read_text()))
+            except yaml.YAMLError as exc:
+                problems.append(f"{name} unreadable: {exc}")
+                return {}
+    problems.append("no config.yaml")
+    return {}
+
+
+def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        loaded = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        problems.append(f"{path.name} unreadable: {exc}")
+        return None
+    return as_dict(loaded)
+
+
+def _read_jsonl(path: Path, problems: list[str]) -> pd.DataFrame:
+    if not path.is_file():
+        return pd.DataFrame()
+    records: list[dict[str, Any]] = []
+    skipped = 0
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            skipped += 1
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            skipped += 1
+    if skipped:
+        problems.append(f"{path.name}: skipped {skipped} unreadable line(s)")
+    return pd.DataFrame.from_records(records)
+
+
+def _read_csv(path: Path, problems: list[str]) -> pd.DataFrame:
+    if not path.is_file() or path.stat().st_size == 0:
+        return pd.DataFrame()
+    try:
+        return pd.read_csv(path, on_bad_lines="skip")
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        problems.append(f"{path.name} unreadable: {exc}")
+        return pd.DataFrame()

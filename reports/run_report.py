@@ -1,0 +1,226 @@
+"""Build one run's `report.html`: summary tables, then every figure the run has data for.
+
+Reads the run directory only (see `reports.load`). A run without `summary.json` (it
+crashed) still gets a report: its summary is recomputed from `requests.jsonl` and a
+warning at the top says so.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from reports.colors import assign_colors
+from reports.derive import (
+    LATENCY_METRICS,
+    STAT_KEYS,
+    configured_slo,
+    request_metrics,
+    slo_attainment,
+    step_metrics,
+    summary_from_records,
+)
+from reports.html import Cell, Page, table_html
+from reports.load import RunData, as_dict, load_run
+from reports.run_figures import (
+    batch_figure,
+    kv_figure,
+    latency_cdfs,
+    request_timeline,
+    roofline_figure,
+    telemetry_figure,
+    tokens_figure,
+    utilization_figure,
+)
+
+REPORT_NAME = "report.html"
+META_ROWS = 40
+
+THROUGHPUT_ROWS = (
+    ("completed", "completed requests", ""),
+    ("failed", "failed requests", ""),
+    ("duration_s", "duration", "s"),
+    ("request_throughput", "request throughput", "req/s"),
+    ("output_throughput", "output throughput", "tokens/s"),
+    ("total_throughput", "total throughput", "tokens/s"),
+    ("goodput", "goodput", "req/s"),
+    ("kv_waste_mean", "KV waste, mean", "fraction"),
+    ("slo_attainment", "completed requests meeting the SLO", "fraction"),
+    ("peak_running", "peak running requests", ""),
+    ("preemptions", "preemptions", ""),
+    ("excluded", "excluded requests (warm-up, cool-down)", ""),
+    ("steps", "engine steps", ""),
+    ("model_time_share", "model time share of step time", "fraction"),
+    ("mfu_mean", "MFU, mean", "fraction"),
+    ("mbu_mean", "MBU, mean", "fraction"),
+    ("acceptance_rate", "speculative acceptance rate", "fraction"),
+    ("energy_j", "energy", "J"),
+    ("j_per_token", "energy per output token", "J/token"),
+)
+
+
+def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
+    """Write the report of the run in `run_dir` (default `run_dir/report.html`); return its path."""
+    run = load_run(run_dir)
+    page = Page(f"Run report: {run.strategy_name} on {run.workload_name}")
+    summary = _summary(run, page)
+    metrics = request_metrics(run.requests) if not run.requests.empty else None
+    _summary_section(page, run, summary, metrics)
+    _figures_section(page, run, metrics)
+    return page.write(out or run_dir / REPORT_NAME)
+
+
+def _summary(run: RunData, page: Page) -> dict[str, Any]:
+    page.paragraph(f"Run directory: {run.path}", "note")
+    for problem in run.problems:
+        page.paragraph(problem, "warn")
+    if run.summary is not None:
+        if run.summary.get("error"):
+            page.paragraph(f"The run failed: {run.summary['error']}", "warn")
+        return run.summary
+    if run.requests.empty:
+        return {}
+    page.paragraph(
+        "Summary recomputed from requests.jsonl (the run wrote no summary.json).", "warn"
+    )
+    return summary_from_records(run.requests, run.slo)
+
+
+def _summary_section(
+    page: Page, run: RunData, summary: dict[str, Any], metrics: pd.DataFrame | None
+) -> None:
+    page.heading("Summary")
+    tables = [
+        table_html(["setting", "value"], _run_rows(run), "Run"),
+        table_html(["metric", "value", "unit"], _throughput_rows(summary), "Throughput"),
+        table_html(["metric", *STAT_KEYS], _latency_rows(summary), "Latency (s)"),
+    ]
+    slo_rows = _slo_rows(run, metrics)
+    if slo_rows:
+        tables.append(table_html(["SLO", "value"], slo_rows, "Service-level objective"))
+    meta_rows = _meta_rows(run.meta)
+    if meta_rows:
+        tables.append(table_html(["field", "value"], meta_rows, "Machine and versions"))
+    page.tables(tables)
+
+
+def _run_rows(run: RunData) -> list[list[Cell]]:
+    rows: list[list[Cell]] = [["status", run.status]]
+    rows += [[f"strategy.{k}", _text(v)] for k, v in run.strategy.items()]
+    rows += [[f"workload.{k}", _text(v)] for k, v in run.workload.items() if k != "arrival"]
+    rows += [[f"workload.arrival.{k}", _text(v)] for k, v in run.arrival.items()]
+    rows.append(["model", run.model_name])
+    return rows
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    return "–" if value is None else str(value)
+
+
+def _throughput_rows(summary: dict[str, Any]) -> list[list[Cell]]:
+    rows: list[list[Cell]] = []
+    for key, label, unit in THROUGHPUT_ROWS:
+        value = summary.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            rows.append([label, value, unit])
+    correctness = summary.get("correctness")
+    if isinstance(correctness, dict):
+        rows.append(["correctness", correctness_text(correctness), ""])
+    return rows
+
+
+def correctness_text(correctness: dict[str, Any]) -> str:
+    """One line for a correctness record: its check, the identical share, other scalar fields."""
+    parts = [str(correctness.get("check", "check"))]
+    share = correctness.get("identical_share")
+    if isinstance(share, int | float):
+        parts.append(f"{share:.1%} identical")
+    for key, value in correctness.items():
+        if key not in ("check", "identical_share") and isinstance(value, str | int | float | bool):
+            parts.append(f"{key}={value}")
+    return ", ".join(parts)
+
+
+def _latency_rows(summary: dict[str, Any]) -> list[list[Cell]]:
+    rows: list[list[Cell]] = []
+    for metric in LATENCY_METRICS:
+        values = as_dict(summary.get(metric))
+        if values:
+            rows.append([metric, *[_float(values.get(k)) for k in STAT_KEYS]])
+    return rows
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _slo_rows(run: RunData, metrics: pd.DataFrame | None) -> list[list[Cell]]:
+    limits = configured_slo(run.slo)
+    rows: list[list[Cell]] = [[f"{metric} limit (s)", limit] for metric, limit in limits.items()]
+    normalized = _float(run.slo.get("normalized_latency_s"))
+    if normalized is not None:
+        rows.append(["normalized latency limit (s/token)", normalized])
+    if limits and metrics is not None:
+        share = slo_attainment(metrics, limits)
+        rows.append(["requests meeting every limit", None if math.isnan(share) else share])
+    return rows
+
+
+def _meta_rows(meta: dict[str, Any]) -> list[list[Cell]]:
+    rows: list[list[Cell]] = []
+    for key, value in _flatten(meta):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            rows.append([key, value])
+        elif isinstance(value, str | bool):
+            rows.append([key, _text(value)])
+    return rows[:META_ROWS]
+
+
+def _flatten(value: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    items: list[tuple[str, Any]] = []
+    for key, inner in value.items():
+        name = f"{prefix}{key}"
+        if isinstance(inner, dict):
+            items += _flatten(inner, f"{name}.")
+        else:
+            items.append((name, inner))
+    return items
+
+
+def _figures_section(page: Page, run: RunData, metrics: pd.DataFrame | None) -> None:
+    label = run.strategy_name
+    color = assign_colors([label])[label]
+    page.heading("Latency distributions")
+    if metrics is None:
+        page.paragraph("No requests recorded.", "warn")
+    else:
+        page.figures(latency_cdfs(metrics, label, color))
+        page.heading("Requests over time")
+        page.figures([request_timeline(metrics, run.requests)], wide=True)
+    steps = step_metrics(run.steps)
+    page.heading("Engine steps")
+    if steps.empty:
+        page.paragraph("No steps recorded.", "warn")
+    else:
+        figures: list[go.Figure | None] = [
+            batch_figure(steps),
+            tokens_figure(steps),
+            kv_figure(steps),
+            utilization_figure(steps),
+            roofline_figure(steps, as_dict(run.meta.get("peaks"))),
+        ]
+        page.figures([f for f in figures if f is not None])
+    page.heading("Telemetry")
+    telemetry = telemetry_figure(run.telemetry)
+    if telemetry is None:
+        page.paragraph(
+            "No telemetry recorded (telemetry.csv missing, empty or without a time column).", "note"
+        )
+    else:
+        page.figures([telemetry], wide=True)

@@ -1,0 +1,167 @@
+"""The sweep report's figures: metrics against load, one curve (and colour) per strategy.
+
+The x axis is the group's load: the arrival rate, or the concurrency for offline runs;
+when offline runs have no concurrency either, each figure shows bars per strategy.
+Only complete runs (with a summary) are drawn; the runs table lists the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+from reports.figures import new_figure
+from reports.grouping import Group, SweepRun
+from reports.html import esc
+from reports.load import as_dict
+
+Getter = Callable[[SweepRun], float | None]
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line per strategy: its name in hover text, how to read its value, its dash style."""
+
+    name: str
+    getter: Getter
+    dash: str = "solid"
+
+
+def summary_value(metric: str, stat: str | None = None) -> Getter:
+    """A getter for a summary value (`goodput`) or a statistic of one (`ttft`, `p99`)."""
+
+    def get(sweep_run: SweepRun) -> float | None:
+        summary = sweep_run.run.summary
+        if summary is None:
+            return None
+        value = as_dict(summary.get(metric)).get(stat) if stat else summary.get(metric)
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return float(value) if ok else None
+
+    return get
+
+
+def load_figure(
+    group: Group,
+    colors: dict[str, str],
+    title: str,
+    y_title: str,
+    series: list[Series],
+    note: str = "",
+) -> go.Figure:
+    """Each series against the group's load, one colour per strategy, markers at each run."""
+    against = "by strategy" if group.x_kind == "none" else f"vs {group.x_title.split(' (')[0]}"
+    figure = new_figure(f"{title} {against}", group.x_title, y_title)
+    if note:
+        figure.update_layout(legend_title_text=esc(note).replace(", ", "<br>"))
+    for label in group.labels:
+        runs = [r for r in group.runs if r.label == label and r.run.complete]
+        for index, line in enumerate(series):
+            points = [(r, line.getter(r)) for r in runs]
+            points = [(r, y) for r, y in points if y is not None]
+            if group.x_kind == "none":
+                _add_bars(figure, label, line, points, colors, index == 0)
+                continue
+            points.sort(key=lambda item: item[0].x or 0.0)
+            figure.add_trace(
+                go.Scatter(
+                    x=[r.x for r, _ in points],
+                    y=[y for _, y in points],
+                    mode="lines+markers",
+                    name=esc(label),
+                    legendgroup=esc(label),
+                    showlegend=index == 0,
+                    hovertemplate=f"{esc(label)} {esc(line.name)}<br>%{{x:.4g}}, %{{y:.4g}}"
+                    "<extra></extra>",
+                    line={"color": colors[label], "dash": line.dash},
+                    marker={"color": colors[label], "size": 7},
+                )
+            )
+    if group.x_kind == "none":
+        figure.update_layout(barmode="group")
+    figure.update_yaxes(rangemode="tozero")
+    return figure
+
+
+def _add_bars(
+    figure: go.Figure,
+    label: str,
+    line: Series,
+    points: list[tuple[SweepRun, float]],
+    colors: dict[str, str],
+    show_legend: bool,
+) -> None:
+    pattern = "" if line.dash == "solid" else "/"
+    figure.add_trace(
+        go.Bar(
+            x=[esc(label)] * len(points),
+            y=[y for _, y in points],
+            name=esc(label),
+            legendgroup=esc(label),
+            offsetgroup=esc(line.name),
+            showlegend=show_legend,
+            hovertext=esc(f"{label} {line.name}"),
+            marker={"color": colors[label], "pattern": {"shape": pattern}},
+        )
+    )
+
+
+def limit_line(figure: go.Figure, limit: object, text: str) -> go.Figure:
+    """A dotted horizontal line at an SLO limit, when the limit is set."""
+    if isinstance(limit, int | float) and not isinstance(limit, bool):
+        figure.add_hline(
+            y=float(limit),
+            line={"dash": "dot", "color": "#c0392b"},
+            annotation_text=esc(text),
+            annotation_position="top left",
+        )
+    return figure
+
+
+def group_figures(group: Group, colors: dict[str, str]) -> list[go.Figure]:
+    """The comparison figures of one group."""
+    slo = group.slo
+    normalized = load_figure(
+        group,
+        colors,
+        "Normalized latency",
+        "normalized latency (s/token)",
+        [
+            Series("mean", summary_value("normalized_latency", "mean")),
+            Series("p99", summary_value("normalized_latency", "p99"), "dash"),
+        ],
+        "solid: mean, hatched: p99" if group.x_kind == "none" else "solid: mean, dashed: p99",
+    )
+    ttft = load_figure(
+        group,
+        colors,
+        "p99 TTFT",
+        "p99 TTFT (s)",
+        [Series("p99 TTFT", summary_value("ttft", "p99"))],
+    )
+    goodput = load_figure(
+        group, colors, "Goodput", "goodput (req/s)", [Series("goodput", summary_value("goodput"))]
+    )
+    throughput = load_figure(
+        group,
+        colors,
+        "Output throughput",
+        "output throughput (tokens/s)",
+        [Series("output throughput", summary_value("output_throughput"))],
+    )
+    waste = load_figure(
+        group,
+        colors,
+        "KV cache waste",
+        "KV waste, mean (fraction of allocated)",
+        [Series("KV waste", summary_value("kv_waste_mean"))],
+    )
+    return [
+        limit_line(normalized, slo.get("normalized_latency_s"), "SLO"),
+        limit_line(ttft, slo.get("ttft_s"), "TTFT SLO"),
+        goodput,
+        throughput,
+        waste,
+    ]

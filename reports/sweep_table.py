@@ -1,0 +1,181 @@
+"""One row per run of a sweep: its metrics, its ratios against the baseline, and `summary.csv`.
+
+The baseline is the strategy named by the user (a label or a strategy name), else the
+`fastertransformer` preset when present, else the alphabetically first strategy. A run's
+ratios divide its value by the baseline run's value in the same group at the same load;
+they are empty where the baseline has no such run.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from harness.errors import ConfigError
+from reports.derive import configured_slo, slo_attainment
+from reports.grouping import Group, SweepRun
+from reports.load import as_dict
+from reports.run_report import REPORT_NAME, correctness_text
+
+DEFAULT_BASELINE = "fastertransformer"
+
+METRIC_COLUMNS = (
+    ("completed", "completed"),
+    ("failed", "failed"),
+    ("request_throughput", "req/s"),
+    ("output_throughput", "output tokens/s"),
+    ("goodput", "goodput (req/s)"),
+    ("slo_met_share", "SLO met (share of all requests)"),
+    ("normalized_latency_mean", "norm. latency mean (s/token)"),
+    ("normalized_latency_p99", "norm. latency p99 (s/token)"),
+    ("ttft_p99", "TTFT p99 (s)"),
+    ("tpot_p99", "TPOT p99 (s)"),
+    ("e2e_p99", "E2E p99 (s)"),
+    ("kv_waste_mean", "KV waste mean"),
+    ("mfu_mean", "MFU mean"),
+    ("j_per_token", "J/token"),
+)
+RATIO_COLUMNS = (
+    ("output_throughput", "throughput ×"),
+    ("goodput", "goodput ×"),
+    ("normalized_latency_mean", "norm. latency ×"),
+    ("ttft_p99", "TTFT p99 ×"),
+)
+CSV_COLUMNS = (
+    "run_dir",
+    "group",
+    "strategy",
+    "strategy_name",
+    "rate",
+    "concurrency",
+    "status",
+    *[key for key, _ in METRIC_COLUMNS],
+    *[f"{key}_vs_baseline" for key, _ in RATIO_COLUMNS],
+    "correctness",
+    "identical_share",
+)
+
+
+@dataclass
+class RunRow:
+    """A run's values, ready for the HTML table and the CSV."""
+
+    group: Group
+    sweep_run: SweepRun
+    values: dict[str, Any]
+
+
+def choose_baseline(groups: list[Group], requested: str | None) -> str:
+    """The baseline label: the requested label or strategy name, else the default rule."""
+    runs = [r for g in groups for r in g.runs]
+    labels = sorted({r.label for r in runs})
+    if requested is not None:
+        if requested in labels:
+            return requested
+        named = sorted({r.label for r in runs if r.run.strategy_name == requested})
+        if named:
+            return named[0]
+        raise ConfigError("baseline", f"no run has strategy {requested!r}; use one of {labels}")
+    if DEFAULT_BASELINE in labels:
+        return DEFAULT_BASELINE
+    named = sorted({r.label for r in runs if r.run.strategy_name == DEFAULT_BASELINE})
+    return named[0] if named else labels[0]
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def run_values(group: Group, sweep_run: SweepRun) -> dict[str, Any]:
+    """The metric values of one run (None where not recorded)."""
+    run = sweep_run.run
+    summary = run.summary or {}
+    values: dict[str, Any] = {
+        "run_dir": str(run.path),
+        "group": group.title,
+        "strategy": sweep_run.label,
+        "strategy_name": run.strategy_name,
+        "rate": _number(run.arrival.get("rate")),
+        "concurrency": _number(run.arrival.get("concurrency")),
+        "status": run.status,
+    }
+    for key in ("completed", "failed"):
+        count = _number(summary.get(key))
+        values[key] = None if count is None else int(count)
+    for key in ("request_throughput", "output_throughput", "goodput"):
+        values[key] = _number(summary.get(key))
+    for key in ("kv_waste_mean", "mfu_mean", "j_per_token"):
+        values[key] = _number(summary.get(key))
+    values["normalized_latency_mean"] = _number(
+        as_dict(summary.get("normalized_latency")).get("mean")
+    )
+    for metric in ("normalized_latency", "ttft", "tpot", "e2e"):
+        values[f"{metric}_p99"] = _number(as_dict(summary.get(metric)).get("p99"))
+    limits = configured_slo(run.slo)
+    share = (
+        slo_attainment(sweep_run.metrics, limits)
+        if limits and sweep_run.metrics is not None
+        else None
+    )
+    values["slo_met_share"] = None if share is None or math.isnan(share) else share
+    correctness = summary.get("correctness")
+    values["correctness"] = correctness_text(correctness) if isinstance(correctness, dict) else None
+    share_identical = as_dict(correctness).get("identical_share")
+    values["identical_share"] = _number(share_identical)
+    return values
+
+
+def run_rows(groups: list[Group], baseline: str) -> list[RunRow]:
+    """Every run's row, ratios against the baseline's run in the same group at the same load."""
+    rows: list[RunRow] = []
+    for group in groups:
+        values = {id(r): run_values(group, r) for r in group.runs}
+        for sweep_run in group.runs:
+            row = values[id(sweep_run)]
+            reference = next(
+                (
+                    values[id(r)]
+                    for r in group.runs
+                    if r.label == baseline and r.x == sweep_run.x and r.run.complete
+                ),
+                None,
+            )
+            for key, _ in RATIO_COLUMNS:
+                row[f"{key}_vs_baseline"] = _ratio(row.get(key), reference, key)
+            rows.append(RunRow(group, sweep_run, row))
+    return rows
+
+
+def _ratio(value: float | None, reference: dict[str, Any] | None, key: str) -> float | None:
+    if value is None or reference is None:
+        return None
+    base = reference.get(key)
+    return value / base if base else None
+
+
+def write_csv(rows: list[RunRow], path: Path) -> Path:
+    """Write `summary.csv`: one row per run, raw numbers, the columns in `CSV_COLUMNS`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(CSV_COLUMNS))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(
+                {k: "" if row.values.get(k) is None else row.values[k] for k in CSV_COLUMNS}
+            )
+    return path
+
+
+def report_link(row: RunRow, out_dir: Path) -> str | None:
+    """The run's own report, relative to the sweep report, when it exists."""
+    report = row.sweep_run.run.path / REPORT_NAME
+    if not report.is_file():
+        return None
+    return quote(Path(os.path.relpath(report.resolve(), out_dir.resolve())).as_posix())

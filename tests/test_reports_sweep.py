@@ -1,0 +1,329 @@
+"""Sweep report: groups, sustained load, baseline ratios, summary.csv, colours, CLI, callback."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from reports_rundirs import RunSpec, page_text, write_run
+
+from harness.errors import ConfigError
+from reports.callback import SweepReportCallback
+from reports.cli import report_main
+from reports.colors import PALETTE, PRESET_COLORS, assign_colors, strategy_color
+from reports.grouping import group_runs, strategy_labels
+from reports.load import find_run_dirs, load_run
+from reports.sustain import highest_sustained, slo_rule, sustained_loads
+from reports.sweep_figures import group_figures
+from reports.sweep_report import build_sweep_report
+from reports.sweep_table import choose_baseline
+
+HOSTILE = "<script>alert(7)</script>"
+SLO = {"ttft_s": 0.5}
+# request i of 10 has TTFT = ttft * (1 + 0.1 i): 0.1 passes (all 10 under 0.5 s),
+# 0.3 fails (7 of 10), 0.4 fails (3 of 10); a run needs 9 of 10.
+TTFTS = {
+    "fastertransformer": {1.0: 0.1, 2.0: 0.4, 4.0: 0.1},
+    "orca": {1.0: 0.1, 2.0: 0.1, 4.0: 0.3},
+    "vllm": {1.0: 0.1, 2.0: 0.1, 4.0: 0.1},
+}
+
+
+def write_sweep(root: Path) -> Path:
+    for strategy, by_rate in TTFTS.items():
+        for rate, ttft in by_rate.items():
+            spec = RunSpec(
+                name=f"{strategy}-{rate:g}",
+                strategy=strategy,
+                rate=rate,
+                ttft=ttft,
+                slo=SLO,
+                extra_summary={"correctness": {"check": "greedy", "identical_share": 1.0}},
+            )
+            write_run(root, spec)
+    write_run(root, RunSpec(name="failing-1", strategy=HOSTILE, rate=1.0, slo=SLO, failed=2))
+    write_run(root, RunSpec(name="crashed-2", strategy="vllm", rate=2.0, slo=SLO, summary=False))
+    write_run(root, RunSpec(name="failed-4", strategy="orca", rate=4.0, slo=SLO, error="boom"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_sweep(tmp_path_factory.mktemp("sweep"))
+
+
+@pytest.fixture(scope="module")
+def sweep_html(sweep: Path) -> str:
+    return page_text(build_sweep_report([sweep], sweep / "report.html", None))
+
+
+def test_sweep_report_has_every_figure_once_per_group(sweep_html: str) -> None:
+    titles = re.findall(r'"title":\{"text":"([^"]*)"', sweep_html)
+    expected = [
+        "Normalized latency vs request rate",
+        "p99 TTFT vs request rate",
+        "Goodput vs request rate",
+        "Output throughput vs request rate",
+        "KV cache waste vs request rate",
+    ]
+    assert [t for t in titles if t in expected] == expected
+    assert sweep_html.count("* plotly.js v") == 1
+    assert sweep_html.count('class="plotly-graph-div"') == len(expected)
+    assert "Sustained load under the SLO" in sweep_html
+    assert "at least 90% of its requests" in sweep_html
+    assert "ttft ≤ 0.5 s" in sweep_html
+    assert "baseline strategy: fastertransformer" in sweep_html
+    assert (
+        "2 run(s) in this group failed or did not finish; the figures leave them out." in sweep_html
+    )
+    assert "12 runs (10 complete, 1 failed, 1 incomplete) in 1 group(s)" in sweep_html
+
+
+def test_strategy_names_are_escaped_everywhere(sweep_html: str) -> None:
+    assert HOSTILE not in sweep_html
+    assert "&lt;script&gt;alert(7)&lt;/script&gt;</td>" in sweep_html
+    assert '"name":"&lt;script&gt;alert(7)&lt;\\u002fscript&gt;"' in sweep_html
+
+
+def test_sustained_rate_on_a_constructed_sweep(sweep: Path) -> None:
+    (group,) = group_runs([load_run(d) for d in find_run_dirs([sweep])])
+    found = {s.label: s for s in sustained_loads(group)}
+    assert set(found) == {"fastertransformer", "orca", "vllm", HOSTILE}
+    assert (found["fastertransformer"].load, found["fastertransformer"].all_passed) == (1.0, False)
+    assert (found["orca"].load, found["orca"].all_passed) == (2.0, False)
+    assert (found["vllm"].load, found["vllm"].all_passed) == (4.0, True)
+    assert found["vllm"].tested == (1.0, 2.0, 4.0)
+    assert found[HOSTILE].load is None
+
+
+def test_sustained_rate_rows_in_the_page(sweep_html: str) -> None:
+    assert "fastertransformer</td><td>1</td><td>1, 2, 4</td>" in sweep_html
+    assert "orca</td><td>2</td>" in sweep_html
+    assert "vllm</td><td>≥ 4 (passed every tested load)</td>" in sweep_html
+    assert "&lt;/script&gt;</td><td>none (fails at the lowest, 1)</td>" in sweep_html
+
+
+def test_highest_sustained_stops_at_the_first_failure() -> None:
+    result = highest_sustained("s", [(4.0, True), (1.0, True), (2.0, True), (2.0, False)])
+    assert (result.load, result.all_passed, result.tested) == (1.0, False, (1.0, 2.0, 4.0))
+    assert highest_sustained("s", [(1.0, None)]).load is None
+    assert highest_sustained("s", [(1.0, True), (3.0, True)]).all_passed
+
+
+def test_normalized_latency_rule_uses_p50(tmp_path: Path) -> None:
+    slo = {"ttft_s": 0.5, "normalized_latency_s": 0.05}
+    for name, tpot in (("a", 0.01), ("b", 0.1)):
+        write_run(tmp_path, RunSpec(name=name, slo=slo, ttft=0.01, tpot=tpot))
+    runs = [load_run(tmp_path / n) for n in ("a", "b")]
+    (group,) = group_runs(runs)
+    rule = slo_rule(group.slo)
+    assert rule is not None and rule.normalized_latency_s == 0.05
+    assert "p50 normalized latency is at most 0.05 s/token" in rule.describe()
+    p50 = [r.run.summary["normalized_latency"]["p50"] for r in group.runs]
+    assert p50[0] < 0.05 < p50[1]
+    assert [rule.passes(r) for r in group.runs] == [True, False]
+    assert slo_rule({"ttft_s": None}) is None
+
+
+def test_summary_csv_holds_every_run_with_exact_values(sweep: Path, sweep_html: str) -> None:
+    with (sweep / "summary.csv").open() as handle:
+        rows = {Path(r["run_dir"]).name: r for r in csv.DictReader(handle)}
+    assert len(rows) == 12
+    assert rows["failed-4"]["status"] == "failed"
+    del rows["failed-4"]
+    for name, row in rows.items():
+        path = sweep / name / "summary.json"
+        if not path.exists():
+            assert row["status"] == "incomplete" and row["completed"] == ""
+            continue
+        summary = json.loads(path.read_text())
+        assert row["status"] == "complete"
+        assert int(row["completed"]) == summary["completed"]
+        assert float(row["output_throughput"]) == summary["output_throughput"]
+        assert float(row["ttft_p99"]) == summary["ttft"]["p99"]
+        assert float(row["normalized_latency_mean"]) == summary["normalized_latency"]["mean"]
+    orca, base = rows["orca-4"], rows["fastertransformer-4"]
+    ratio = float(orca["output_throughput"]) / float(base["output_throughput"])
+    assert float(orca["output_throughput_vs_baseline"]) == pytest.approx(ratio)
+    assert float(base["ttft_p99_vs_baseline"]) == 1.0
+    assert rows["failing-1"]["slo_met_share"] == "0.8"
+    assert rows["orca-4"]["slo_met_share"] == "0.7"
+    assert rows["vllm-1"]["correctness"] == "greedy, 100.0% identical"
+    assert rows["vllm-1"]["identical_share"] == "1.0"
+    assert rows["crashed-2"]["output_throughput_vs_baseline"] == ""
+
+
+def test_baseline_choice(sweep: Path, tmp_path: Path) -> None:
+    groups = group_runs([load_run(d) for d in find_run_dirs([sweep])])
+    assert choose_baseline(groups, None) == "fastertransformer"
+    assert choose_baseline(groups, "orca") == "orca"
+    with pytest.raises(ConfigError, match="baseline: no run has strategy 'nope'"):
+        choose_baseline(groups, "nope")
+    write_run(tmp_path, RunSpec(name="x", strategy="zeta"))
+    write_run(tmp_path, RunSpec(name="y", strategy="beta"))
+    others = group_runs([load_run(d) for d in find_run_dirs([tmp_path])])
+    assert choose_baseline(others, None) == "beta"
+
+
+def test_ablations_get_distinct_labels(tmp_path: Path) -> None:
+    mha = RunSpec().axes | {"heads": "mha"}
+    runs = [
+        load_run(write_run(tmp_path, RunSpec(name="a"))),
+        load_run(write_run(tmp_path, RunSpec(name="b", axes=mha))),
+        load_run(write_run(tmp_path, RunSpec(name="c", strategy="orca"))),
+    ]
+    assert strategy_labels(runs) == ["vllm (heads=gqa)", "vllm (heads=mha)", "orca"]
+
+
+def test_groups_split_by_workload_and_closed_loop_runs_use_concurrency(tmp_path: Path) -> None:
+    specs = [
+        RunSpec(name="on-1", rate=1.0),
+        RunSpec(name="on-2", rate=2.0),
+        RunSpec(name="other", workload="code", rate=1.0),
+        RunSpec(name="closed-4", process="closed_loop", rate=None, concurrency=4),
+        RunSpec(name="closed-8", process="closed_loop", rate=None, concurrency=8),
+        RunSpec(name="bare", workload="bulk", process="offline", rate=None),
+        RunSpec(name="bare-orca", strategy="orca", workload="bulk", process="offline", rate=None),
+    ]
+    groups = group_runs([load_run(write_run(tmp_path, s)) for s in specs])
+    summary = [(g.title, g.x_kind, [r.x for r in g.runs]) for g in groups]
+    assert summary == [
+        ("chat · smollm2-135m · online", "rate", [1.0, 2.0]),
+        ("code · smollm2-135m · online", "rate", [1.0]),
+        ("chat · smollm2-135m · closed loop", "concurrency", [4.0, 8.0]),
+        ("bulk · smollm2-135m · offline", "none", [None, None]),
+    ]
+    bars = group_figures(groups[3], assign_colors(["vllm", "orca"]))
+    normalized = bars[0]
+    assert [(t.type, t.name, tuple(t.x), t.offsetgroup) for t in normalized.data] == [
+        ("bar", "orca", ("orca",), "mean"),
+        ("bar", "orca", ("orca",), "p99"),
+        ("bar", "vllm", ("vllm",), "mean"),
+        ("bar", "vllm", ("vllm",), "p99"),
+    ]
+    assert normalized.layout.xaxis.type is None
+    html = page_text(build_sweep_report([tmp_path], tmp_path / "report.html", None))
+    assert "Normalized latency vs concurrency" in html
+    assert "Normalized latency by strategy" in html
+    assert "These runs have no rate or concurrency: no sustained load." in html
+
+
+def test_same_workload_with_other_settings_gets_its_own_titled_group(tmp_path: Path) -> None:
+    runs = [
+        load_run(write_run(tmp_path, RunSpec(name="a", num_requests=6))),
+        load_run(write_run(tmp_path, RunSpec(name="b", num_requests=8))),
+    ]
+    titles = [g.title for g in group_runs(runs)]
+    assert titles == [
+        "chat · smollm2-135m · online (workload.num_requests=6)",
+        "chat · smollm2-135m · online (workload.num_requests=8)",
+    ]
+
+
+def test_colours_are_fixed_per_strategy() -> None:
+    assert strategy_color("vllm") == PRESET_COLORS["vllm"] == "#2ca02c"
+    assert strategy_color("fastertransformer") == "#1f77b4"
+    assert strategy_color("my-strategy") == strategy_color("my-strategy") in PALETTE
+    names = [f"custom-{i}" for i in range(len(PALETTE))] + ["vllm", "orca"]
+    colors = assign_colors(names)
+    assert len(set(colors.values())) == len(names)
+    assert assign_colors(reversed(names)) == colors
+    assert colors["vllm"] == "#2ca02c" and colors["orca"] == "#ff7f0e"
+
+
+def test_same_colour_in_every_figure_and_table(sweep_html: str) -> None:
+    orca = PRESET_COLORS["orca"]
+    traces = re.findall(r'"line":\{"color":"(#[0-9a-f]{6})"[^}]*\},"marker"[^}]*\},"mode"[^}]*'
+                        r'"name":"orca"', sweep_html)  # fmt: skip
+    assert traces and set(traces) == {orca}
+    assert f'<span class="swatch" style="background:{orca}"></span>orca' in sweep_html
+
+
+def test_report_main_single_run_sweep_and_several_dirs(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    a = write_run(sweep, RunSpec(name="a"))
+    b = write_run(sweep, RunSpec(name="b", strategy="orca"))
+    assert report_main([a], None, None) == [a / "report.html"]
+    assert report_main([sweep], None, "orca") == [sweep.resolve() / "report.html"]
+    assert (sweep / "summary.csv").is_file()
+    out = tmp_path / "elsewhere"
+    out.mkdir()
+    assert report_main([a, b], out, None) == [out / "report.html"]
+    assert (out / "summary.csv").is_file()
+    with pytest.raises(ConfigError, match="paths: .* is not a directory"):
+        report_main([tmp_path / "missing"], None, None)
+    with pytest.raises(ConfigError, match="baseline"):
+        report_main([a], None, "orca")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match="paths: no run directories"):
+        report_main([empty], None, None)
+
+
+def test_callback_builds_the_report_and_never_raises(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sweep = tmp_path / "multirun"
+    write_run(sweep / "0", RunSpec(name="run"))
+    callback = SweepReportCallback(baseline=None)
+    callback.on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+    assert (sweep / "report.html").is_file() and (sweep / "summary.csv").is_file()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with caplog.at_level(logging.WARNING, logger="reports.callback"):
+        callback.on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(empty)}}}))
+    assert "sweep report not built: paths: no run directories" in caplog.text
+    assert not (empty / "report.html").exists()
+
+
+HYDRA_APP = """
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+
+sys.path.insert(0, {tests!r})
+from reports_rundirs import RunSpec, write_run
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg) -> None:
+    write_run(Path(HydraConfig.get().runtime.output_dir), RunSpec(name="run", rate=cfg.rate))
+
+
+main()
+"""
+HYDRA_CONFIG = """
+rate: 1.0
+hydra:
+  sweep:
+    dir: {sweep}
+  callbacks:
+    sweep_report:
+      _target_: reports.callback.SweepReportCallback
+      baseline: null
+"""
+
+
+def test_a_real_hydra_multirun_ends_with_a_sweep_report(tmp_path: Path) -> None:
+    sweep = tmp_path / "multirun"
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "config.yaml").write_text(HYDRA_CONFIG.format(sweep=sweep))
+    app = tmp_path / "app.py"
+    app.write_text(HYDRA_APP.format(tests=str(Path(__file__).parent)))
+    subprocess.run(
+        [sys.executable, str(app), "-m", "rate=1.0,2.0"], cwd=tmp_path, check=True,
+        capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert (sweep / "report.html").is_file()
+    with (sweep / "summary.csv").open() as handle:
+        rates = sorted(float(row["rate"]) for row in csv.DictReader(handle))
+    assert rates == [1.0, 2.0]
