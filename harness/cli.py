@@ -2,7 +2,8 @@
 
 `servelab [overrides]` runs one configuration (`-m` sweeps). Verbs:
 `servelab workload show [overrides]`, `servelab report DIR...`, `servelab calibrate`,
-`servelab kv-size [overrides]`, `servelab search [overrides]`. Every verb that needs configuration composes the same
+`servelab kv-size [overrides]`, `servelab search [overrides]`,
+`servelab perplexity [windows=N] [overrides]`. Every verb that needs configuration composes the same
 Hydra config tree, so every override works the same way everywhere. Bad input prints one
 line naming the field and the fix, and exits with status 2.
 """
@@ -26,10 +27,11 @@ def check_group_choices(overrides: list[str]) -> None:
     """Unknown preset names fail here with one line, before Hydra's longer message."""
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
-        if key in GROUPS and value and "," not in value:
-            if not (CONF_DIR / key / f"{value}.yaml").is_file():
-                known = ", ".join(sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml")))
-                raise ConfigError(key, f"unknown preset {value!r}; choose one of: {known}")
+        if key not in GROUPS or not value or "," in value:
+            continue
+        if not (CONF_DIR / key / f"{value}.yaml").is_file():
+            known = ", ".join(sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml")))
+            raise ConfigError(key, f"unknown preset {value!r}; choose one of: {known}")
 
 
 def compose(overrides: list[str]) -> DictConfig:
@@ -133,19 +135,24 @@ def calibrate(args: list[str]) -> None:
     print(calibrate_main(device, dtypes, cache_dir_of(cfg), refresh))
 
 
+def take_counts(args: list[str], defaults: dict[str, int]) -> tuple[dict[str, int], list[str]]:
+    """Split a verb's own `name=N` arguments (positive integers) from the Hydra overrides."""
+    numbers, rest = dict(defaults), []
+    for arg in args:
+        key, _, value = arg.partition("=")
+        if key not in numbers:
+            rest.append(arg)
+        elif value.isdigit() and int(value) > 0:
+            numbers[key] = int(value)
+        else:
+            raise ConfigError(key, f"{value!r} must be a positive whole number")
+    return numbers, rest
+
+
 def kv_size(args: list[str]) -> None:
     from harness.kv_size import kv_size_main
 
-    numbers = {"context": 4096, "batch": 1}
-    rest = []
-    for arg in args:
-        key, _, value = arg.partition("=")
-        if key in numbers:
-            if not value.isdigit() or int(value) <= 0:
-                raise ConfigError(key, f"{value!r} must be a positive whole number of tokens")
-            numbers[key] = int(value)
-        else:
-            rest.append(arg)
+    numbers, rest = take_counts(args, {"context": 4096, "batch": 1})
     print(kv_size_main(compose(rest), numbers["context"], numbers["batch"]))
 
 
@@ -161,12 +168,20 @@ def slo_search(args: list[str]) -> None:
     print(f"probes and search.json under {out_dir}")
 
 
+def perplexity(args: list[str]) -> None:
+    from harness.perplexity import perplexity_main
+
+    numbers, rest = take_counts(args, {"windows": 16})
+    print(perplexity_main(compose(rest), numbers["windows"]))
+
+
 VERBS: dict[str, Callable[[list[str]], None]] = {
     "workload": workload_show,
     "report": report,
     "calibrate": calibrate,
     "kv-size": kv_size,
     "search": slo_search,
+    "perplexity": perplexity,
 }
 
 

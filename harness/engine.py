@@ -111,18 +111,15 @@ class Engine:
         torch.cumsum(counts_t, 0, out=query_start_loc[1:])
         row_seq = torch.repeat_interleave(torch.arange(len(seqs)), counts_t)
         positions = torch.arange(len(ids)) - query_start_loc[row_seq] + (ends_t - counts_t)[row_seq]
+        kv = self.scheduler.kv
         slot_mapping = torch.cat(
-            [
-                self.scheduler.kv.slot_mapping(r, s, s + c)
-                for r, s, c in zip(requests, starts, counts)
-            ]
+            [kv.slot_mapping(r, s, s + c) for r, s, c in zip(requests, starts, counts, strict=True)]
         )
-        sampling = [r for r, end in zip(requests, ends_t.tolist()) if end == r.num_tokens]
-        logits_rows = [
-            int(query_start_loc[i + 1]) - 1
-            for i, (r, end) in enumerate(zip(requests, ends_t.tolist()))
-            if end == r.num_tokens
-        ]
+        # a sequence samples when this step computes the last of its known tokens
+        samples = [end == r.num_tokens for r, end in zip(requests, ends_t.tolist(), strict=True)]
+        sampling = [r for r, flag in zip(requests, samples, strict=True) if flag]
+        ends = query_start_loc[1:] - 1
+        logits_rows = ends[torch.tensor(samples, dtype=torch.bool)]
         layout = self.scheduler.kv.layout(requests)
         batch = ForwardBatch(
             input_ids=torch.tensor(ids, dtype=torch.int64),
@@ -131,7 +128,7 @@ class Engine:
             seq_lens=ends_t.to(torch.int32),
             query_lens=counts,
             slot_mapping=slot_mapping,
-            logits_indices=torch.tensor(logits_rows, dtype=torch.int64),
+            logits_indices=logits_rows,
             slab_starts=layout.get("slab_starts"),
             block_tables=layout.get("block_tables"),
             block_size=int(layout.get("block_size", 1)),
@@ -144,9 +141,10 @@ class Engine:
         request.token_times.append(now)
         if token in self.eos_ids and not request.sampling.ignore_eos:
             reason = "stop"
-        elif len(request.output_ids) >= request.sampling.max_tokens:
-            reason = "length"
-        elif request.num_tokens >= self.max_context:
+        elif (
+            len(request.output_ids) >= request.sampling.max_tokens
+            or request.num_tokens >= self.max_context
+        ):
             reason = "length"
         else:
             return False

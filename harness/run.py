@@ -27,6 +27,7 @@ from harness.metrics import SLO, summarize
 from harness.profiling import StepProfiler
 from harness.replay import replay
 from harness.request import Request
+from harness.roofline import ModelShape, StepRoofline, run_utilisation
 from harness.rundir import SCHEMA_VERSION, RunWriter, read_jsonl
 from harness.settings import (
     EngineSettings,
@@ -35,7 +36,6 @@ from harness.settings import (
     engine_settings,
     strategy_settings,
 )
-from harness.roofline import ModelShape, StepRoofline, run_utilisation
 from harness.telemetry import TelemetryResult, TelemetrySampler
 from harness.tokenizer import load_tokenizer
 from kernels.attention import Attention, AttentionConfig

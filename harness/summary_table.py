@@ -22,7 +22,9 @@ def render_summary(summary: dict, run_dir: str, console: Console | None = None) 
         f" on {summary['workload']}"
     )
     head = Table(title=title, show_header=False, box=None)
-    head.add_row("status", summary["status"] + (f" ({summary['error']})" if summary["error"] else ""))
+    head.add_row(
+        "status", summary["status"] + (f" ({summary['error']})" if summary["error"] else "")
+    )
     head.add_row("completed / failed", f"{summary['completed']} / {summary['failed']}")
     head.add_row("duration", f"{_num(summary['duration_s'])} s")
     head.add_row("request throughput", f"{_num(summary['request_throughput'])} req/s")
@@ -33,7 +35,10 @@ def render_summary(summary: dict, run_dir: str, console: Console | None = None) 
     head.add_row("peak running", str(summary["peak_running"]))
     head.add_row("preemptions", str(summary["preemptions"]))
     if summary.get("mfu_mean") is not None:
-        head.add_row("MFU / MBU (mean)", f"{_num(summary['mfu_mean'], 3)} / {_num(summary.get('mbu_mean'), 3)}")
+        head.add_row(
+            "MFU / MBU (mean)",
+            f"{_num(summary['mfu_mean'], 3)} / {_num(summary.get('mbu_mean'), 3)}",
+        )
     console.print(head)
     latency = Table(title="latency (ms)")
     latency.add_column("metric")

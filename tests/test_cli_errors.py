@@ -31,15 +31,20 @@ def _fail(monkeypatch, capsys, tmp_path: Path, *args: str) -> str:
         (("strategy=nosuch",), "strategy: unknown preset 'nosuch'"),
         (("workload=nosuch",), "workload: unknown preset 'nosuch'"),
         (("model.name=nosuch",), "model.name: unknown embedded model"),
-        (("model=gguf", "model.path=/no/such/file.gguf"), "model.path: /no/such/file.gguf does not"),
+        (
+            ("model=gguf", "model.path=/no/such/file.gguf"),
+            "model.path: /no/such/file.gguf does not",
+        ),
         (("model=dummy-tiny", "engine.kv_budget=1KiB"), "engine.kv_budget:"),
         (("model=dummy-tiny", "engine.kv_budget=lots"), "engine.kv_budget: 'lots' is not a size"),
         (("model=dummy-tiny", "engine.max_batch_size=0"), "engine.max_batch_size:"),
         (("model=dummy-tiny", "engine.dtype=fp8"), "engine.dtype:"),
         (("model=dummy-tiny", "strategy.batching=greedy"), "strategy.batching:"),
         (("model=dummy-tiny", "workload.output_len.value=0"), "workload.output_len"),
-        (("model=dummy-tiny", "workload.input_len.lo=600", "workload.input_len.hi=700"),
-         "workload"),
+        (
+            ("model=dummy-tiny", "workload.input_len.lo=600", "workload.input_len.hi=700"),
+            "workload",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line(monkeypatch, capsys, tmp_path, args, field) -> None:

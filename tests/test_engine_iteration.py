@@ -61,7 +61,10 @@ def test_chunked_prefill_splits_long_prompts_and_decodes_go_first() -> None:
     records = serve(engine, requests)
     # step 0: first prompt (4) + 4 tokens of the long prompt; then 1 decode + 7 prompt tokens ...
     assert [(r["prefill_tokens"], r["decode_tokens"]) for r in records[:4]] == [
-        (8, 0), (7, 1), (7, 1), (2, 1),
+        (8, 0),
+        (7, 1),
+        (7, 1),
+        (2, 1),
     ]
     # the long request samples only after its last chunk (step 3)
     assert len(requests[1].token_times) == 3

@@ -1,4 +1,4 @@
-"""Head layouts: the conversions are the stated arithmetic, and `mha` is `gqa` with a bigger cache."""
+"""Head layouts: conversions are the stated arithmetic; `mha` is `gqa` with a bigger cache."""
 
 from __future__ import annotations
 
@@ -34,7 +34,9 @@ def test_mqa_conversion_mean_pools_key_and_value_heads() -> None:
         original = state[f"layers.0.self_attn.{kind}.weight"]
         expected = (original[:16] + original[16:]) / 2
         assert torch.allclose(pooled[f"layers.0.self_attn.{kind}.weight"], expected)
-    assert torch.equal(pooled["layers.0.self_attn.q_proj.weight"], state["layers.0.self_attn.q_proj.weight"])
+    assert torch.equal(
+        pooled["layers.0.self_attn.q_proj.weight"], state["layers.0.self_attn.q_proj.weight"]
+    )
 
 
 def test_head_counts_that_do_not_divide_are_rejected() -> None:

@@ -30,8 +30,12 @@ def _request(rid: str, sent: float, times: list[float], prompt: int = 10, **extr
 def _step(t0: float, t1: float, allocated: int, live: int, running: int) -> dict:
     waste = (allocated - live) / allocated if allocated else 0.0
     return {
-        "t_start": t0, "t_end": t1, "model_s": (t1 - t0) / 2, "kv_waste": waste,
-        "running": running, "preempted": 0,
+        "t_start": t0,
+        "t_end": t1,
+        "model_s": (t1 - t0) / 2,
+        "kv_waste": waste,
+        "running": running,
+        "preempted": 0,
     }
 
 

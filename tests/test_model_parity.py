@@ -14,9 +14,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from harness.batch import ForwardBatch
 from harness.loaders.load import load_model
 from harness.request import Request, SamplingParams
-from tests.tiny import make_engine, serve, strategy
+from tests.tiny import dense_attention, make_engine, serve, strategy
 from workloads.text import section_chunks
 
 pytestmark = pytest.mark.integration
@@ -46,10 +47,6 @@ def prompts(tokenizer) -> list[list[int]]:
 
 
 def test_logits_match_transformers(ours, reference, prompts) -> None:
-    from tests.tiny import greedy_reference  # noqa: F401  (same dense path as the reference)
-    from harness.batch import ForwardBatch
-    from tests.tiny import _dense_attention
-
     ids = torch.tensor(prompts[3])
     count = len(ids)
     batch = ForwardBatch(
@@ -63,7 +60,7 @@ def test_logits_match_transformers(ours, reference, prompts) -> None:
     )
     layers = ours.config.num_layers
     with torch.inference_mode():
-        logits = ours.model(batch, [None] * layers, [None] * layers, _dense_attention)
+        logits = ours.model(batch, [None] * layers, [None] * layers, dense_attention)
         expected = reference(ids[None]).logits[0]
     difference = (logits - expected).abs().max().item()
     assert difference < 1e-3, f"max abs logit difference {difference}"
@@ -80,7 +77,10 @@ def test_engine_greedy_matches_transformers_generate(ours, reference, prompts) -
     for request, prompt in zip(requests, prompts, strict=True):
         with torch.inference_mode():
             generated = reference.generate(
-                torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                min_new_tokens=NEW_TOKENS, pad_token_id=0,
+                torch.tensor([prompt]),
+                max_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                min_new_tokens=NEW_TOKENS,
+                pad_token_id=0,
             )[0, len(prompt) :].tolist()
         assert request.output_ids == generated, f"request {request.id} diverged"

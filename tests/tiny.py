@@ -29,14 +29,15 @@ def tiny_model(seed: int = 0, scale: float = 0.3, dtype: torch.dtype = torch.flo
     generator = torch.Generator().manual_seed(seed)
     shapes = LlamaModel(config).state_dict()
     state = {
-        name: torch.ones_like(t) if name.endswith("norm.weight")
+        name: torch.ones_like(t)
+        if name.endswith("norm.weight")
         else torch.randn(t.shape, generator=generator) * scale
         for name, t in shapes.items()
     }
     return build_model((config, state), dtype, CPU)
 
 
-def _dense_attention(q, k, v, k_cache, v_cache, batch: ForwardBatch, scale: float):
+def dense_attention(q, k, v, k_cache, v_cache, batch: ForwardBatch, scale: float):
     group = q.shape[1] // k.shape[1]
     keys = k.repeat_interleave(group, 1).transpose(0, 1)
     values = v.repeat_interleave(group, 1).transpose(0, 1)
@@ -62,15 +63,22 @@ def greedy_reference(model: LlamaModel, prompt: list[int], max_tokens: int) -> l
             slot_mapping=torch.arange(count),
             logits_indices=torch.tensor([count - 1]),
         )
-        logits = model(batch, [None] * layers, [None] * layers, _dense_attention)
+        logits = model(batch, [None] * layers, [None] * layers, dense_attention)
         tokens.append(int(logits[0].argmax()))
     return tokens[len(prompt) :]
 
 
 def strategy(batching: str = "static", kv: str = "contiguous", **overrides) -> StrategySettings:
     fields = dict(
-        name=f"{batching}-{kv}", batching=batching, kv=kv, heads="gqa", weights="auto",
-        decoding="standard", chunked_prefill=False, block_size=4, prefix_caching=False,
+        name=f"{batching}-{kv}",
+        batching=batching,
+        kv=kv,
+        heads="gqa",
+        weights="auto",
+        decoding="standard",
+        chunked_prefill=False,
+        block_size=4,
+        prefix_caching=False,
         preemption="recompute",
     )
     fields.update(overrides)
@@ -99,14 +107,21 @@ def make_engine(
         return clock_state["t"]
 
     return Engine(
-        model, cache, scheduler, Attention(AttentionConfig(attention), CPU), CPU, clock,
+        model,
+        cache,
+        scheduler,
+        Attention(AttentionConfig(attention), CPU),
+        CPU,
+        clock,
         config.max_context,
     )
 
 
 def make_requests(prompts: list[list[int]], max_tokens: list[int]) -> list[Request]:
     return [
-        Request(id=str(i), prompt_ids=list(p), sampling=SamplingParams(max_tokens=m, ignore_eos=True))
+        Request(
+            id=str(i), prompt_ids=list(p), sampling=SamplingParams(max_tokens=m, ignore_eos=True)
+        )
         for i, (p, m) in enumerate(zip(prompts, max_tokens, strict=True))
     ]
 

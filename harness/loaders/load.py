@@ -92,7 +92,9 @@ def converted_gguf(path: Path, cache_dir: Path) -> Path:
         return folder
     folder.mkdir(parents=True, exist_ok=True)
     config, state = load_gguf(path)
-    save_file({name: t.contiguous() for name, t in state.items()}, str(folder / "model.safetensors"))
+    save_file(
+        {name: t.contiguous() for name, t in state.items()}, str(folder / "model.safetensors")
+    )
     (folder / "servelab-config.json").write_text(json.dumps(asdict(config)))
     load_tokenizer(path).save_pretrained(str(folder / "tokenizer"))
     (folder / "complete").write_text(str(path) + "\n")

@@ -1,0 +1,49 @@
+"""Sweeps: a rerun skips complete runs and redoes failed ones; the submitit launcher runs jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BASE = [
+    "model=dummy-tiny",
+    "telemetry.roofline=false",
+    "workload.num_requests=3",
+    "workload.output_len.value=4",
+]
+
+
+def _sweep(sweep_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "harness", "-m", *BASE, f"hydra.sweep.dir={sweep_dir}", *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_a_rerun_sweep_redoes_only_what_did_not_finish(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    first = _sweep(sweep_dir, "strategy=fastertransformer,orca")
+    assert first.returncode == 0, first.stderr[-2000:]
+    runs = sorted(p for p in sweep_dir.iterdir() if (p / "summary.json").exists())
+    assert [p.name for p in runs] == ["0-fastertransformer-smoke", "1-orca-smoke"]
+    done, killed = runs
+    kept = (done / "requests.jsonl").stat().st_mtime_ns
+    # a run killed halfway leaves records but no summary
+    (killed / "summary.json").unlink()
+    second = _sweep(sweep_dir, "strategy=fastertransformer,orca")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert f"already complete, not run again: {done}" in second.stdout
+    assert (done / "requests.jsonl").stat().st_mtime_ns == kept
+    assert json.loads((killed / "summary.json").read_text())["status"] == "complete"
+    assert (sweep_dir / "report.html").exists() and (sweep_dir / "summary.csv").exists()
+
+
+def test_submitit_local_launcher_runs_each_job(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    result = _sweep(sweep_dir, "hydra/launcher=local_processes", "strategy=fastertransformer,orca")
+    assert result.returncode == 0, result.stderr[-2000:]
+    summaries = sorted(sweep_dir.glob("*/summary.json"))
+    assert len(summaries) == 2
+    assert all(json.loads(p.read_text())["completed"] == 3 for p in summaries)
+    assert os.path.isdir(sweep_dir / ".submitit")
