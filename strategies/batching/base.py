@@ -49,6 +49,22 @@ class Scheduler(ABC):
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def grow_or_preempt(self, request: Request, count: int, out: SchedulerOutput) -> bool:
+        """Make room for `count` more tokens of `request`, preempting the most recently
+        admitted unfinished request while the KV manager has none; False if `request`
+        itself had to go."""
+        while not self.kv.grow(request, count):
+            victim = next(r for r in reversed(self.running) if not r.is_finished)
+            self.running.remove(victim)
+            self.kv.preempt(victim)
+            victim.state = RequestState.PREEMPTED
+            victim.preemptions += 1
+            self.waiting.appendleft(victim)
+            out.preempted.append(victim)
+            if victim is request:
+                return False
+        return True
+
     @abstractmethod
     def schedule(self) -> SchedulerOutput:
         """This step's batch; empty when nothing can run."""

@@ -27,7 +27,7 @@ class IterationScheduler(Scheduler):
             if count == 0:
                 index += 1
                 continue
-            if not self._grow_or_preempt(request, count, out):
+            if not self.grow_or_preempt(request, count, out):
                 break
             out.seqs.append(ScheduledSeq(request, count))
             budget -= count
@@ -43,22 +43,6 @@ class IterationScheduler(Scheduler):
         if remaining > budget and scheduled:
             return 0  # a whole prompt that does not fit this step waits for the next
         return remaining
-
-    def _grow_or_preempt(self, request: Request, count: int, out: SchedulerOutput) -> bool:
-        """Make room for `count` tokens, evicting from the back; False if `request` itself went."""
-        while not self.kv.grow(request, count):
-            victim = self.running.pop()
-            self._preempt(victim)
-            out.preempted.append(victim)
-            if victim is request:
-                return False
-        return True
-
-    def _preempt(self, request: Request) -> None:
-        self.kv.preempt(request)
-        request.state = RequestState.PREEMPTED
-        request.preemptions += 1
-        self.waiting.appendleft(request)
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
