@@ -3,7 +3,8 @@
 `servelab [overrides]` runs one configuration (`-m` sweeps). Verbs:
 `servelab workload show [overrides]`, `servelab report DIR...`, `servelab calibrate`,
 `servelab kv-size [overrides]`, `servelab search [overrides]`,
-`servelab perplexity [windows=N] [overrides]`. Every verb that needs configuration composes the same
+`servelab perplexity [windows=N] [overrides]`,
+`servelab verify [strategies=a,b] [out=FILE] [overrides]`. Every verb that needs configuration composes the same
 Hydra config tree, so every override works the same way everywhere. Bad input prints one
 line naming the field and the fix, and exits with status 2.
 """
@@ -175,6 +176,26 @@ def perplexity(args: list[str]) -> None:
     print(perplexity_main(compose(rest), numbers["windows"]))
 
 
+def verify(args: list[str]) -> None:
+    from harness.verify import render_checks, verify
+
+    strategies = ["orca", "orca-chunked", "vllm"]
+    out = None
+    rest = []
+    for arg in args:
+        key, _, value = arg.partition("=")
+        if key == "strategies":
+            strategies = [s for s in value.strip("[]").split(",") if s]
+        elif key == "out":
+            out = Path(value)
+        else:
+            rest.append(arg)
+    check_group_choices([f"strategy={s}" for s in strategies])
+    cfg = compose(rest)
+    checks = verify(strategies, rest, compose, out)
+    print(render_checks(checks, str(cfg.engine.dtype)))
+
+
 VERBS: dict[str, Callable[[list[str]], None]] = {
     "workload": workload_show,
     "report": report,
@@ -182,6 +203,7 @@ VERBS: dict[str, Callable[[list[str]], None]] = {
     "kv-size": kv_size,
     "search": slo_search,
     "perplexity": perplexity,
+    "verify": verify,
 }
 
 

@@ -46,6 +46,26 @@ class StepHook:
     def step_finished(self, step: int) -> None: ...
 
 
+def serve_all(
+    engine: Engine, requests: list[Request], on_step: Callable[[Engine], None] | None = None
+) -> list[dict]:
+    """Offline, no clock: add every request, step until all finish; the step records.
+
+    `on_step(engine)` runs after every step (integrity checks in tests)."""
+    for request in requests:
+        request.t_send = 0.0
+        engine.add_request(request)
+    records = []
+    while engine.has_unfinished():
+        result = engine.step()
+        if result is None:
+            raise RuntimeError("the scheduler has unfinished requests but scheduled none")
+        records.append(result.record)
+        if on_step is not None:
+            on_step(engine)
+    return records
+
+
 def replay(
     engine: Engine,
     workload: Workload,

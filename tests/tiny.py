@@ -15,6 +15,7 @@ from harness.kv_cache import KVLayout, allocate_kv_cache
 from harness.loaders.dummy import DUMMY_SHAPES
 from harness.loaders.load import build_model
 from harness.model import LlamaModel
+from harness.replay import serve_all
 from harness.request import Request, SamplingParams
 from harness.settings import StrategySettings
 from kernels.attention import Attention, AttentionConfig
@@ -127,20 +128,8 @@ def make_requests(prompts: list[list[int]], max_tokens: list[int]) -> list[Reque
 
 
 def serve(engine: Engine, requests: list[Request], check=None) -> list[dict]:
-    """Offline: add everything, step until done; returns the step records.
-
-    `check(engine)` runs after every step (integrity checks of the KV manager)."""
-    for request in requests:
-        request.t_send = 0.0
-        engine.add_request(request)
-    records = []
-    while engine.has_unfinished():
-        result = engine.step()
-        assert result is not None, "scheduler stalled with unfinished requests"
-        records.append(result.record)
-        if check is not None:
-            check(engine)
-    return records
+    """Offline: add everything, step until done; `check(engine)` after every step."""
+    return serve_all(engine, requests, check)
 
 
 def random_prompts(count: int, low: int, high: int, seed: int = 0) -> list[list[int]]:

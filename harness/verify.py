@@ -1,0 +1,163 @@
+"""`servelab verify`: does each strategy serve exactly the tokens of the plain path?
+
+The reference is static batching with contiguous KV, in the same dtype, on the same
+workload (greedy). Every other strategy is served offline on the same requests and its
+outputs compared request by request. In fp32 a lossless strategy must match every request.
+In bf16 a different batch shape may round differently and flip a near-tie, so for each
+request that diverges the reference model is asked for its margin between its two best
+logits at the first differing position: a tiny margin explains a flip, a large one is a bug.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from harness.batch import ForwardBatch
+from harness.engine import Engine
+from harness.errors import ConfigError
+from harness.kv_cache import KVLayout, allocate_kv_cache
+from harness.model import AttentionFn, LlamaModel
+from harness.replay import serve_all, to_request
+from harness.run import Prepared, prepare
+
+REFERENCE = "fastertransformer"
+
+
+@dataclass
+class Divergence:
+    request: str
+    position: int  # index into the output where the tokens first differ
+    reference_token: int
+    strategy_token: int
+    reference_margin: float  # top-1 minus top-2 logit of the reference at that position
+
+
+@dataclass
+class StrategyCheck:
+    strategy: str
+    requests: int
+    identical: int
+    divergences: list[Divergence] = field(default_factory=list)
+
+    @property
+    def identical_share(self) -> float:
+        return self.identical / self.requests if self.requests else 0.0
+
+
+@dataclass
+class Served:
+    outputs: dict[str, list[int]]  # output ids by request id
+    prepared: Prepared
+    steps: list[dict]
+
+
+def serve_outputs(cfg: DictConfig) -> Served:
+    """Serve the workload offline under `cfg`."""
+    start = time.perf_counter()
+    prepared = prepare(cfg, lambda: time.perf_counter() - start)
+    requests = [to_request(spec, i) for i, spec in enumerate(prepared.workload.requests)]
+    if any(not r.sampling.greedy for r in requests):
+        raise ConfigError("workload.sampling.temperature", "verify compares greedy outputs; use 0")
+    steps = serve_all(prepared.engine, requests)
+    return Served({r.id: r.output_ids for r in requests}, prepared, steps)
+
+
+@torch.inference_mode()
+def next_token_margin(model: LlamaModel, attention: AttentionFn, tokens: list[int]) -> float:
+    """Top-1 minus top-2 logit of the next token after `tokens`, computed cache-free."""
+    config = model.config
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    layout = KVLayout(config.num_layers, model.kv_heads_stored, config.head_dim, dtype)
+    cache = allocate_kv_cache(layout, layout.bytes_per_token * len(tokens), 1, device)
+    count = len(tokens)
+    batch = ForwardBatch(
+        input_ids=torch.tensor(tokens),
+        positions=torch.arange(count),
+        query_start_loc=torch.tensor([0, count], dtype=torch.int32),
+        seq_lens=torch.tensor([count], dtype=torch.int32),
+        query_lens=[count],
+        slot_mapping=torch.arange(count),
+        logits_indices=torch.tensor([count - 1]),
+        slab_starts=torch.zeros(1, dtype=torch.int64),
+    ).to(device)
+    top = model(batch, cache.k, cache.v, attention)[0].topk(2).values
+    return float(top[0] - top[1])
+
+
+def compare(
+    strategy: str,
+    reference: dict[str, list[int]],
+    outputs: dict[str, list[int]],
+    prompts: dict[str, list[int]],
+    reference_engine: Engine,
+) -> StrategyCheck:
+    check = StrategyCheck(strategy, len(reference), 0)
+    for rid, expected in reference.items():
+        got = outputs[rid]
+        if got == expected:
+            check.identical += 1
+            continue
+        position = next(
+            (i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b),
+            min(len(expected), len(got)),
+        )
+        margin = next_token_margin(
+            reference_engine.model, reference_engine.attention, prompts[rid] + expected[:position]
+        )
+        reference_token = expected[position] if position < len(expected) else -1
+        strategy_token = got[position] if position < len(got) else -1
+        check.divergences.append(Divergence(rid, position, reference_token, strategy_token, margin))
+    return check
+
+
+def verify(
+    strategies: list[str],
+    overrides: list[str],
+    compose: Callable[[list[str]], DictConfig],
+    out: Path | None,
+) -> list[StrategyCheck]:
+    reference = serve_outputs(compose([*overrides, f"strategy={REFERENCE}"]))
+    requests = reference.prepared.workload.requests
+    prompts = {s.id: list(s.prompt_ids) for s in requests}
+    checks = []
+    for strategy in strategies:
+        served = serve_outputs(compose([*overrides, f"strategy={strategy}"]))
+        checks.append(
+            compare(strategy, reference.outputs, served.outputs, prompts, reference.prepared.engine)
+        )
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        payload = [asdict(c) | {"identical_share": c.identical_share} for c in checks]
+        out.write_text(json.dumps(payload, indent=2))
+    return checks
+
+
+def render_checks(checks: list[StrategyCheck], dtype: str) -> str:
+    table = Table(title=f"greedy outputs against {REFERENCE} ({dtype})")
+    for column in ("strategy", "identical", "share", "first divergences (request@pos: margin)"):
+        table.add_column(column)
+    for check in checks:
+        shown = ", ".join(
+            f"{d.request}@{d.position}: {d.reference_margin:.3g}" for d in check.divergences[:6]
+        )
+        extra = len(check.divergences) - 6
+        table.add_row(
+            check.strategy,
+            f"{check.identical}/{check.requests}",
+            f"{check.identical_share:.1%}",
+            shown + (f" (+{extra} more)" if extra > 0 else ""),
+        )
+    console = Console(record=True, width=140)
+    with console.capture() as capture:
+        console.print(table)
+    return capture.get()

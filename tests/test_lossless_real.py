@@ -1,0 +1,43 @@
+"""On the real model in fp32, every lossless strategy serves the tokens of the plain path.
+
+Real-text prompts sharing long system prompts (so prefix caching hits), a KV budget small
+enough that the paged strategy must preempt, and a token budget small enough that chunked
+prefill splits prompts: `orca`, `orca-chunked` and `vllm` must each match
+`fastertransformer` on every request.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.cli import compose
+from harness.verify import serve_outputs, verify
+
+pytestmark = pytest.mark.integration
+
+OVERRIDES = [
+    "engine.dtype=fp32",
+    "telemetry.roofline=false",
+    "workload=shared_prefix",
+    "workload.num_requests=8",
+    "workload.prompt.groups=2",
+    "workload.prompt.prefix_len=48",
+    "workload.input_len.lo=8",
+    "workload.input_len.hi=24",
+    "workload.output_len.value=12",
+    "engine.kv_budget=8MiB",  # 182 tokens of fp32 KV: two or three requests at a time
+    "strategy.block_size=8",
+    "engine.max_num_batched_tokens=40",
+]
+
+
+def test_lossless_strategies_match_static_batching_exactly() -> None:
+    checks = verify(["orca", "orca-chunked", "vllm"], OVERRIDES, compose, None)
+    for check in checks:
+        assert check.identical == check.requests == 8, (check.strategy, check.divergences)
+
+
+def test_the_paged_run_really_preempted_and_hit_the_prefix_cache() -> None:
+    served = serve_outputs(compose([*OVERRIDES, "strategy=vllm"]))
+    assert sum(step["preempted"] for step in served.steps) > 0
+    assert served.steps[-1]["prefix_hit_tokens"] > 0
