@@ -1,12 +1,11 @@
 """The `servelab` command: a Hydra run by default, or a tool verb in front of the overrides.
 
 `servelab [overrides]` runs one configuration (`-m` sweeps). Verbs:
-`servelab workload show [overrides]`, `servelab report DIR...`, `servelab calibrate`,
-`servelab kv-size [overrides]`, `servelab search [overrides]`,
-`servelab perplexity [windows=N] [overrides]`,
-`servelab verify [strategies=a,b] [out=FILE] [overrides]`. Every verb that needs configuration composes the same
-Hydra config tree, so every override works the same way everywhere. Bad input prints one
-line naming the field and the fix, and exits with status 2.
+`workload show`, `report DIR...`, `calibrate`, `kv-size [context=N batch=N]`, `search`,
+`perplexity [windows=N]`, `verify [strategies=a,b out=FILE]`, each followed by overrides.
+Every verb that needs configuration composes the same Hydra config tree, so every override
+works the same way everywhere. Bad input prints one line naming the field and the fix, and
+exits with status 2.
 """
 
 from __future__ import annotations

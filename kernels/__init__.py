@@ -1,1 +1,1 @@
-"""Attention and matrix kernels: Triton kernels beside their PyTorch references, and the dispatch."""
+"""Attention and matrix kernels: Triton kernels beside their PyTorch references, and dispatch."""
