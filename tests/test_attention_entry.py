@@ -1,0 +1,147 @@
+"""The attention entry point: it writes the new keys and values at exactly the batch's slots,
+then attends like naive dense attention, for both KV layouts and both implementations (the
+Triton one in the interpreter when there is no CUDA), and reuses its per-batch plan across
+layers. Bad configuration and bad batches fail with one clear error. TRITON_INTERPRET is set
+as in test_kernels_paged_attention.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from kernels import paged_attention_triton as tri  # noqa: E402
+from kernels.attention import Attention, AttentionConfig  # noqa: E402
+from kernels.attention_cases import AttentionCase, CaseShape, dense_attention, make_case  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+SCALE = 0.125
+MIXED = ([9, 30, 1, 45, 17], [9, 1, 1, 6, 3])
+DECODE = ([9, 30, 1, 45, 17, 64], [1] * 6)
+
+
+def _run(attn: Attention, case: AttentionCase) -> torch.Tensor:
+    return attn(
+        case.q,
+        case.k_new,
+        case.v_new,
+        case.k_cache,
+        case.v_cache,
+        case.forward_batch().to(DEVICE),
+        SCALE,
+    )
+
+
+def test_auto_picks_triton_on_cuda_and_torch_elsewhere() -> None:
+    assert Attention(AttentionConfig(), torch.device("cpu")).impl == "torch"
+    assert Attention(AttentionConfig("torch"), DEVICE).impl == "torch"
+    assert Attention(AttentionConfig("triton"), DEVICE).impl == "triton"
+    if torch.cuda.is_available():
+        assert Attention(AttentionConfig(), torch.device("cuda")).impl == "triton"
+
+
+def test_unknown_impl_is_a_config_error() -> None:
+    with pytest.raises(ValueError, match=r"attention\.impl: unknown 'flash'"):
+        Attention(AttentionConfig("flash"), DEVICE)
+
+
+def test_triton_on_cpu_without_interpreter_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tri, "interpreted", lambda: False)
+    with pytest.raises(ValueError, match=r"attention\.impl: triton kernels need a CUDA device"):
+        Attention(AttentionConfig("triton"), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("paged", [True, False], ids=["paged", "contiguous"])
+def test_writes_new_kv_exactly_at_slot_mapping(impl: str, paged: bool) -> None:
+    case = make_case(*MIXED, CaseShape(paged=paged), device=DEVICE, new_in_cache=False)
+    k_before, v_before = case.k_cache.clone(), case.v_cache.clone()
+    _run(Attention(AttentionConfig(impl), DEVICE), case)
+    hkv, d = case.shape.kv_heads, case.shape.head_dim
+    k_flat, v_flat = case.k_cache.view(-1, hkv, d), case.v_cache.view(-1, hkv, d)
+    assert torch.equal(k_flat[case.slot_mapping], case.k_new)
+    assert torch.equal(v_flat[case.slot_mapping], case.v_new)
+    untouched = torch.ones(k_flat.shape[0], dtype=torch.bool, device=DEVICE)
+    untouched[case.slot_mapping] = False
+    for after, before in ((k_flat, k_before), (v_flat, v_before)):
+        before = before.view(-1, hkv, d)
+        torch.testing.assert_close(
+            after[untouched], before[untouched], rtol=0, atol=0, equal_nan=True
+        )
+    assert case.slot_mapping.unique().numel() == sum(MIXED[1])
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("paged", [True, False], ids=["paged", "contiguous"])
+@pytest.mark.parametrize("lens", [MIXED, DECODE], ids=["mixed", "decode"])
+def test_matches_dense_attention(impl: str, paged: bool, lens: tuple[list, list]) -> None:
+    case = make_case(*lens, CaseShape(paged=paged), device=DEVICE, new_in_cache=False, seed=2)
+    out = _run(Attention(AttentionConfig(impl), DEVICE), case)
+    assert out.shape == case.q.shape and out.dtype == case.q.dtype
+    torch.testing.assert_close(out.double().cpu(), dense_attention(case, SCALE), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("group", [(4, 4), (9, 1)], ids=["mha", "mqa"])
+def test_any_group_size(group: tuple[int, int]) -> None:
+    shape = CaseShape(q_heads=group[0], kv_heads=group[1], head_dim=32, block_size=4)
+    case = make_case(*MIXED, shape, device=DEVICE, new_in_cache=False, seed=4)
+    out = _run(Attention(AttentionConfig(), DEVICE), case)
+    torch.testing.assert_close(out.double().cpu(), dense_attention(case, SCALE), atol=2e-5, rtol=0)
+
+
+def test_bfloat16_torch_path() -> None:
+    case = make_case(*MIXED, CaseShape(), dtype=torch.bfloat16, new_in_cache=False, seed=6)
+    out = Attention(AttentionConfig("torch"), torch.device("cpu"))(
+        case.q, case.k_new, case.v_new, case.k_cache, case.v_cache, case.forward_batch(), SCALE
+    )
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), dense_attention(case, SCALE), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_one_batch_serves_every_layer(impl: str) -> None:
+    """The plan built on the first layer is reused; each layer still reads its own cache."""
+    first = make_case(*MIXED, CaseShape(), device=DEVICE, new_in_cache=False, seed=8)
+    second = make_case(*MIXED, CaseShape(), device=DEVICE, new_in_cache=False, seed=8)
+    second = dataclasses.replace(
+        second,
+        k_new=-second.k_new,
+        v_new=2 * second.v_new,
+        contexts_k=[-k for k in second.contexts_k],
+        contexts_v=[2 * v for v in second.contexts_v],
+    )
+    second.k_cache.neg_()
+    second.v_cache.mul_(2)
+    attn = Attention(AttentionConfig(impl), DEVICE)
+    batch = first.forward_batch().to(DEVICE)
+    for case in (first, second, first):
+        out = attn(case.q, case.k_new, case.v_new, case.k_cache, case.v_cache, batch, SCALE)
+        torch.testing.assert_close(
+            out.double().cpu(), dense_attention(case, SCALE), atol=2e-5, rtol=0
+        )
+
+
+def test_batch_without_a_kv_layout_is_a_config_error() -> None:
+    case = make_case(*MIXED, CaseShape(), new_in_cache=False)
+    batch = dataclasses.replace(case.forward_batch(), block_tables=None)
+    with pytest.raises(ValueError, match="batch: set exactly one of block_tables"):
+        Attention(AttentionConfig("torch"), torch.device("cpu"))(
+            case.q, case.k_new, case.v_new, case.k_cache, case.v_cache, batch, SCALE
+        )
+
+
+def test_block_size_mismatch_is_a_config_error() -> None:
+    case = make_case(*MIXED, CaseShape(), new_in_cache=False)
+    batch = dataclasses.replace(case.forward_batch(), block_size=8)
+    with pytest.raises(ValueError, match="batch.block_size: 8 differs"):
+        Attention(AttentionConfig("torch"), torch.device("cpu"))(
+            case.q, case.k_new, case.v_new, case.k_cache, case.v_cache, batch, SCALE
+        )
