@@ -13,8 +13,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# The default comparison: four strategies x three request rates on the embedded model, one
+# KV budget for all (small enough that memory decides capacity); ends with the sweep report.
 run: $(STAMP)
-	$(VENV)/bin/servelab -m strategy=fastertransformer,orca,vllm workload=offline $(RUN_ARGS)
+	$(VENV)/bin/servelab -m strategy=fastertransformer,orca,orca-chunked,vllm \
+	  workload=comparison workload.arrival.rate=1,2,4 engine.kv_budget=32MiB $(RUN_ARGS)
 
 test: $(STAMP) browser
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -41,6 +41,22 @@ class ForwardBatch:
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32, paged KV
     block_size: int = 1
 
+    @staticmethod
+    def single(tokens: torch.Tensor, logits_rows: torch.Tensor | None = None) -> ForwardBatch:
+        """One fresh sequence held contiguously from slot 0 (perplexity, reference checks);
+        logits for `logits_rows`, by default the last token only."""
+        count = int(tokens.shape[0])
+        return ForwardBatch(
+            input_ids=tokens,
+            positions=torch.arange(count),
+            query_start_loc=torch.tensor([0, count], dtype=torch.int32),
+            seq_lens=torch.tensor([count], dtype=torch.int32),
+            query_lens=[count],
+            slot_mapping=torch.arange(count),
+            logits_indices=torch.tensor([count - 1]) if logits_rows is None else logits_rows,
+            slab_starts=torch.zeros(1, dtype=torch.int64),
+        )
+
     @property
     def num_seqs(self) -> int:
         return len(self.query_lens)

@@ -21,20 +21,6 @@ from harness.kv_cache import KVLayout, allocate_kv_cache
 from harness.model import AttentionFn, LlamaModel
 
 
-def window_batch(tokens: torch.Tensor) -> ForwardBatch:
-    count = int(tokens.shape[0])
-    return ForwardBatch(
-        input_ids=tokens,
-        positions=torch.arange(count),
-        query_start_loc=torch.tensor([0, count], dtype=torch.int32),
-        seq_lens=torch.tensor([count], dtype=torch.int32),
-        query_lens=[count],
-        slot_mapping=torch.arange(count),
-        logits_indices=torch.arange(count),
-        slab_starts=torch.zeros(1, dtype=torch.int64),
-    )
-
-
 @torch.inference_mode()
 def perplexity(
     model: LlamaModel,
@@ -58,7 +44,12 @@ def perplexity(
         if chunk.shape[0] < 2:
             break
         inputs, targets = chunk[:-1], chunk[1:]
-        logits = model(window_batch(inputs).to(device), cache.k, cache.v, attention)
+        logits = model(
+            ForwardBatch.single(inputs, torch.arange(len(inputs))).to(device),
+            cache.k,
+            cache.v,
+            attention,
+        )
         total_nll += F.cross_entropy(logits.cpu(), targets, reduction="sum").item()
         scored += int(targets.shape[0])
     return math.exp(total_nll / scored), scored
@@ -66,22 +57,14 @@ def perplexity(
 
 def perplexity_main(cfg: DictConfig, windows: int) -> str:
     """`servelab perplexity`: the configured model and head layout on the evaluation text."""
-    from harness.loaders.load import load_model
-    from harness.settings import cache_dir_of, engine_settings, strategy_settings
+    from harness.run import load_with_head_layout
+    from harness.settings import engine_settings, strategy_settings
     from kernels.attention import Attention, AttentionConfig
-    from strategies.heads import HeadLayout, convert_checkpoint
     from workloads.text import text_section
 
     settings = engine_settings(cfg.engine)
-    layout = HeadLayout.parse(strategy_settings(cfg.strategy).heads)
-    loaded = load_model(
-        cfg.model,
-        settings.dtype,
-        settings.device,
-        cache_dir_of(cfg),
-        transform=lambda checkpoint: convert_checkpoint(checkpoint, layout),
-    )
-    layout.apply(loaded.model)
+    heads = strategy_settings(cfg.strategy).heads
+    loaded = load_with_head_layout(cfg, settings, heads)
     if loaded.tokenizer is None:
         raise ConfigError("model", "perplexity needs a model with a tokenizer, not dummy weights")
     ids = loaded.tokenizer.encode(text_section("evaluation"))
@@ -89,7 +72,7 @@ def perplexity_main(cfg: DictConfig, windows: int) -> str:
     value, scored = perplexity(loaded.model, ids, attention, max_windows=windows)
     stored = loaded.model.kv_heads_stored
     return (
-        f"{cfg.model.name} heads={layout.kind} ({stored} KV heads stored) "
+        f"{cfg.model.name} heads={heads} ({stored} KV heads stored) "
         f"dtype={str(settings.dtype).removeprefix('torch.')}: perplexity {value:.3f} "
         f"over {scored} tokens of held-out text"
     )

@@ -70,11 +70,9 @@ def kv_budget_bytes(settings: EngineSettings) -> int:
     return int(free * settings.kv_budget_fraction)
 
 
-def prepare(cfg: DictConfig, clock: object) -> Prepared:
-    settings = engine_settings(cfg.engine)
-    strategy = strategy_settings(cfg.strategy)
-    torch.manual_seed(settings.seed)
-    layout = HeadLayout.parse(strategy.heads)
+def load_with_head_layout(cfg: DictConfig, settings: EngineSettings, heads: str) -> LoadedModel:
+    """The configured model with the strategy's head layout applied (converted or repeated)."""
+    layout = HeadLayout.parse(heads)
     loaded = load_model(
         cfg.model,
         settings.dtype,
@@ -83,6 +81,14 @@ def prepare(cfg: DictConfig, clock: object) -> Prepared:
         transform=lambda checkpoint: convert_checkpoint(checkpoint, layout),
     )
     layout.apply(loaded.model)
+    return loaded
+
+
+def prepare(cfg: DictConfig, clock: object) -> Prepared:
+    settings = engine_settings(cfg.engine)
+    strategy = strategy_settings(cfg.strategy)
+    torch.manual_seed(settings.seed)
+    loaded = load_with_head_layout(cfg, settings, strategy.heads)
     tokenizer = loaded.tokenizer or load_tokenizer_for_dummy(cfg)
     workload = build_workload(cfg.workload, tokenizer, loaded.config.max_context)
     model_cfg = loaded.config

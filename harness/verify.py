@@ -79,17 +79,7 @@ def next_token_margin(model: LlamaModel, attention: AttentionFn, tokens: list[in
     dtype = next(model.parameters()).dtype
     layout = KVLayout(config.num_layers, model.kv_heads_stored, config.head_dim, dtype)
     cache = allocate_kv_cache(layout, layout.bytes_per_token * len(tokens), 1, device)
-    count = len(tokens)
-    batch = ForwardBatch(
-        input_ids=torch.tensor(tokens),
-        positions=torch.arange(count),
-        query_start_loc=torch.tensor([0, count], dtype=torch.int32),
-        seq_lens=torch.tensor([count], dtype=torch.int32),
-        query_lens=[count],
-        slot_mapping=torch.arange(count),
-        logits_indices=torch.tensor([count - 1]),
-        slab_starts=torch.zeros(1, dtype=torch.int64),
-    ).to(device)
+    batch = ForwardBatch.single(torch.tensor(tokens)).to(device)
     top = model(batch, cache.k, cache.v, attention)[0].topk(2).values
     return float(top[0] - top[1])
 

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.metrics import distribution
+
 OK_FINISH = ("stop", "length")
 STAT_KEYS = ("mean", "std", "p50", "p90", "p95", "p99")
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "normalized_latency")
@@ -104,18 +106,8 @@ def inter_token_latencies(requests: pd.DataFrame) -> np.ndarray:
 def stats(values: np.ndarray | pd.Series) -> dict[str, float]:
     """Mean, std and percentiles (numpy linear interpolation), NaN when empty."""
     array = np.asarray(values, dtype=float)
-    array = array[~np.isnan(array)]
-    if array.size == 0:
-        return dict.fromkeys(STAT_KEYS, math.nan)
-    p50, p90, p95, p99 = np.percentile(array, [50, 90, 95, 99])
-    return {
-        "mean": float(array.mean()),
-        "std": float(array.std()),
-        "p50": float(p50),
-        "p90": float(p90),
-        "p95": float(p95),
-        "p99": float(p99),
-    }
+    result = distribution(array[~np.isnan(array)].tolist())
+    return {key: math.nan if value is None else value for key, value in result.items()}
 
 
 def configured_slo(slo: dict[str, Any]) -> dict[str, float]:

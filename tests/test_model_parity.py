@@ -48,16 +48,7 @@ def prompts(tokenizer) -> list[list[int]]:
 
 def test_logits_match_transformers(ours, reference, prompts) -> None:
     ids = torch.tensor(prompts[3])
-    count = len(ids)
-    batch = ForwardBatch(
-        input_ids=ids,
-        positions=torch.arange(count),
-        query_start_loc=torch.tensor([0, count], dtype=torch.int32),
-        seq_lens=torch.tensor([count], dtype=torch.int32),
-        query_lens=[count],
-        slot_mapping=torch.arange(count),
-        logits_indices=torch.arange(count),
-    )
+    batch = ForwardBatch.single(ids, torch.arange(len(ids)))
     layers = ours.config.num_layers
     with torch.inference_mode():
         logits = ours.model(batch, [None] * layers, [None] * layers, dense_attention)

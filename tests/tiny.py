@@ -54,16 +54,7 @@ def greedy_reference(model: LlamaModel, prompt: list[int], max_tokens: int) -> l
     tokens = list(prompt)
     layers = model.config.num_layers
     for _ in range(max_tokens):
-        count = len(tokens)
-        batch = ForwardBatch(
-            input_ids=torch.tensor(tokens),
-            positions=torch.arange(count),
-            query_start_loc=torch.tensor([0, count], dtype=torch.int32),
-            seq_lens=torch.tensor([count], dtype=torch.int32),
-            query_lens=[count],
-            slot_mapping=torch.arange(count),
-            logits_indices=torch.tensor([count - 1]),
-        )
+        batch = ForwardBatch.single(torch.tensor(tokens))
         logits = model(batch, [None] * layers, [None] * layers, dense_attention)
         tokens.append(int(logits[0].argmax()))
     return tokens[len(prompt) :]
