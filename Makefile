@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml
 # KV budget for all (small enough that memory decides capacity); ends with the sweep report.
 run: $(STAMP)
 	$(VENV)/bin/servelab -m strategy=fastertransformer,orca,orca-chunked,vllm \
-	  workload=comparison workload.arrival.rate=1,2,4 engine.kv_budget=32MiB $(RUN_ARGS)
+	  workload=comparison workload.arrival.rate=1,2,4 engine.kv_budget=32MiB \
+	  slo.normalized_latency_s=0.1 slo.ttft_s=2 $(RUN_ARGS)
 
 test: $(STAMP) browser
 	$(PY) -m pytest -q -p no:cacheprovider

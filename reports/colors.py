@@ -14,15 +14,15 @@ from collections.abc import Iterable
 PRESET_COLORS = {
     "fastertransformer": "#1f77b4",
     "orca": "#ff7f0e",
+    "orca-chunked": "#9467bd",
     "vllm": "#2ca02c",
+    "vllm-noprefix": "#17becf",
 }
 
-PALETTE = (
+PALETTE = (  # none close to a preset colour, so a hashed name never looks like a preset
     "#d62728",
-    "#9467bd",
     "#8c564b",
     "#e377c2",
-    "#17becf",
     "#bcbd22",
     "#7f7f7f",
     "#393b79",
@@ -30,10 +30,8 @@ PALETTE = (
     "#637939",
     "#8c6d31",
     "#7b4173",
-    "#3182bd",
-    "#e6550d",
-    "#31a354",
-    "#756bb1",
+    "#843c39",
+    "#5254a3",
 )
 
 

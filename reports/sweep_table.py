@@ -19,7 +19,7 @@ from urllib.parse import quote
 from harness.errors import ConfigError
 from reports.derive import configured_slo, slo_attainment
 from reports.grouping import Group, SweepRun
-from reports.load import as_dict
+from reports.load import RunData, as_dict
 from reports.run_report import REPORT_NAME, correctness_text
 
 DEFAULT_BASELINE = "fastertransformer"
@@ -139,18 +139,47 @@ def run_rows(groups: list[Group], baseline: str) -> list[RunRow]:
         values = {id(r): run_values(group, r) for r in group.runs}
         for sweep_run in group.runs:
             row = values[id(sweep_run)]
-            reference = next(
+            reference_run = next(
                 (
-                    values[id(r)]
+                    r
                     for r in group.runs
                     if r.label == baseline and r.x == sweep_run.x and r.run.complete
                 ),
                 None,
             )
+            reference = None if reference_run is None else values[id(reference_run)]
+            if row["identical_share"] is None and reference_run is not None:
+                share = identical_share(sweep_run.run, reference_run.run)
+                if share is not None:
+                    row["identical_share"] = share
+                    row["correctness"] = f"greedy outputs vs {baseline}: {share:.1%} identical"
             for key, _ in RATIO_COLUMNS:
                 row[f"{key}_vs_baseline"] = _ratio(row.get(key), reference, key)
             rows.append(RunRow(group, sweep_run, row))
     return rows
+
+
+def identical_share(run: RunData, reference: RunData) -> float | None:
+    """Share of requests whose output tokens equal the reference run's, when that comparison
+    means something: both complete, the same requests (workload hash), greedy, same dtype."""
+    if not (run.complete and reference.complete):
+        return None
+    config, reference_config = as_dict(run.config), as_dict(reference.config)
+    same_load = as_dict(run.summary).get("workload_hash") == as_dict(reference.summary).get(
+        "workload_hash"
+    )
+    sampling = as_dict(as_dict(config.get("workload")).get("sampling"))
+    greedy = float(sampling.get("temperature") or 0.0) == 0.0
+    dtype = as_dict(config.get("engine")).get("dtype")
+    same_dtype = dtype == as_dict(reference_config.get("engine")).get("dtype")
+    if not (same_load and greedy and same_dtype):
+        return None
+    if run.requests.empty or "output_ids" not in run.requests:
+        return None
+    expected = dict(zip(reference.requests["id"], reference.requests["output_ids"], strict=True))
+    served = zip(run.requests["id"], run.requests["output_ids"], strict=True)
+    matches = [expected.get(rid) == list(output) for rid, output in served]
+    return sum(matches) / len(matches)
 
 
 def _ratio(value: float | None, reference: dict[str, Any] | None, key: str) -> float | None:

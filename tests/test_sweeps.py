@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ BASE = [
     "telemetry.roofline=false",
     "workload.num_requests=3",
     "workload.output_len.value=4",
+    "engine.dtype=fp32",
 ]
 
 
@@ -36,7 +38,13 @@ def test_a_rerun_sweep_redoes_only_what_did_not_finish(tmp_path: Path) -> None:
     assert f"already complete, not run again: {done}" in second.stdout
     assert (done / "requests.jsonl").stat().st_mtime_ns == kept
     assert json.loads((killed / "summary.json").read_text())["status"] == "complete"
-    assert (sweep_dir / "report.html").exists() and (sweep_dir / "summary.csv").exists()
+    assert (sweep_dir / "report.html").exists()
+    rows = list(csv.DictReader((sweep_dir / "summary.csv").open()))
+    # the correctness column compares each run's tokens with the baseline run's
+    assert [(r["strategy"], r["identical_share"]) for r in rows] == [
+        ("fastertransformer", "1.0"),
+        ("orca", "1.0"),
+    ]
 
 
 def test_submitit_local_launcher_runs_each_job(tmp_path: Path) -> None:

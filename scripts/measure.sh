@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The measurements quoted in the issue notes, run one after another on one machine (strategy
+# comparisons are ratios within this one run of the script). Writes under runs/measure/.
+# Usage: scripts/measure.sh [section ...]   sections: offline batch roofline prefix heads verify
+set -euo pipefail
+cd "$(dirname "$0")/.."
+S=.venv/bin/servelab
+OUT=runs/measure
+sections=("$@")
+[ ${#sections[@]} -eq 0 ] && sections=(offline batch roofline prefix heads verify)
+
+for section in "${sections[@]}"; do
+  case "$section" in
+    offline)  # throughput yardstick: 64 real-text prompts of 32-256 tokens, 64 outputs, bf16
+      $S -m strategy=fastertransformer,orca,vllm workload=offline engine.dtype=bf16 \
+        hydra.sweep.dir=$OUT/offline ;;
+    batch)  # scheduler overhead per step at batch 32 and 64
+      $S -m strategy=orca,vllm workload=offline engine.max_batch_size=32,64 \
+        engine.kv_budget=512MiB hydra.sweep.dir=$OUT/batch ;;
+    roofline)  # MFU / MBU at batch 1 and 32
+      $S calibrate --refresh
+      $S -m strategy=vllm workload=offline workload.num_requests=32 engine.max_batch_size=1,32 \
+        hydra.sweep.dir=$OUT/roofline ;;
+    prefix)  # shared system prompts: prefix caching on and off
+      $S -m strategy=vllm,vllm-noprefix,orca workload=shared_prefix engine.kv_budget=64MiB \
+        hydra.sweep.dir=$OUT/prefix ;;
+    heads)  # one KV budget, three head layouts: capacity and throughput; then perplexity
+      $S -m strategy=vllm strategy.heads=mha,gqa,mqa workload=offline engine.kv_budget=24MiB \
+        engine.max_batch_size=64 hydra.sweep.dir=$OUT/heads
+      for heads in gqa mha mqa; do $S perplexity strategy.heads=$heads engine.dtype=fp32; done ;;
+    verify)  # lossless check of every strategy against static batching, fp32 and bf16
+      for dtype in fp32 bf16; do
+        $S verify workload=offline workload.num_requests=32 engine.dtype=$dtype \
+          out=$OUT/verify-$dtype.json
+      done ;;
+    *) echo "unknown section $section" >&2; exit 2 ;;
+  esac
+done
