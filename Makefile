@@ -21,6 +21,7 @@ run: $(STAMP)
 	  slo.normalized_latency_s=0.1 slo.ttft_s=2 $(RUN_ARGS)
 
 test: $(STAMP) browser
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -p no:cacheprovider
 
 lint: $(STAMP)

@@ -1,10 +1,12 @@
 """`servelab search`: the highest request rate each strategy sustains under an SLO, by bisection.
 
 A rate is sustained when every configured p99 limit holds (`slo.ttft_s`, `slo.tpot_s`,
-`slo.e2e_s` against the run's p99) and at least `search.goodput_share` of the requests
-meet every limit. Each probe is a full run with `workload.arrival.rate` set, kept in its own
-run directory under `search.out_dir/STRATEGY/rate-R`, so the evidence for every answer can
-be opened (and a rerun reuses complete probes).
+`slo.e2e_s` against the run's p99), p50 normalized latency stays under
+`slo.normalized_latency_s` when that is set (the vLLM paper's criterion, and the sweep
+report's), and at least `search.goodput_share` of the requests meet every limit. Each
+probe is a full run with `workload.arrival.rate` set, kept in its own run directory under
+`search.out_dir/STRATEGY/rate-R`, so the evidence for every answer can be opened (and a
+rerun reuses complete probes).
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ def sustained(summary: dict, cfg: DictConfig) -> bool:
         p99 = summary[metric]["p99"]
         if limit is not None and p99 is not None and p99 > limit:
             return False
+    normalized_limit = cfg.slo.get("normalized_latency_s")
+    p50 = summary["normalized_latency"]["p50"]
+    if normalized_limit is not None and (p50 is None or p50 > normalized_limit):
+        return False
     share = summary.get("slo_attainment") or 0.0
     return share >= float(cfg.search.goodput_share)
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The measurements quoted in the issue notes, run one after another on one machine (strategy
 # comparisons are ratios within this one run of the script). Writes under runs/measure/.
-# Usage: scripts/measure.sh [section ...]   sections: offline batch roofline prefix heads verify
+# Usage: scripts/measure.sh [section ...]
+#   sections: offline batch roofline prefix heads search verify
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=.venv/bin/servelab
 OUT=runs/measure
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(offline batch roofline prefix heads verify)
+[ ${#sections[@]} -eq 0 ] && sections=(offline batch roofline prefix heads search verify)
 
 for section in "${sections[@]}"; do
   case "$section" in
@@ -28,6 +29,10 @@ for section in "${sections[@]}"; do
       $S -m strategy=vllm strategy.heads=mha,gqa,mqa workload=offline engine.kv_budget=24MiB \
         engine.max_batch_size=64 hydra.sweep.dir=$OUT/heads
       for heads in gqa mha mqa; do $S perplexity strategy.heads=$heads engine.dtype=fp32; done ;;
+    search)  # highest rate each KV strategy sustains under p50 normalized latency <= 0.1 s
+      $S search "search.strategies=[fastertransformer,orca,vllm]" workload=comparison \
+        engine.kv_budget=32MiB slo.normalized_latency_s=0.1 search.low=0.5 search.high=12 \
+        search.iterations=3 search.out_dir=$OUT/search ;;
     verify)  # lossless check of every strategy against static batching, fp32 and bf16
       for dtype in fp32 bf16; do
         $S verify workload=offline workload.num_requests=32 engine.dtype=$dtype \

@@ -41,3 +41,14 @@ def test_the_paged_run_really_preempted_and_hit_the_prefix_cache() -> None:
     served = serve_outputs(compose([*OVERRIDES, "strategy=vllm"]))
     assert sum(step["preempted"] for step in served.steps) > 0
     assert served.steps[-1]["prefix_hit_tokens"] > 0
+
+
+def test_mha_layout_serves_the_tokens_of_native_gqa_with_three_times_the_cache() -> None:
+    native = serve_outputs(compose([*OVERRIDES, "strategy=vllm", "engine.kv_budget=64MiB"]))
+    repeated = serve_outputs(
+        compose([*OVERRIDES, "strategy=vllm", "strategy.heads=mha", "engine.kv_budget=64MiB"])
+    )
+    assert repeated.outputs == native.outputs
+    native_layout = native.prepared.engine.kv_cache.layout
+    repeated_layout = repeated.prepared.engine.kv_cache.layout
+    assert repeated_layout.bytes_per_token == 3 * native_layout.bytes_per_token
