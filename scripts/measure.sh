@@ -32,7 +32,11 @@ for section in "${sections[@]}"; do
     search)  # highest rate each KV strategy sustains under p50 normalized latency <= 0.1 s
       $S search "search.strategies=[fastertransformer,orca,vllm]" workload=comparison \
         engine.kv_budget=32MiB slo.normalized_latency_s=0.1 search.low=0.5 search.high=12 \
-        search.iterations=3 search.out_dir=$OUT/search ;;
+        search.iterations=3 search.out_dir=$OUT/search
+      # a tighter SLO that tells the iteration strategies apart: p99 TTFT <= 2 s
+      $S search "search.strategies=[fastertransformer,orca,vllm]" workload=comparison \
+        engine.kv_budget=32MiB slo.ttft_s=2 search.low=0.5 search.high=12 \
+        search.iterations=3 search.out_dir=$OUT/search-ttft ;;
     verify)  # lossless check of every strategy against static batching, fp32 and bf16
       for dtype in fp32 bf16; do
         $S verify workload=offline workload.num_requests=32 engine.dtype=$dtype \
