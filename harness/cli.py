@@ -17,7 +17,6 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from harness.errors import ConfigError
-from harness.model import ModelConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("model", "workload", "strategy")
@@ -71,7 +70,7 @@ def run_main() -> None:
 
 
 def workload_show(args: list[str]) -> None:
-    from harness.loaders.load import resolve_model_path
+    from harness.loaders.load import model_config_of, resolve_model_path
     from harness.run import load_tokenizer_for_dummy
     from harness.settings import cache_dir_of
     from harness.tokenizer import load_tokenizer
@@ -83,26 +82,8 @@ def workload_show(args: list[str]) -> None:
     cfg = compose(args[1:])
     path = resolve_model_path(cfg.model, cache_dir_of(cfg))
     tokenizer = load_tokenizer(path) if path is not None else load_tokenizer_for_dummy(cfg)
-    max_context = model_config_of(cfg).max_context
+    max_context = model_config_of(cfg.model, cache_dir_of(cfg)).max_context
     print(render_workload(build_workload(cfg.workload, tokenizer, max_context), max_context))
-
-
-def model_config_of(cfg: DictConfig) -> ModelConfig:
-    """The model's architecture, read from its file's metadata without loading weights."""
-    from gguf import GGUFReader
-
-    from harness.loaders.dummy import DUMMY_SHAPES
-    from harness.loaders.gguf_file import read_gguf_config
-    from harness.loaders.hf_folder import read_hf_config
-    from harness.loaders.load import resolve_model_path
-    from harness.settings import cache_dir_of
-
-    path = resolve_model_path(cfg.model, cache_dir_of(cfg))
-    if path is None:
-        return DUMMY_SHAPES[cfg.model.shape]
-    if path.is_dir():
-        return read_hf_config(path)
-    return read_gguf_config(GGUFReader(str(path)))
 
 
 def report(args: list[str]) -> None:

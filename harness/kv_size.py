@@ -96,11 +96,11 @@ def render_kv_sizes(title: str, sizes: list[KVSize], context: int, batch: int) -
 
 
 def kv_size_main(cfg: DictConfig, context: int, batch: int) -> str:
-    from harness.cli import model_config_of
-    from harness.settings import engine_settings
+    from harness.loaders.load import model_config_of
+    from harness.settings import cache_dir_of, engine_settings
 
     settings = engine_settings(cfg.engine)
-    config = model_config_of(cfg)
+    config = model_config_of(cfg.model, cache_dir_of(cfg))
     requested = str(cfg.strategy.heads)
     layouts = ["mha", "gqa", "mqa"] + (
         [requested] if requested not in ("mha", "gqa", "mqa") else []

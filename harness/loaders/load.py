@@ -22,7 +22,7 @@ from harness.errors import ConfigError
 from harness.fetch import fetch_wheel_model, sha256_of
 from harness.loaders.dummy import DUMMY_SHAPES
 from harness.loaders.gguf_file import load_gguf
-from harness.loaders.hf_folder import load_hf_folder
+from harness.loaders.hf_folder import load_hf_folder, read_hf_config
 from harness.model import LinearFactory, LlamaModel, ModelConfig, RotaryEmbedding, plain_linear
 from harness.models import EMBEDDED_MODELS
 from harness.tokenizer import load_tokenizer
@@ -67,6 +67,16 @@ def resolve_model_path(cfg: DictConfig, cache_dir: Path) -> Path | None:
     return found
 
 
+def model_config_of(cfg: DictConfig, cache_dir: Path) -> ModelConfig:
+    """The model's architecture from its file's metadata (or named shape), without weights."""
+    path = resolve_model_path(cfg, cache_dir)
+    if path is None:
+        return DUMMY_SHAPES[cfg.shape]
+    if path.is_dir():
+        return read_hf_config(path)
+    return converted_config(converted_gguf(path, cache_dir))
+
+
 def read_checkpoint(cfg: DictConfig, path: Path | None, cache_dir: Path) -> Checkpoint:
     """The architecture and fp32 weights; `dummy` has no weights yet (None): they are drawn
     on the device, in place, when the model is built."""
@@ -80,9 +90,13 @@ def read_checkpoint(cfg: DictConfig, path: Path | None, cache_dir: Path) -> Chec
 def read_gguf_cached(path: Path, cache_dir: Path) -> Checkpoint:
     """Parsing and dequantising a GGUF takes seconds; keep the result by file hash."""
     folder = converted_gguf(path, cache_dir)
+    return converted_config(folder), load_file(str(folder / "model.safetensors"))
+
+
+def converted_config(folder: Path) -> ModelConfig:
     raw = json.loads((folder / "servelab-config.json").read_text())
     raw["eos_token_ids"] = tuple(raw["eos_token_ids"])
-    return ModelConfig(**raw), load_file(str(folder / "model.safetensors"))
+    return ModelConfig(**raw)
 
 
 def converted_gguf(path: Path, cache_dir: Path) -> Path:
