@@ -70,18 +70,15 @@ def run_main() -> None:
 
 
 def workload_show(args: list[str]) -> None:
-    from harness.loaders.load import model_config_of, resolve_model_path
-    from harness.run import load_tokenizer_for_dummy
+    from harness.loaders.load import model_config_of, tokenizer_for
     from harness.settings import cache_dir_of
-    from harness.tokenizer import load_tokenizer
     from workloads.build import build_workload
     from workloads.show import render_workload
 
     if not args or args[0] != "show":
         raise ConfigError("workload", "usage: servelab workload show [workload=NAME] [overrides]")
     cfg = compose(args[1:])
-    path = resolve_model_path(cfg.model, cache_dir_of(cfg))
-    tokenizer = load_tokenizer(path) if path is not None else load_tokenizer_for_dummy(cfg)
+    tokenizer = tokenizer_for(cfg.model, cache_dir_of(cfg))
     max_context = model_config_of(cfg.model, cache_dir_of(cfg)).max_context
     print(render_workload(build_workload(cfg.workload, tokenizer, max_context), max_context))
 

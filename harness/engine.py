@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -30,7 +30,6 @@ from strategies.kv.base import KVStats
 class StepResult:
     finished: list[Request]
     record: dict
-    emitted: list[Request] = field(default_factory=list)  # requests that got a token this step
 
 
 class Engine:
@@ -89,7 +88,7 @@ class Engine:
             self.scheduler.on_finished(request)
         record = self._record(plan.seqs, plan.preempted, t_start, model_s, kv_stats, len(sampling))
         self.step_index += 1
-        return StepResult(finished=finished, record=record, emitted=sampling)
+        return StepResult(finished=finished, record=record)
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         with torch.inference_mode():
@@ -104,7 +103,7 @@ class Engine:
         counts = [s.num_new_tokens for s in seqs]
         ids: list[int] = []
         for request, start, count in zip(requests, starts, counts, strict=True):
-            ids += request.all_token_ids()[start : start + count]
+            ids += request.token_slice(start, start + count)
         counts_t = torch.tensor(counts, dtype=torch.int64)
         ends_t = torch.tensor(starts, dtype=torch.int64) + counts_t
         query_start_loc = torch.zeros(len(seqs) + 1, dtype=torch.int64)
@@ -120,7 +119,7 @@ class Engine:
         sampling = [r for r, flag in zip(requests, samples, strict=True) if flag]
         ends = query_start_loc[1:] - 1
         logits_rows = ends[torch.tensor(samples, dtype=torch.bool)]
-        layout = self.scheduler.kv.layout(requests)
+        layout = kv.layout(requests)
         batch = ForwardBatch(
             input_ids=torch.tensor(ids, dtype=torch.int64),
             positions=positions,

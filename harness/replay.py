@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 from tqdm import tqdm
 
@@ -38,7 +39,7 @@ def to_request(spec: RequestSpec, index: int) -> Request:
     )
 
 
-class StepHook:
+class StepHook(Protocol):
     """Called around every engine step (profiler windows, telemetry marks)."""
 
     def step_started(self, step: int) -> None: ...

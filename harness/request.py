@@ -69,10 +69,14 @@ class Request:
     def is_finished(self) -> bool:
         return self.state is RequestState.FINISHED
 
-    def token_at(self, position: int) -> int:
-        if position < len(self.prompt_ids):
-            return self.prompt_ids[position]
-        return self.output_ids[position - len(self.prompt_ids)]
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """Tokens at positions `start .. end - 1`, without copying the whole sequence."""
+        cut = len(self.prompt_ids)
+        if end <= cut:
+            return self.prompt_ids[start:end]
+        if start >= cut:
+            return self.output_ids[start - cut : end - cut]
+        return self.prompt_ids[start:] + self.output_ids[: end - cut]
 
     def all_token_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids

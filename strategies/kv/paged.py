@@ -213,14 +213,8 @@ class PagedKVManager(KVManager):
             chain.append(entry)
 
     def _block_tokens(self, request: Request, index: int) -> tuple[int, ...]:
-        start, end = index * self.block_size, (index + 1) * self.block_size
-        prompt = request.prompt_ids
-        if end <= len(prompt):
-            return tuple(prompt[start:end])
-        offset = len(prompt)
-        return tuple(prompt[start:end]) + tuple(
-            request.output_ids[max(0, start - offset) : end - offset]
-        )
+        start = index * self.block_size
+        return tuple(request.token_slice(start, start + self.block_size))
 
     def free(self, request: Request) -> None:
         """Release everything, last block first; undo an admission that never ran a step."""
@@ -251,8 +245,7 @@ class PagedKVManager(KVManager):
 
     def preempt(self, request: Request) -> None:
         if self.preemption == "recompute":
-            self.free(request)
-            request.num_computed_tokens = 0
+            super().preempt(request)
             return
         self._settle(request)
         self._admissions.pop(request, None)
