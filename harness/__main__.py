@@ -1,5 +1,5 @@
 """`python -m harness` is the `servelab` command."""
 
-from harness.cli import main
+from harness.commands.cli import main
 
 main()

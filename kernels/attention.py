@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.batch import ForwardBatch
+from harness.engine.batch import ForwardBatch
 from harness.errors import ConfigError
 from kernels import paged_attention_triton as tri
 from kernels.attention_plan import AttentionPlan

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.metrics import distribution
+from harness.measure.metrics import distribution
 
 OK_FINISH = ("stop", "length")
 STAT_KEYS = ("mean", "std", "p50", "p90", "p95", "p99")

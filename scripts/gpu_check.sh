@@ -24,5 +24,5 @@ echo "== kernel tests (compiled Triton) =="
   tests/test_kernels_paged_attention.py tests/test_attention_entry.py
 
 echo "== decode benchmark =="
-"$PYTHON" -m kernels.bench_attention --dtype bf16 --batches 32 64 --contexts 512 2048
-"$PYTHON" -m kernels.bench_attention --dtype bf16 --batches 32 64 --contexts 512 2048 --contiguous
+"$PYTHON" -m benchmarks.bench_attention --dtype bf16 --batches 32 64 --contexts 512 2048
+"$PYTHON" -m benchmarks.bench_attention --dtype bf16 --batches 32 64 --contexts 512 2048 --contiguous

@@ -5,13 +5,13 @@ The one place that maps the strategy axes to classes, so a new option is one ent
 
 from __future__ import annotations
 
+from harness.engine.kv_cache import KVCache
+from harness.engine.kv_manager import KVManager
 from harness.errors import ConfigError
-from harness.kv_cache import KVCache
-from harness.settings import StrategySettings
+from harness.runner.settings import StrategySettings
 from strategies.batching.base import Scheduler, SchedulerLimits
 from strategies.batching.iteration import IterationScheduler
 from strategies.batching.static import StaticScheduler
-from strategies.kv.base import KVManager
 from strategies.kv.contiguous import ContiguousKVManager
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from harness.errors import ConfigError
-from harness.loaders.load import Checkpoint
-from harness.model import LlamaModel, ModelConfig
+from harness.models.load import Checkpoint
+from harness.models.model import LlamaModel, ModelConfig
 
 
 @dataclass(frozen=True)

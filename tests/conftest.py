@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from harness.fetch import fetch_wheel_model
-from harness.models import EMBEDDED_MODELS
-from harness.tokenizer import load_tokenizer
+from harness.models.embedded import EMBEDDED_MODELS
+from harness.models.fetch import fetch_wheel_model
+from harness.models.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="session")

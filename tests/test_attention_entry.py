@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 
 from kernels import paged_attention_triton as tri  # noqa: E402
 from kernels.attention import Attention, AttentionConfig  # noqa: E402
-from kernels.attention_cases import AttentionCase, CaseShape, dense_attention, make_case  # noqa: E402
+from tests.attention_cases import AttentionCase, CaseShape, dense_attention, make_case  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 SCALE = 0.125

@@ -10,8 +10,9 @@ import psutil
 import pytest
 import torch
 
-from harness import calibrate
-from harness.calibrate import (
+from harness.errors import ConfigError
+from harness.measure import calibrate
+from harness.measure.calibrate import (
     Budget,
     Peaks,
     best_seconds,
@@ -20,7 +21,6 @@ from harness.calibrate import (
     format_rate,
     measure_peaks,
 )
-from harness.errors import ConfigError
 
 CPU = torch.device("cpu")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.engine.kv_cache import KVLayout
 from harness.errors import ConfigError
-from harness.kv_cache import KVLayout
-from harness.loaders.dummy import DUMMY_SHAPES
-from harness.model import LlamaModel
+from harness.models.dummy import DUMMY_SHAPES
+from harness.models.model import LlamaModel
 from strategies.heads import HeadLayout, convert_checkpoint
 from tests.tiny import make_engine, make_requests, random_prompts, serve, strategy, tiny_model
 

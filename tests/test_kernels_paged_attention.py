@@ -20,13 +20,13 @@ if not torch.cuda.is_available():
 
 from kernels import paged_attention_ref as ref  # noqa: E402
 from kernels import paged_attention_triton as tri  # noqa: E402
-from kernels.attention_cases import AttentionCase, CaseShape, dense_attention, make_case  # noqa: E402
 from kernels.paged_attention_ref import (  # noqa: E402
     contiguous_decode_ref,
     contiguous_extend_ref,
     paged_decode_ref,
     paged_extend_ref,
 )
+from tests.attention_cases import AttentionCase, CaseShape, dense_attention, make_case  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SCALE = 0.125

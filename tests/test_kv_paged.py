@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.engine.kv_cache import KVLayout, allocate_kv_cache
+from harness.engine.request import Request, SamplingParams
 from harness.errors import ConfigError
-from harness.kv_cache import KVLayout, allocate_kv_cache
-from harness.request import Request, SamplingParams
 from strategies.kv import prefix_cache
 from strategies.kv.paged import PagedKVManager
 

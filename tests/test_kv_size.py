@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.kv_cache import KVLayout
-from harness.kv_size import kv_sizes
-from harness.loaders.dummy import DUMMY_SHAPES
+from harness.commands.kv_size import kv_sizes
+from harness.engine.kv_cache import KVLayout
+from harness.models.dummy import DUMMY_SHAPES
 
 CPU = torch.device("cpu")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.cli import compose
-from harness.verify import serve_outputs, verify
+from harness.commands.cli import compose
+from harness.commands.verify import serve_outputs, verify
 
 pytestmark = pytest.mark.integration
 

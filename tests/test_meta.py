@@ -11,8 +11,8 @@ import pynvml
 import pytest
 import torch
 
-from harness import meta
-from harness.meta import CPU_FLAGS_OF_INTEREST, collect_meta, git_state, nvml_info
+from harness.measure import meta
+from harness.measure.meta import CPU_FLAGS_OF_INTEREST, collect_meta, git_state, nvml_info
 
 CONFIG = {"strategy": {"batching": "static", "kv": "contiguous"}, "seed": 0}
 

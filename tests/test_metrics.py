@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from harness.metrics import SLO, distribution, request_latencies, summarize
+from harness.measure.metrics import SLO, distribution, request_latencies, summarize
 
 
 def _request(rid: str, sent: float, times: list[float], prompt: int = 10, **extra) -> dict:

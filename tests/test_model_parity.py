@@ -14,9 +14,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from harness.batch import ForwardBatch
-from harness.loaders.load import load_model
-from harness.request import Request, SamplingParams
+from harness.engine.batch import ForwardBatch
+from harness.engine.request import Request, SamplingParams
+from harness.models.load import load_model
 from tests.tiny import dense_attention, make_engine, serve, strategy
 from workloads.text import section_chunks
 

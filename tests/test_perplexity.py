@@ -7,8 +7,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from harness.batch import ForwardBatch
-from harness.perplexity import perplexity
+from harness.engine.batch import ForwardBatch
+from harness.measure.perplexity import perplexity
 from kernels.attention import Attention, AttentionConfig
 from tests.tiny import CPU, dense_attention, tiny_model
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import compose
-from harness.engine import Engine
-from harness.metrics import summarize
-from harness.run import run, slo_of
-from harness.rundir import read_jsonl
+from harness.commands.cli import compose
+from harness.engine.engine import Engine
+from harness.measure.metrics import summarize
+from harness.measure.rundir import read_jsonl
+from harness.runner.run import run, slo_of
 
 OVERRIDES = ["model=dummy-tiny", "telemetry.roofline=false", "engine.dtype=fp32"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from harness.search import Probe, bisect_rate, sustained
+from harness.commands.search import Probe, bisect_rate, sustained
 
 
 def _summary(ttft_p99: float, nl_p50: float, share: float) -> dict:

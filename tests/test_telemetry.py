@@ -14,10 +14,10 @@ import pynvml
 import pytest
 import torch
 
-from harness import telemetry
 from harness.errors import ConfigError
-from harness.profiling import TRACE_NAME, StepProfiler
-from harness.telemetry import TelemetrySampler
+from harness.measure import telemetry
+from harness.measure.profiling import TRACE_NAME, StepProfiler
+from harness.measure.telemetry import TelemetrySampler
 
 HOST_COLUMNS = ["cpu_pct", "rss_mib", "sys_mem_used_mib"]
 GPU_COLUMNS = [

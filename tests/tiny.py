@@ -9,15 +9,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harness.batch import ForwardBatch
-from harness.engine import Engine
-from harness.kv_cache import KVLayout, allocate_kv_cache
-from harness.loaders.dummy import DUMMY_SHAPES
-from harness.loaders.load import build_model
-from harness.model import LlamaModel
-from harness.replay import serve_all
-from harness.request import Request, SamplingParams
-from harness.settings import StrategySettings
+from harness.engine.batch import ForwardBatch
+from harness.engine.engine import Engine
+from harness.engine.kv_cache import KVLayout, allocate_kv_cache
+from harness.engine.request import Request, SamplingParams
+from harness.models.dummy import DUMMY_SHAPES
+from harness.models.load import build_model
+from harness.models.model import LlamaModel
+from harness.runner.replay import serve_all
+from harness.runner.settings import StrategySettings
 from kernels.attention import Attention, AttentionConfig
 from strategies.assemble import build_kv_manager, build_scheduler, kv_block_size
 from strategies.batching.base import SchedulerLimits

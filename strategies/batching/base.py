@@ -12,8 +12,8 @@ from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
 
-from harness.request import Request, RequestState
-from strategies.kv.base import KVManager
+from harness.engine.kv_manager import KVManager
+from harness.engine.request import Request, RequestState
 
 
 @dataclass(frozen=True)

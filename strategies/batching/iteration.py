@@ -12,7 +12,7 @@ supports it), and it goes back to the head of the queue.
 
 from __future__ import annotations
 
-from harness.request import Request, RequestState
+from harness.engine.request import Request, RequestState
 from strategies.batching.base import ScheduledSeq, Scheduler, SchedulerOutput
 
 

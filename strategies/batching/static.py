@@ -11,7 +11,7 @@ queue, as iteration batching does, and rejoins in a later batch.
 
 from __future__ import annotations
 
-from harness.request import Request, RequestState
+from harness.engine.request import Request, RequestState
 from strategies.batching.base import ScheduledSeq, Scheduler, SchedulerOutput
 
 

@@ -11,8 +11,8 @@ import bisect
 
 import torch
 
-from harness.request import Request
-from strategies.kv.base import KVManager, KVStats
+from harness.engine.kv_manager import KVManager, KVStats
+from harness.engine.request import Request
 
 
 class ContiguousKVManager(KVManager):

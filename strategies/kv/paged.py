@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.engine.kv_cache import KVCache
+from harness.engine.kv_manager import KVManager, KVStats
+from harness.engine.request import Request
 from harness.errors import ConfigError
-from harness.kv_cache import KVCache
-from harness.request import Request
-from strategies.kv.base import KVManager, KVStats
 from strategies.kv.block_pool import BlockPool, expect
 from strategies.kv.prefix_cache import CachedBlock, PrefixCache
 from strategies.kv.swap import SwappedKV, copy_block, swap_in, swap_out

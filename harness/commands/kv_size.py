@@ -15,8 +15,8 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from harness.kv_cache import KVLayout, allocate_kv_cache
-from harness.model import ModelConfig
+from harness.engine.kv_cache import KVLayout, allocate_kv_cache
+from harness.models.model import ModelConfig
 from strategies.heads import HeadLayout
 
 ALLOCATION_LIMIT_BYTES = 4 * 2**30
@@ -96,8 +96,8 @@ def render_kv_sizes(title: str, sizes: list[KVSize], context: int, batch: int) -
 
 
 def kv_size_main(cfg: DictConfig, context: int, batch: int) -> str:
-    from harness.loaders.load import model_config_of
-    from harness.settings import cache_dir_of, engine_settings
+    from harness.models.load import model_config_of
+    from harness.runner.settings import cache_dir_of, engine_settings
 
     settings = engine_settings(cfg.engine)
     config = model_config_of(cfg.model, cache_dir_of(cfg))

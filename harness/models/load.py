@@ -19,13 +19,19 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
 from harness.errors import ConfigError
-from harness.fetch import fetch_wheel_model, sha256_of
-from harness.loaders.dummy import DUMMY_SHAPES
-from harness.loaders.gguf_file import load_gguf
-from harness.loaders.hf_folder import load_hf_folder, read_hf_config
-from harness.model import LinearFactory, LlamaModel, ModelConfig, RotaryEmbedding, plain_linear
-from harness.models import EMBEDDED_MODELS
-from harness.tokenizer import load_tokenizer
+from harness.models.dummy import DUMMY_SHAPES
+from harness.models.embedded import EMBEDDED_MODELS
+from harness.models.fetch import fetch_wheel_model, sha256_of
+from harness.models.gguf_file import load_gguf
+from harness.models.hf_folder import load_hf_folder, read_hf_config
+from harness.models.model import (
+    LinearFactory,
+    LlamaModel,
+    ModelConfig,
+    RotaryEmbedding,
+    plain_linear,
+)
+from harness.models.tokenizer import load_tokenizer
 
 StateDict = dict[str, torch.Tensor]
 Checkpoint = tuple[ModelConfig, StateDict | None]

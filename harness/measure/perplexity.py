@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from harness.batch import ForwardBatch
+from harness.engine.batch import ForwardBatch
+from harness.engine.kv_cache import KVLayout, allocate_kv_cache
 from harness.errors import ConfigError
-from harness.kv_cache import KVLayout, allocate_kv_cache
-from harness.model import AttentionFn, LlamaModel
+from harness.models.model import AttentionFn, LlamaModel
 
 
 @torch.inference_mode()
@@ -57,8 +57,8 @@ def perplexity(
 
 def perplexity_main(cfg: DictConfig, windows: int) -> str:
     """`servelab perplexity`: the configured model and head layout on the evaluation text."""
-    from harness.run import load_with_head_layout
-    from harness.settings import engine_settings, strategy_settings
+    from harness.runner.run import load_with_head_layout
+    from harness.runner.settings import engine_settings, strategy_settings
     from kernels.attention import Attention, AttentionConfig
     from workloads.text import text_section
 

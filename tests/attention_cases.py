@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.batch import ForwardBatch
+from harness.engine.batch import ForwardBatch
 from harness.errors import ConfigError
 
 

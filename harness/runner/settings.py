@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from harness.engine.kv_cache import parse_bytes
 from harness.errors import ConfigError
-from harness.kv_cache import parse_bytes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Measured on the 2-core development CPU (see the dtype note in README): bf16 is faster for

@@ -25,7 +25,7 @@ import psutil
 import pynvml
 import torch
 
-from harness.telemetry import nvml_device_handle
+from harness.measure.telemetry import nvml_device_handle
 
 META_SCHEMA = 1
 CPU_FLAGS_OF_INTEREST = (
@@ -58,7 +58,7 @@ ENV_OF_INTEREST = (
     "TRITON_INTERPRET",
     "HF_HUB_OFFLINE",
 )
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3
 
 T = TypeVar("T")

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.batch import ForwardBatch
-from harness.kv_cache import KVCache
-from harness.model import AttentionFn, LlamaModel
-from harness.request import Request, RequestState
-from harness.roofline import StepRoofline
-from harness.sampler import sample
+from harness.engine.batch import ForwardBatch
+from harness.engine.kv_cache import KVCache
+from harness.engine.kv_manager import KVStats
+from harness.engine.request import Request, RequestState
+from harness.engine.sampler import sample
+from harness.measure.roofline import StepRoofline
+from harness.models.model import AttentionFn, LlamaModel
 from strategies.batching.base import ScheduledSeq, Scheduler
-from strategies.kv.base import KVStats
 
 
 @dataclass

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from harness.errors import ConfigError
-from harness.model import ModelConfig
+from harness.models.model import ModelConfig
 
 
 def read_hf_config(folder: Path) -> ModelConfig:

@@ -3,7 +3,7 @@
 For every step we count the floating-point operations the batch requires and the minimum
 bytes it must move, from the model's shape and the step's batch alone, so the figures do
 not depend on how well a strategy is implemented. Divided by the step's measured time and
-by this machine's measured peaks (`harness.calibrate`), they give MFU (model FLOPs
+by this machine's measured peaks (`harness.measure.calibrate`), they give MFU (model FLOPs
 utilisation) and MBU (memory bandwidth utilisation): why a strategy is faster, and how
 much headroom is left.
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from harness.calibrate import Peaks
+    from harness.measure.calibrate import Peaks
 
 
 @dataclass(frozen=True)

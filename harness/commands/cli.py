@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from harness.errors import ConfigError
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = ("model", "workload", "strategy")
 
 
@@ -49,8 +49,8 @@ def run_main() -> None:
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
     def job(cfg: DictConfig) -> None:
-        from harness.run import completed_summary, run
-        from harness.summary_table import render_summary
+        from harness.measure.summary_table import render_summary
+        from harness.runner.run import completed_summary, run
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         earlier = completed_summary(cfg, run_dir)
@@ -70,8 +70,8 @@ def run_main() -> None:
 
 
 def workload_show(args: list[str]) -> None:
-    from harness.loaders.load import model_config_of, tokenizer_for
-    from harness.settings import cache_dir_of
+    from harness.models.load import model_config_of, tokenizer_for
+    from harness.runner.settings import cache_dir_of
     from workloads.build import build_workload
     from workloads.show import render_workload
 
@@ -103,8 +103,8 @@ def report(args: list[str]) -> None:
 
 
 def calibrate(args: list[str]) -> None:
-    from harness.calibrate import calibrate_main
-    from harness.settings import DTYPES, cache_dir_of, resolve_device
+    from harness.measure.calibrate import calibrate_main
+    from harness.runner.settings import DTYPES, cache_dir_of, resolve_device
 
     refresh = "--refresh" in args
     cfg = compose([a for a in args if a != "--refresh"])
@@ -128,15 +128,15 @@ def take_counts(args: list[str], defaults: dict[str, int]) -> tuple[dict[str, in
 
 
 def kv_size(args: list[str]) -> None:
-    from harness.kv_size import kv_size_main
+    from harness.commands.kv_size import kv_size_main
 
     numbers, rest = take_counts(args, {"context": 4096, "batch": 1})
     print(kv_size_main(compose(rest), numbers["context"], numbers["batch"]))
 
 
 def slo_search(args: list[str]) -> None:
-    from harness.run import completed_summary, run
-    from harness.search import render_search, search
+    from harness.commands.search import render_search, search
+    from harness.runner.run import completed_summary, run
 
     def run_or_reuse(cfg: DictConfig, run_dir: Path) -> dict:
         return completed_summary(cfg, run_dir) or run(cfg, run_dir)
@@ -147,14 +147,14 @@ def slo_search(args: list[str]) -> None:
 
 
 def perplexity(args: list[str]) -> None:
-    from harness.perplexity import perplexity_main
+    from harness.measure.perplexity import perplexity_main
 
     numbers, rest = take_counts(args, {"windows": 16})
     print(perplexity_main(compose(rest), numbers["windows"]))
 
 
 def verify(args: list[str]) -> None:
-    from harness.verify import render_checks, verify
+    from harness.commands.verify import render_checks, verify
 
     strategies = ["orca", "orca-chunked", "vllm"]
     out = None

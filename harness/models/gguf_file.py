@@ -15,7 +15,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from harness.errors import ConfigError
-from harness.model import ModelConfig
+from harness.models.model import ModelConfig
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.request import Request
+from harness.engine.request import Request
 
 
 @dataclass

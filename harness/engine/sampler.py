@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.request import Request
+from harness.engine.request import Request
 
 
 def sample(logits: torch.Tensor, requests: list[Request]) -> list[int]:

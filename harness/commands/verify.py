@@ -21,13 +21,13 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from harness.batch import ForwardBatch
-from harness.engine import Engine
+from harness.engine.batch import ForwardBatch
+from harness.engine.engine import Engine
+from harness.engine.kv_cache import KVLayout, allocate_kv_cache
 from harness.errors import ConfigError
-from harness.kv_cache import KVLayout, allocate_kv_cache
-from harness.model import AttentionFn, LlamaModel
-from harness.replay import serve_all, to_request
-from harness.run import Prepared, prepare
+from harness.models.model import AttentionFn, LlamaModel
+from harness.runner.replay import serve_all, to_request
+from harness.runner.run import Prepared, prepare
 
 REFERENCE = "fastertransformer"
 

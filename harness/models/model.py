@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.batch import ForwardBatch
+from harness.engine.batch import ForwardBatch
 
 
 @dataclass(frozen=True)

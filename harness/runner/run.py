@@ -18,31 +18,31 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from harness.calibrate import Peaks, measure_peaks
-from harness.engine import Engine
+from harness.engine.engine import Engine
+from harness.engine.kv_cache import KVLayout, allocate_kv_cache
+from harness.engine.kv_manager import KVManager
 from harness.errors import ConfigError
-from harness.kv_cache import KVLayout, allocate_kv_cache
-from harness.loaders.load import LoadedModel, load_model, tokenizer_for
-from harness.meta import collect_meta
-from harness.metrics import SLO, summarize
-from harness.profiling import StepProfiler
-from harness.replay import replay, to_request
-from harness.roofline import ModelShape, StepRoofline, run_utilisation
-from harness.rundir import SCHEMA_VERSION, RunWriter, read_jsonl
-from harness.settings import (
+from harness.measure.calibrate import Peaks, measure_peaks
+from harness.measure.meta import collect_meta
+from harness.measure.metrics import SLO, summarize
+from harness.measure.profiling import StepProfiler
+from harness.measure.roofline import ModelShape, StepRoofline, run_utilisation
+from harness.measure.rundir import SCHEMA_VERSION, RunWriter, read_jsonl
+from harness.measure.telemetry import TelemetryResult, TelemetrySampler
+from harness.models.load import LoadedModel, load_model, tokenizer_for
+from harness.runner.replay import replay, to_request
+from harness.runner.settings import (
     EngineSettings,
     StrategySettings,
     cache_dir_of,
     engine_settings,
     strategy_settings,
 )
-from harness.telemetry import TelemetryResult, TelemetrySampler
 from kernels.attention import Attention, AttentionConfig
 from reports.run_report import build_run_report
 from strategies.assemble import build_kv_manager, build_scheduler, kv_block_size
 from strategies.batching.base import SchedulerLimits
 from strategies.heads import HeadLayout, convert_checkpoint
-from strategies.kv.base import KVManager
 from workloads.build import build_workload
 from workloads.spec import Workload
 

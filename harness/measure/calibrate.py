@@ -26,7 +26,7 @@ import psutil
 import torch
 
 from harness.errors import ConfigError
-from harness.meta import cpu_model_name
+from harness.measure.meta import cpu_model_name
 
 DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float32: "float32",

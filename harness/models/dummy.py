@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.model import ModelConfig
+from harness.models.model import ModelConfig
 
 DUMMY_SHAPES: dict[str, ModelConfig] = {
     "tiny": ModelConfig(

@@ -5,8 +5,8 @@ outside the timing) and are timed with CUDA events; the table gives the median t
 and the bandwidth of reading every context's K and V once. On a CPU only the PyTorch path
 runs, timed with the wall clock. Every sequence has the full context length.
 
-    python -m kernels.bench_attention                      # CUDA: batch 32/64 x context 512/2048
-    python -m kernels.bench_attention --device cpu --batches 8 32 --contexts 256
+    python -m benchmarks.bench_attention                      # CUDA: batch 32/64 x context 512/2048
+    python -m benchmarks.bench_attention --device cpu --batches 8 32 --contexts 256
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import torch
 
 from harness.errors import ConfigError
 from kernels import paged_attention_triton as tri
-from kernels.attention_cases import AttentionCase, CaseShape, make_case
 from kernels.paged_attention_ref import plan_for, run_plan
+from tests.attention_cases import AttentionCase, CaseShape, make_case
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

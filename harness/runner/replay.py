@@ -16,9 +16,9 @@ from typing import Protocol
 
 from tqdm import tqdm
 
-from harness.engine import Engine
-from harness.request import Request, SamplingParams
-from harness.rundir import RunWriter
+from harness.engine.engine import Engine
+from harness.engine.request import Request, SamplingParams
+from harness.measure.rundir import RunWriter
 from workloads.spec import RequestSpec, Workload
 
 
