@@ -1,26 +1,32 @@
-"""Per-request and per-step figures derived from raw records, with DESIGN.md's definitions.
+"""Per-request and per-step tables for figures, from the typed records, with the harness's
+own metric definitions.
 
-The summary holds the run's aggregate metrics; figures (CDFs, timelines, SLO attainment)
-need them per request, and crashed runs have no summary at all, so the same definitions
-are applied here to `requests.jsonl` and `steps.jsonl`:
-TTFT = first token − t_send, E2E = last token − t_send, TPOT = (E2E − TTFT)/(n − 1) for
-n > 1, normalized latency = E2E / n; only successful requests not marked `excluded` count.
+Figures (CDFs, timelines, SLO attainment) need each request's latencies, and crashed runs
+have no summary, so reports apply the very functions the summary uses
+(`harness.measure.metrics`, `harness.measure.slo`) to the records a run directory holds:
+every latency from the request's arrival, E2E to its delivery.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from harness.measure.metrics import distribution
+from harness.measure.metrics import (
+    LATENCY_METRICS,
+    STAT_KEYS,
+    distribution,
+    request_latency,
+    summarize,
+)
+from harness.measure.slo import SLO
+from harness.records import RequestRecord, StepRecord
 
-OK_FINISH = ("stop", "length")
-STAT_KEYS = ("mean", "std", "p50", "p90", "p95", "p99")
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "normalized_latency")
-SLO_FIELDS = {"ttft_s": "ttft", "tpot_s": "tpot", "e2e_s": "e2e"}
+__all__ = ["LATENCY_METRICS", "STAT_KEYS"]
 
 REQUEST_COLUMNS = [
     "id",
@@ -28,6 +34,7 @@ REQUEST_COLUMNS = [
     "t_send",
     "t_first",
     "t_last",
+    "t_done",
     "prompt_len",
     "output_tokens",
     "ttft",
@@ -40,67 +47,32 @@ REQUEST_COLUMNS = [
 ]
 
 
-def request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
+def request_metrics(records: Sequence[RequestRecord]) -> pd.DataFrame:
     """One row per request with its timings; `ok` marks those that count in metrics."""
-    rows = [_request_row(record) for record in requests.to_dict("records")]
+    rows = []
+    for record in records:
+        latency = request_latency(record)
+        times = record.token_times
+        rows.append(
+            {
+                "id": record.id,
+                "t_scheduled": record.t_scheduled,
+                "t_send": math.nan if record.t_send is None else record.t_send,
+                "t_first": times[0] if times else math.nan,
+                "t_last": times[-1] if times else math.nan,
+                "t_done": math.nan if record.t_done is None else record.t_done,
+                "prompt_len": record.prompt_len,
+                "output_tokens": len(times),
+                "ttft": latency.ttft if latency else math.nan,
+                "tpot": latency.tpot if latency and latency.tpot is not None else math.nan,
+                "e2e": latency.e2e if latency else math.nan,
+                "normalized_latency": latency.normalized_latency if latency else math.nan,
+                "preemptions": record.preemptions,
+                "ok": latency is not None and not record.excluded,
+                "excluded": record.excluded,
+            }
+        )
     return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
-
-
-def _request_row(record: dict[str, Any]) -> dict[str, Any]:
-    times = record.get("token_times")
-    times = [float(t) for t in times] if isinstance(times, list) else []
-    t_send = _number(record.get("t_send"))
-    t_scheduled = _number(record.get("t_scheduled"))
-    excluded = record.get("excluded") is True or record.get("excluded") is np.True_
-    ok = record.get("finish_reason") in OK_FINISH and bool(times) and not math.isnan(t_send)
-    n = len(times)
-    t_first = times[0] if times else math.nan
-    t_last = times[-1] if times else math.nan
-    ttft = t_first - t_send if ok else math.nan
-    e2e = t_last - t_send if ok else math.nan
-    return {
-        "id": record.get("id"),
-        "t_scheduled": t_scheduled if not math.isnan(t_scheduled) else t_send,
-        "t_send": t_send,
-        "t_first": t_first,
-        "t_last": t_last,
-        "prompt_len": _number(record.get("prompt_len")),
-        "output_tokens": n,
-        "ttft": ttft,
-        "tpot": (e2e - ttft) / (n - 1) if ok and n > 1 else math.nan,
-        "e2e": e2e,
-        "normalized_latency": e2e / n if ok else math.nan,
-        "preemptions": _count(record.get("preemptions")),
-        "ok": ok and not excluded,
-        "excluded": excluded,
-    }
-
-
-def _number(value: Any) -> float:
-    """A float, or NaN for anything missing or not numeric."""
-    if isinstance(value, bool) or value is None:
-        return math.nan
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _count(value: Any) -> int:
-    """A non-negative count, 0 for anything missing or not numeric."""
-    number = _number(value)
-    return 0 if math.isnan(number) else max(int(number), 0)
-
-
-def inter_token_latencies(requests: pd.DataFrame) -> np.ndarray:
-    """Every gap between consecutive output tokens, pooled over counted requests."""
-    metrics = request_metrics(requests)
-    gaps: list[np.ndarray] = []
-    for record, ok in zip(requests.to_dict("records"), metrics["ok"], strict=True):
-        times = record.get("token_times")
-        if ok and isinstance(times, list) and len(times) > 1:
-            gaps.append(np.diff(np.asarray(times, dtype=float)))
-    return np.concatenate(gaps) if gaps else np.array([])
 
 
 def stats(values: np.ndarray | pd.Series) -> dict[str, float]:
@@ -110,57 +82,24 @@ def stats(values: np.ndarray | pd.Series) -> dict[str, float]:
     return {key: math.nan if value is None else value for key, value in result.items()}
 
 
-def configured_slo(slo: dict[str, Any]) -> dict[str, float]:
-    """The per-request SLO limits that are set (metric name -> limit in seconds)."""
-    limits: dict[str, float] = {}
-    for field, metric in SLO_FIELDS.items():
-        limit = _number(slo.get(field))
-        if not math.isnan(limit):
-            limits[metric] = limit
-    return limits
+def slo_of(config: dict[str, Any]) -> SLO | None:
+    """The run's SLO, or None when its config holds values the rule cannot read."""
+    try:
+        return SLO.from_config(config)
+    except ValueError:
+        return None
 
 
-def meets_slo(metrics: pd.DataFrame, limits: dict[str, float]) -> pd.Series:
-    """Per request: counted and within every limit (a one-token request has no TPOT to miss)."""
-    met = metrics["ok"].astype(bool).copy()
-    for metric, limit in limits.items():
-        values = metrics[metric]
-        within = values <= limit
-        if metric == "tpot":
-            within = within | values.isna()
-        met &= within
-    return met
+def slo_attainment(records: Sequence[RequestRecord], slo: SLO) -> float | None:
+    """Share of counted requests (failed ones included, as misses) that meet the SLO."""
+    return slo.attained([request_latency(r) for r in records if not r.excluded])
 
 
-def slo_attainment(metrics: pd.DataFrame, limits: dict[str, float]) -> float:
-    """Share of non-excluded requests (failed ones included) that meet every limit."""
-    counted = metrics[~metrics["excluded"].astype(bool)]
-    if counted.empty:
-        return math.nan
-    return float(meets_slo(counted, limits).sum() / len(counted))
-
-
-def summary_from_records(requests: pd.DataFrame, slo: dict[str, Any]) -> dict[str, Any]:
-    """The summary's metrics recomputed from requests, for runs that wrote no summary."""
-    metrics = request_metrics(requests)
-    counted = metrics[~metrics["excluded"].astype(bool)]
-    ok = counted[counted["ok"]]
-    duration = float(ok["t_last"].max() - ok["t_send"].min()) if len(ok) else math.nan
-    rate = 1 / duration if duration and duration > 0 else math.nan
-    met = meets_slo(ok, configured_slo(slo)).sum() if len(ok) else 0
-    summary: dict[str, Any] = {
-        "completed": len(ok),
-        "failed": len(counted) - len(ok),
-        "duration_s": duration,
-        "request_throughput": len(ok) * rate,
-        "output_throughput": float(ok["output_tokens"].sum()) * rate,
-        "total_throughput": float(ok["output_tokens"].sum() + ok["prompt_len"].sum()) * rate,
-        "goodput": float(met) * rate,
-        "itl": stats(inter_token_latencies(requests)),
-    }
-    for metric in ("ttft", "tpot", "e2e", "normalized_latency"):
-        summary[metric] = stats(ok[metric])
-    return summary
+def summary_from_records(
+    requests: Sequence[RequestRecord], steps: Sequence[StepRecord], slo: SLO
+) -> dict[str, Any]:
+    """The summary's metrics recomputed from the records, for runs that wrote no summary."""
+    return summarize(requests, steps, slo)
 
 
 def step_metrics(steps: pd.DataFrame) -> pd.DataFrame:

@@ -138,7 +138,7 @@ def group_runs(runs: list[RunData]) -> list[Group]:
             groups[key] = Group(key, "", kind, run.slo)
             keys.append(key_dict)
         x = _finite_number(run.arrival.get(kind)) if kind != "none" else None
-        metrics = request_metrics(run.requests) if not run.requests.empty else None
+        metrics = request_metrics(run.request_records) if run.request_records else None
         groups[key].runs.append(SweepRun(run, label, x, metrics))
     _title_groups(list(groups.values()), keys)
     return list(groups.values())

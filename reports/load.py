@@ -13,12 +13,15 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 import yaml
 
 from harness.errors import ConfigError
+from harness.records import RequestRecord, StepRecord
+
+R = TypeVar("R", RequestRecord, StepRecord)
 
 SUMMARY = "summary.json"
 REQUESTS = "requests.jsonl"
@@ -36,10 +39,20 @@ class RunData:
     config: dict[str, Any]
     meta: dict[str, Any]
     summary: dict[str, Any] | None
-    requests: pd.DataFrame
-    steps: pd.DataFrame
+    request_records: list[RequestRecord]
+    step_records: list[StepRecord]
     telemetry: pd.DataFrame
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        """The request records as a table, one column per field (empty without records)."""
+        return pd.DataFrame.from_records([r.to_json() for r in self.request_records])
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """The step records as a table, counters as columns (empty without records)."""
+        return pd.DataFrame.from_records([s.to_json() for s in self.step_records])
 
     @property
     def status(self) -> str:
@@ -143,8 +156,8 @@ def load_run(path: Path) -> RunData:
         config=_read_config(path, problems),
         meta=_read_json(path / META, problems) or {},
         summary=summary,
-        requests=_read_jsonl(path / REQUESTS, problems),
-        steps=_read_jsonl(path / STEPS, problems),
+        request_records=_read_records(path / REQUESTS, RequestRecord, problems),
+        step_records=_read_records(path / STEPS, StepRecord, problems),
         telemetry=_read_csv(path / TELEMETRY, problems),
         problems=problems,
     )
@@ -174,26 +187,24 @@ def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
     return as_dict(loaded)
 
 
-def _read_jsonl(path: Path, problems: list[str]) -> pd.DataFrame:
+def _read_records(path: Path, kind: type[R], problems: list[str]) -> list[R]:
+    """Every line of a records file that parses as `kind`; the others are counted as skipped
+    (a crash can leave a torn last line)."""
     if not path.is_file():
-        return pd.DataFrame()
-    records: list[dict[str, Any]] = []
+        return []
+    records: list[R] = []
     skipped = 0
     for line in path.read_text().splitlines():
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            skipped += 1
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-        else:
+            payload = json.loads(line)
+            records.append(kind.from_json(payload))
+        except (json.JSONDecodeError, TypeError, AttributeError):
             skipped += 1
     if skipped:
         problems.append(f"{path.name}: skipped {skipped} unreadable line(s)")
-    return pd.DataFrame.from_records(records)
+    return records
 
 
 def _read_csv(path: Path, problems: list[str]) -> pd.DataFrame:

@@ -34,6 +34,7 @@ SEGMENT_COLORS = {
     "waiting + prefill": "#f2a541",
     "prefill": "#f2a541",
     "decode": "#3d7ab8",
+    "held (batch end)": "#c9b3d9",
 }
 UNIT_SUFFIXES = (
     ("_percent", "%"),
@@ -79,6 +80,7 @@ def _segments(row: dict[str, Any], record: dict[str, Any]) -> list[tuple[str, fl
     else:
         segments.append(("waiting + prefill", t_send, t_first))
     segments.append(("decode", t_first, t_last))
+    segments.append(("held (batch end)", t_last, row["t_done"]))
     return [(name, start, end) for name, start, end in segments if end > start]
 
 
@@ -92,14 +94,16 @@ def _request_label(request_id: object, prompt: object) -> str:
 
 
 def request_timeline(metrics: pd.DataFrame, requests: pd.DataFrame) -> go.Figure:
-    """One row per request (by send time): queued, prefill, decode; failures and preemptions."""
-    order = metrics.assign(record=requests.to_dict("records")).sort_values("t_send", kind="stable")
+    """One row per request (by arrival): queued, prefill, decode, held; failures and
+    preemptions."""
+    order = metrics.assign(record=requests.to_dict("records"))
+    order = order.sort_values("t_scheduled", kind="stable")
     shown = order.head(TIMELINE_LIMIT)
     title = "Request timeline"
     if len(order) > len(shown):
         title += f" (first {len(shown)} of {len(order)} requests)"
     height = int(min(max(FIGURE_HEIGHT, 140 + 7 * len(shown)), 1100))
-    figure = new_figure(title, TIME_AXIS, "request (in order of send)", height=height)
+    figure = new_figure(title, TIME_AXIS, "request (in order of arrival)", height=height)
     bars: dict[str, tuple[list[int], list[float], list[float], list[str]]] = {}
     failed: tuple[list[int], list[float], list[str]] = ([], [], [])
     preempted: tuple[list[int], list[float], list[str]] = ([], [], [])

@@ -1,26 +1,28 @@
-"""Build one run's `report.html`: summary tables, then every figure the run has data for.
+"""Build one run's `report.html`: its results first (headline figures, latency CDFs), then
+every other figure the run has data for, then the configuration and machine it ran on.
 
 Reads the run directory only (see `reports.load`). A run without `summary.json` (it
-crashed) still gets a report: its summary is recomputed from `requests.jsonl` and a
-warning at the top says so.
+crashed) still gets a report: its summary is recomputed from the records with the harness's
+own metric functions, and a warning at the top says so. Flags the summary raised, and any
+step whose MFU or MBU exceeds 1 (a peak measured too low), are shown at the top.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
 
+from harness.measure.slo import SLO
 from reports.colors import assign_colors
 from reports.derive import (
     LATENCY_METRICS,
     STAT_KEYS,
-    configured_slo,
     request_metrics,
     slo_attainment,
+    slo_of,
     step_metrics,
     summary_from_records,
 )
@@ -49,9 +51,10 @@ THROUGHPUT_ROWS = (
     ("total_throughput", "total throughput", "tokens/s"),
     ("goodput", "goodput", "req/s"),
     ("kv_waste_mean", "KV waste, mean", "fraction"),
-    ("slo_attainment", "completed requests meeting the SLO", "fraction"),
+    ("slo_attainment", "requests meeting the SLO (failed ones as misses)", "fraction"),
     ("peak_running", "peak running requests", ""),
     ("preemptions", "preemptions", ""),
+    ("pad_tokens", "padding tokens computed", ""),
     ("excluded", "excluded requests (warm-up, cool-down)", ""),
     ("steps", "engine steps", ""),
     ("model_time_share", "model time share of step time", "fraction"),
@@ -68,9 +71,10 @@ def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
     run = load_run(run_dir)
     page = Page(f"Run report: {run.strategy_name} on {run.workload_name}")
     summary = _summary(run, page)
-    metrics = request_metrics(run.requests) if not run.requests.empty else None
-    _summary_section(page, run, summary, metrics)
+    metrics = request_metrics(run.request_records) if run.request_records else None
+    _results_section(page, run, summary, metrics)
     _figures_section(page, run, metrics)
+    _configuration_section(page, run)
     return page.write(out or run_dir / REPORT_NAME)
 
 
@@ -81,27 +85,59 @@ def _summary(run: RunData, page: Page) -> dict[str, Any]:
     if run.summary is not None:
         if run.summary.get("error"):
             page.paragraph(f"The run failed: {run.summary['error']}", "warn")
-        return run.summary
-    if run.requests.empty:
-        return {}
-    page.paragraph(
-        "Summary recomputed from requests.jsonl (the run wrote no summary.json).", "warn"
+        summary = run.summary
+    elif not run.request_records:
+        summary = {}
+    else:
+        page.paragraph(
+            "Summary recomputed from the records (the run wrote no summary.json).", "warn"
+        )
+        summary = summary_from_records(
+            run.request_records, run.step_records, slo_of(run.slo) or SLO()
+        )
+    for flag in summary.get("flags") or []:
+        page.paragraph(f"Flagged: {flag}", "warn")
+    over = over_peak_steps(run)
+    if over:
+        page.paragraph(
+            f"{over} step(s) exceed an MFU or MBU of 1: the calibrated peak in use was "
+            "measured too low (run servelab calibrate --refresh on a quiet machine).",
+            "warn",
+        )
+    return summary
+
+
+def over_peak_steps(run: RunData) -> int:
+    """Steps whose MFU or MBU exceeds 1."""
+    return sum(
+        1
+        for step in run.step_records
+        if max(step.counters.get("mfu", 0.0), step.counters.get("mbu", 0.0)) > 1
     )
-    return summary_from_records(run.requests, run.slo)
 
 
-def _summary_section(
+def _results_section(
     page: Page, run: RunData, summary: dict[str, Any], metrics: pd.DataFrame | None
 ) -> None:
-    page.heading("Summary")
+    page.heading("Results")
     tables = [
-        table_html(["setting", "value"], _run_rows(run), "Run"),
         table_html(["metric", "value", "unit"], _throughput_rows(summary), "Throughput"),
-        table_html(["metric", *STAT_KEYS], _latency_rows(summary), "Latency (s)"),
+        table_html(["metric", *STAT_KEYS], _latency_rows(summary), "Latency (s), from arrival"),
     ]
-    slo_rows = _slo_rows(run, metrics)
+    slo_rows = _slo_rows(run)
     if slo_rows:
         tables.append(table_html(["SLO", "value"], slo_rows, "Service-level objective"))
+    page.tables(tables)
+    label = run.strategy_name
+    if metrics is None:
+        page.paragraph("No requests recorded.", "warn")
+    else:
+        page.figures(latency_cdfs(metrics, label, assign_colors([label])[label]))
+
+
+def _configuration_section(page: Page, run: RunData) -> None:
+    page.heading("Configuration and machine")
+    tables = [table_html(["setting", "value"], _run_rows(run), "Run")]
     meta_rows = _meta_rows(run.meta)
     if meta_rows:
         tables.append(table_html(["field", "value"], meta_rows, "Machine and versions"))
@@ -160,15 +196,15 @@ def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _slo_rows(run: RunData, metrics: pd.DataFrame | None) -> list[list[Cell]]:
-    limits = configured_slo(run.slo)
-    rows: list[list[Cell]] = [[f"{metric} limit (s)", limit] for metric, limit in limits.items()]
-    normalized = _float(run.slo.get("normalized_latency_s"))
-    if normalized is not None:
-        rows.append(["normalized latency limit (s/token)", normalized])
-    if limits and metrics is not None:
-        share = slo_attainment(metrics, limits)
-        rows.append(["requests meeting every limit", None if math.isnan(share) else share])
+def _slo_rows(run: RunData) -> list[list[Cell]]:
+    slo = slo_of(run.slo)
+    if slo is None or not slo.configured:
+        return []
+    rows: list[list[Cell]] = [["rule", slo.describe()]]
+    share = slo_attainment(run.request_records, slo)
+    rows.append(["requests meeting the SLO", share])
+    sustained = slo.sustains(share)
+    rows.append(["sustains its load", "–" if sustained is None else ("yes" if sustained else "no")])
     return rows
 
 
@@ -194,13 +230,7 @@ def _flatten(value: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def _figures_section(page: Page, run: RunData, metrics: pd.DataFrame | None) -> None:
-    label = run.strategy_name
-    color = assign_colors([label])[label]
-    page.heading("Latency distributions")
-    if metrics is None:
-        page.paragraph("No requests recorded.", "warn")
-    else:
-        page.figures(latency_cdfs(metrics, label, color))
+    if metrics is not None:
         page.heading("Requests over time")
         page.figures([request_timeline(metrics, run.requests)], wide=True)
     steps = step_metrics(run.steps)

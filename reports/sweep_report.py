@@ -17,7 +17,7 @@ from reports.colors import assign_colors
 from reports.grouping import X_TITLES, Group, group_runs
 from reports.html import Cell, Link, Page, Swatch, table_html
 from reports.load import find_run_dirs, load_run
-from reports.sustain import Sustained, slo_rule, sustained_loads
+from reports.sustain import Sustained, group_slo, sustained_loads
 from reports.sweep_figures import group_figures
 from reports.sweep_table import (
     METRIC_COLUMNS,
@@ -77,15 +77,15 @@ def _group_section(page: Page, group: Group, colors: dict[str, str]) -> None:
             "leave them out.",
             "warn",
         )
-    rule = slo_rule(group.slo)
-    if rule is None:
+    slo = group_slo(group)
+    if slo is None:
         page.paragraph("No SLO configured: no sustained load to report.", "note")
     elif group.x_kind == "none":
         page.paragraph("These runs have no rate or concurrency: no sustained load.", "note")
     else:
         page.paragraph(
             "Highest sustained load: the highest tested load at which the strategy's runs "
-            f"pass, and pass at every lower tested load. {rule.describe()}",
+            f"pass, and pass at every lower tested load. {slo.describe()}",
             "note",
         )
         sustained = sustained_loads(group)
@@ -93,7 +93,7 @@ def _group_section(page: Page, group: Group, colors: dict[str, str]) -> None:
         page.tables(
             [
                 table_html(
-                    ["strategy", f"highest sustained {unit}", "loads tested"],
+                    ["strategy", f"highest sustained {unit}", "first failed", "loads tested"],
                     [_sustained_row(s, colors) for s in sustained],
                     "Sustained load under the SLO",
                 )
@@ -110,7 +110,8 @@ def _sustained_row(sustained: Sustained, colors: dict[str, str]) -> list[Cell]:
     else:
         verdict = f"{sustained.load:g}"
     tested = ", ".join(f"{x:g}" for x in sustained.tested)
-    return [Swatch(sustained.label, colors[sustained.label]), verdict, tested]
+    failed = "–" if sustained.first_failed is None else f"{sustained.first_failed:g}"
+    return [Swatch(sustained.label, colors[sustained.label]), verdict, failed, tested]
 
 
 def _runs_table(rows: list[RunRow], colors: dict[str, str], out_dir: Path) -> str:

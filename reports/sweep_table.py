@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from harness.errors import ConfigError
-from reports.derive import configured_slo, slo_attainment
+from reports.derive import slo_attainment, slo_of
 from reports.grouping import Group, SweepRun
 from reports.load import RunData, as_dict
 from reports.run_report import REPORT_NAME, correctness_text
@@ -118,13 +118,11 @@ def run_values(group: Group, sweep_run: SweepRun) -> dict[str, Any]:
     )
     for metric in ("normalized_latency", "ttft", "tpot", "e2e"):
         values[f"{metric}_p99"] = _number(as_dict(summary.get(metric)).get("p99"))
-    limits = configured_slo(run.slo)
-    share = (
-        slo_attainment(sweep_run.metrics, limits)
-        if limits and sweep_run.metrics is not None
-        else None
-    )
-    values["slo_met_share"] = None if share is None or math.isnan(share) else share
+    slo = slo_of(run.slo)
+    share = run.summary.get("slo_attainment") if run.summary else None
+    if share is None and slo is not None and slo.configured and run.request_records:
+        share = slo_attainment(run.request_records, slo)
+    values["slo_met_share"] = share if slo is not None and slo.configured else None
     correctness = summary.get("correctness")
     values["correctness"] = correctness_text(correctness) if isinstance(correctness, dict) else None
     share_identical = as_dict(correctness).get("identical_share")
@@ -137,7 +135,7 @@ def run_rows(groups: list[Group], baseline: str) -> list[RunRow]:
     rows: list[RunRow] = []
     for group in groups:
         values = {id(r): run_values(group, r) for r in group.runs}
-        for sweep_run in group.runs:
+        for sweep_run in sorted(group.runs, key=_strategy_then_load):
             row = values[id(sweep_run)]
             reference_run = next(
                 (
@@ -159,6 +157,12 @@ def run_rows(groups: list[Group], baseline: str) -> list[RunRow]:
     return rows
 
 
+def _strategy_then_load(sweep_run: SweepRun) -> tuple[str, float, str]:
+    """Rows by strategy, then by load as a number (not as text: 2 before 10)."""
+    load = math.inf if sweep_run.x is None else sweep_run.x
+    return sweep_run.label, load, str(sweep_run.run.path)
+
+
 def identical_share(run: RunData, reference: RunData) -> float | None:
     """Share of requests whose output tokens equal the reference run's, when that comparison
     means something: both complete, the same requests (workload hash), greedy, same dtype."""
@@ -174,11 +178,10 @@ def identical_share(run: RunData, reference: RunData) -> float | None:
     same_dtype = dtype == as_dict(reference_config.get("engine")).get("dtype")
     if not (same_load and greedy and same_dtype):
         return None
-    if run.requests.empty or "output_ids" not in run.requests:
+    if not run.request_records:
         return None
-    expected = dict(zip(reference.requests["id"], reference.requests["output_ids"], strict=True))
-    served = zip(run.requests["id"], run.requests["output_ids"], strict=True)
-    matches = [expected.get(rid) == list(output) for rid, output in served]
+    expected = {r.id: r.output_ids for r in reference.request_records}
+    matches = [expected.get(r.id) == r.output_ids for r in run.request_records]
     return sum(matches) / len(matches)
 
 

@@ -29,6 +29,24 @@ def tokenizer(embedded_model_file: Path) -> PreTrainedTokenizerBase:
     return load_tokenizer(embedded_model_file)
 
 
+REAL_MODEL_FIXTURES = {"embedded_model_file", "tokenizer"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The real model and its tokenizer are for tests marked `integration` only, so that
+    `pytest -m "not integration"` stays the fast unit suite."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("integration") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            f"tests use the real model without the integration mark: {unmarked}"
+        )
+
+
 @pytest.fixture(autouse=True)
 def one_thread_for_unit_tests(request: pytest.FixtureRequest):
     """Tiny tensors run far faster on one thread on a shared 2-core machine; integration

@@ -91,6 +91,7 @@ def requests_of(spec: RunSpec) -> list[dict[str, Any]]:
                 "output_len": len(times),
                 "t_scheduled": t_scheduled,
                 "t_send": t_send,
+                "t_done": times[-1] if times else t_send + ttft,
                 "token_times": times,
                 "output_ids": list(range(len(times))),
                 "finish_reason": "error" if failed else "length",
@@ -107,24 +108,31 @@ def summary_of(spec: RunSpec, records: list[dict[str, Any]]) -> dict[str, Any]:
     """The summary.json a correct engine would write for these records."""
     counted = [r for r in records if not r["excluded"]]
     ok = [r for r in counted if r["finish_reason"] == "length"]
-    ttft = [r["token_times"][0] - r["t_send"] for r in ok]
-    e2e = [r["token_times"][-1] - r["t_send"] for r in ok]
+    ttft = [r["token_times"][0] - r["t_scheduled"] for r in ok]
+    e2e = [r["t_done"] - r["t_scheduled"] for r in ok]
     outputs = [len(r["token_times"]) for r in ok]
-    tpot = [(e - t) / (n - 1) for e, t, n in zip(e2e, ttft, outputs, strict=True) if n > 1]
+    tpot = [
+        (r["token_times"][-1] - r["token_times"][0]) / (n - 1)
+        for r, n in zip(ok, outputs, strict=True)
+        if n > 1
+    ]
     itl = [float(g) for r in ok for g in np.diff(r["token_times"])]
-    duration = max(r["token_times"][-1] for r in ok) - min(r["t_send"] for r in ok)
+    duration = max(r["t_done"] for r in counted) - min(r["t_scheduled"] for r in counted)
     limits = {k: v for k, v in spec.slo.items() if v is not None}
     good = 0
-    for first, last, n in zip(ttft, e2e, outputs, strict=True):
-        per_token = (last - first) / (n - 1) if n > 1 else None
+    for record, first, last, n in zip(ok, ttft, e2e, outputs, strict=True):
+        times = record["token_times"]
+        per_token = (times[-1] - times[0]) / (n - 1) if n > 1 else None
         checks = [
             first <= limits.get("ttft_s", float("inf")),
             last <= limits.get("e2e_s", float("inf")),
+            last / n <= limits.get("normalized_latency_s", float("inf")),
             per_token is None or per_token <= limits.get("tpot_s", float("inf")),
         ]
         good += all(checks)
+    attainment = good / len(counted)
     summary: dict[str, Any] = {
-        "schema": 1,
+        "schema": 2,
         "strategy": {"name": spec.strategy, **spec.axes},
         "workload": spec.workload,
         "model": spec.model,
@@ -137,6 +145,8 @@ def summary_of(spec: RunSpec, records: list[dict[str, Any]]) -> dict[str, Any]:
         "output_throughput": sum(outputs) / duration,
         "total_throughput": (sum(outputs) + sum(r["prompt_len"] for r in ok)) / duration,
         "goodput": good / duration,
+        "slo_attainment": attainment,
+        "sustained": attainment >= 0.9 if limits else None,
         "ttft": _stats(ttft),
         "tpot": _stats(tpot),
         "itl": _stats(itl),
@@ -169,6 +179,7 @@ def steps_of(spec: RunSpec, end: float) -> list[dict[str, Any]]:
             "kv_allocated_slots": allocated,
             "kv_live_slots": allocated - 40,
             "kv_total_slots": 4096,
+            "kv_waste": 40 / allocated,
             "preempted": 1 if k == 3 and spec.preempted else 0,
         }
         if spec.roofline:

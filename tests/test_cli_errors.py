@@ -47,13 +47,16 @@ def _fail(monkeypatch, capsys, tmp_path: Path, *args: str) -> str:
         ),
     ],
 )
+@pytest.mark.integration
 def test_bad_input_is_one_clear_line(monkeypatch, capsys, tmp_path, args, field) -> None:
     assert field in _fail(monkeypatch, capsys, tmp_path, *args)
 
 
+@pytest.mark.integration
 def test_kv_budget_smaller_than_one_request_says_what_it_needs(monkeypatch, capsys, tmp_path):
     line = _fail(monkeypatch, capsys, tmp_path, "model=dummy-tiny", "engine.kv_budget=8KiB")
-    assert "engine.kv_budget: request" in line and "raise engine.kv_budget" in line
+    assert "engine.kv_budget: no request can be served: request 0 needs" in line
+    assert "raise engine.kv_budget" in line
 
 
 def test_corrupt_model_file_is_caught_by_its_sha256(monkeypatch, capsys, tmp_path) -> None:

@@ -25,20 +25,81 @@ def test_static_batching_matches_cache_free_greedy() -> None:
         assert len(request.token_times) == count
 
 
-def test_finished_members_keep_their_slots_until_the_batch_ends() -> None:
+def test_padded_finished_members_keep_their_rows_and_slots_until_the_batch_ends() -> None:
     model = tiny_model()
     prompts = random_prompts(2, 4, 4)
     requests = make_requests(prompts, [2, 8])
-    records = serve(make_engine(model, strategy(), kv_slots=100), requests)
+    records = serve(make_engine(model, strategy(pad_finished=True), kv_slots=100), requests)
     reserved = (4 + 2) + (4 + 8)
     assert [r["kv_allocated_slots"] for r in records] == [reserved] * 8
-    # the short request finishes in step 1; from step 2 on its slots stay allocated, idle
+    # the short request finishes in step 1; from step 2 on its row is fed padding
     assert records[1]["kv_live_slots"] == 5 + 5
     assert records[2]["kv_live_slots"] == 6
     assert records[2]["kv_waste"] == (reserved - 6) / reserved
-    assert records[2]["num_seqs"] == 1
+    assert [r["num_seqs"] for r in records] == [2] * 8
+    assert [r["pad_tokens"] for r in records] == [0, 0] + [1] * 6
     assert records[0]["prefill_tokens"] == 8 and records[0]["decode_tokens"] == 0
-    assert records[1]["decode_tokens"] == 2
+    assert records[1]["decode_tokens"] == 2 and records[2]["decode_tokens"] == 1
+    for request, prompt, count in zip(requests, prompts, [2, 8], strict=True):
+        assert request.output_ids == greedy_reference(model, prompt, count)
+
+
+def test_unpadded_finished_members_leave_the_compute_and_free_their_slab() -> None:
+    # (before the switches, this was the only behaviour, and fastertransformer used it)
+    model = tiny_model()
+    requests = make_requests(random_prompts(2, 4, 4), [2, 8])
+    records = serve(make_engine(model, strategy(pad_finished=False), kv_slots=100), requests)
+    assert [r["kv_allocated_slots"] for r in records] == [18, 18] + [12] * 6
+    assert [r["num_seqs"] for r in records] == [2, 2] + [1] * 6
+    assert sum(r["pad_tokens"] for r in records) == 0
+
+
+def test_responses_are_held_until_the_batch_ends() -> None:
+    model = tiny_model()
+    delivered = {}
+    for return_at in ("batch_end", "own_finish"):
+        requests = make_requests(random_prompts(2, 4, 4), [2, 8])
+        serve(make_engine(model, strategy(return_at=return_at), kv_slots=100), requests)
+        short, long = requests
+        assert long.t_done == long.token_times[-1]
+        delivered[return_at] = short.t_done
+        assert short.t_done >= short.token_times[-1]
+    # held: delivered with the long member at the batch's end, not at its own last token
+    assert delivered["batch_end"] > delivered["own_finish"]
+    assert delivered["own_finish"] == requests[0].token_times[-1]
+
+
+def test_prompts_are_padded_to_the_longest_and_outputs_stay_exact() -> None:
+    model = tiny_model()
+    prompts = random_prompts(3, 3, 11, seed=2)
+    lengths = [len(p) for p in prompts]
+    requests = make_requests(prompts, [4, 4, 4])
+    engine = make_engine(model, strategy(pad_prompts=True), kv_slots=200)
+    records = serve(engine, requests)
+    width = max(lengths)
+    assert records[0]["pad_tokens"] == sum(width - n for n in lengths) > 0
+    assert records[0]["prefill_tokens"] == sum(lengths)
+    # each member's slab is at least the padded width (the batch's rectangle)
+    assert records[0]["kv_allocated_slots"] == sum(max(n + 4, width) for n in lengths)
+    for request, prompt in zip(requests, prompts, strict=True):
+        assert request.output_ids == greedy_reference(model, prompt, 4)
+
+
+def test_static_batching_over_paged_kv_never_deadlocks_on_a_held_member() -> None:
+    # two 4-token prompts, max_tokens 2 and 12, 16 slots of paged KV in blocks of 4: the
+    # long member cannot grow while the finished one holds its blocks. (Before: it preempted
+    # itself, the finished member never freed its blocks, and the run died with
+    # "unfinished requests but scheduled none".)
+    model = tiny_model()
+    prompts = random_prompts(2, 4, 4, seed=3)
+    for pad_finished in (True, False):
+        requests = make_requests(prompts, [2, 12])
+        settings = strategy(kv="paged", block_size=4, pad_finished=pad_finished)
+        engine = make_engine(model, settings, kv_slots=16)
+        serve(engine, requests, check=lambda e: e.scheduler.kv.check_integrity())
+        for request, prompt, count in zip(requests, prompts, [2, 12], strict=True):
+            assert request.output_ids == greedy_reference(model, prompt, count)
+        assert engine.scheduler.kv.pool.num_free + engine.scheduler.kv.pool.num_cached == 4
 
 
 def test_second_batch_waits_for_the_whole_first_batch() -> None:

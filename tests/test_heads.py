@@ -9,13 +9,17 @@ from harness.engine.kv_cache import KVLayout
 from harness.errors import ConfigError
 from harness.models.dummy import DUMMY_SHAPES
 from harness.models.model import LlamaModel
-from strategies.heads import HeadLayout, convert_checkpoint
+from strategies.heads import HEADS
 from tests.tiny import make_engine, make_requests, random_prompts, serve, strategy, tiny_model
 
 
-def _stored_bytes(layout: str) -> int:
+def layout(name: str):
+    return HEADS.choose({"heads": name}).build()
+
+
+def _stored_bytes(name: str) -> int:
     config = DUMMY_SHAPES["smollm2-135m"]
-    heads = HeadLayout.parse(layout).stored_heads(config)
+    heads = layout(name).stored_kv_heads(config)
     return KVLayout(config.num_layers, heads, config.head_dim, torch.bfloat16).bytes_per_token
 
 
@@ -28,7 +32,7 @@ def test_kv_bytes_per_token_on_the_real_shape_are_3_to_1_to_a_third() -> None:
 def test_mqa_conversion_mean_pools_key_and_value_heads() -> None:
     config = DUMMY_SHAPES["tiny"]  # 4 query heads, 2 KV heads of 16 dims
     state = {name: torch.randn(t.shape) for name, t in LlamaModel(config).state_dict().items()}
-    converted, pooled = convert_checkpoint((config, state), HeadLayout.parse("mqa"))
+    converted, pooled = layout("mqa").convert((config, state))
     assert converted.num_kv_heads == 1
     for kind in ("k_proj", "v_proj"):
         original = state[f"layers.0.self_attn.{kind}.weight"]
@@ -41,19 +45,19 @@ def test_mqa_conversion_mean_pools_key_and_value_heads() -> None:
 
 def test_head_counts_that_do_not_divide_are_rejected() -> None:
     with pytest.raises(ConfigError, match="strategy.heads"):
-        HeadLayout.parse("gqa-3").check(DUMMY_SHAPES["tiny"])
+        layout("gqa-3").stored_kv_heads(DUMMY_SHAPES["tiny"])
     with pytest.raises(ConfigError, match="strategy.heads"):
-        HeadLayout.parse("groups")
+        layout("groups")
 
 
 def test_mha_layout_serves_the_same_tokens_as_gqa() -> None:
     prompts = random_prompts(4, 3, 20, seed=5)
     outputs = {}
-    for layout in ("gqa", "mha"):
+    for name in ("gqa", "mha"):
         model = tiny_model()
-        HeadLayout.parse(layout).apply(model)
+        layout(name).apply(model)
         requests = make_requests(prompts, [6, 3, 8, 5])
-        serve(make_engine(model, strategy("iteration", heads=layout), kv_slots=300), requests)
-        outputs[layout] = [r.output_ids for r in requests]
-        assert model.kv_heads_stored == (4 if layout == "mha" else 2)
+        serve(make_engine(model, strategy("iteration", heads=name), kv_slots=300), requests)
+        outputs[name] = [r.output_ids for r in requests]
+        assert model.kv_heads_stored == (4 if name == "mha" else 2)
     assert outputs["mha"] == outputs["gqa"]

@@ -137,7 +137,7 @@ def test_paged_wastes_only_block_tails_where_contiguous_reserves_the_maximum(
             Request(str(i), list(p), SamplingParams(max_tokens=20)) for i, p in enumerate(prompts)
         ]
         engine = make_engine(model, strategy("iteration", kv, block_size=4), kv_slots=200)
-        engine.eos_ids = frozenset(stops)  # every request stops after 3 of its 20 tokens
+        engine.stop_token_ids = frozenset(stops)  # every request stops after 3 of its 20 tokens
         records = serve(engine, requests)
         assert [r.output_ids for r in requests] == references
         assert [r.finish_reason for r in requests] == ["stop"] * 3

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.commands.cli import compose
+from harness.commands.config import compose
 from harness.commands.verify import serve_outputs, verify
 
 pytestmark = pytest.mark.integration
@@ -27,7 +27,7 @@ OVERRIDES = [
     "workload.output_len.value=12",
     "engine.kv_budget=8MiB",  # 182 tokens of fp32 KV: two or three requests at a time
     "strategy.block_size=8",
-    "engine.max_num_batched_tokens=40",
+    "engine.max_num_batched_tokens=80",  # prompts are 56-72 tokens: chunked prefill splits
 ]
 
 
@@ -39,8 +39,8 @@ def test_lossless_strategies_match_static_batching_exactly() -> None:
 
 def test_the_paged_run_really_preempted_and_hit_the_prefix_cache() -> None:
     served = serve_outputs(compose([*OVERRIDES, "strategy=vllm"]))
-    assert sum(step["preempted"] for step in served.steps) > 0
-    assert served.steps[-1]["prefix_hit_tokens"] > 0
+    assert sum(step.record.preempted for step in served.steps) > 0
+    assert served.steps[-1].record.counters["prefix_hit_tokens"] > 0
 
 
 def test_mha_layout_serves_the_tokens_of_native_gqa_with_three_times_the_cache() -> None:

@@ -6,49 +6,84 @@ import math
 
 import pytest
 
-from harness.measure.metrics import SLO, distribution, request_latencies, summarize
+from harness.measure.metrics import distribution, request_latency, summarize
+from harness.measure.slo import SLO
+from harness.records import RequestRecord, StepRecord
 
 
-def _request(rid: str, sent: float, times: list[float], prompt: int = 10, **extra) -> dict:
-    record = {
-        "id": rid,
-        "prompt_len": prompt,
-        "output_len": len(times),
-        "t_scheduled": sent,
-        "t_send": sent,
-        "token_times": times,
-        "output_ids": list(range(len(times))),
-        "finish_reason": "length",
-        "error": None,
-        "preemptions": 0,
-        "excluded": False,
-    }
-    record.update(extra)
-    return record
+def _request(
+    rid: str, arrived: float, times: list[float], prompt: int = 10, **extra
+) -> RequestRecord:
+    fields = dict(
+        id=rid,
+        prompt_len=prompt,
+        output_len=len(times),
+        t_scheduled=arrived,
+        t_send=arrived,
+        t_done=times[-1] if times else None,
+        token_times=times,
+        output_ids=list(range(len(times))),
+        finish_reason="length",
+    )
+    fields.update(extra)
+    return RequestRecord(**fields)
 
 
-def _step(t0: float, t1: float, allocated: int, live: int, running: int) -> dict:
+def _step(t0: float, t1: float, allocated: int, live: int, running: int, **extra) -> StepRecord:
     waste = (allocated - live) / allocated if allocated else 0.0
-    return {
-        "t_start": t0,
-        "t_end": t1,
-        "model_s": (t1 - t0) / 2,
-        "kv_waste": waste,
-        "running": running,
-        "preempted": 0,
-    }
+    fields = dict(
+        step=0,
+        t_start=t0,
+        t_end=t1,
+        model_s=(t1 - t0) / 2,
+        num_seqs=running,
+        prefill_tokens=0,
+        decode_tokens=running,
+        waiting=0,
+        running=running,
+        kv_allocated_slots=allocated,
+        kv_live_slots=live,
+        kv_total_slots=allocated,
+        kv_waste=waste,
+        preempted=0,
+    )
+    fields.update(extra)
+    return StepRecord(**fields)
 
 
 def test_request_latencies_follow_the_definitions() -> None:
-    lat = request_latencies(_request("a", 1.0, [1.5, 1.7, 2.0, 2.5]))
-    assert lat["ttft"] == pytest.approx(0.5)
-    assert lat["e2e"] == pytest.approx(1.5)
-    assert lat["tpot"] == pytest.approx((1.5 - 0.5) / 3)
-    assert lat["normalized_latency"] == pytest.approx(1.5 / 4)
+    lat = request_latency(_request("a", 1.0, [1.5, 1.7, 2.0, 2.5]))
+    assert lat.ttft == pytest.approx(0.5)
+    assert lat.e2e == pytest.approx(1.5)
+    assert lat.tpot == pytest.approx((2.5 - 1.5) / 3)
+    assert lat.normalized_latency == pytest.approx(1.5 / 4)
+
+
+def test_latency_starts_at_arrival_not_when_the_request_was_handed_over() -> None:
+    # arrived at 1.0 while the engine was busy; noticed (t_send) at 1.8; first token at 2.0.
+    # (Before: TTFT was measured from t_send, 0.2 s instead of the 1.0 s the user waited.)
+    lat = request_latency(_request("a", 1.0, [2.0, 2.5], t_send=1.8))
+    assert lat.ttft == pytest.approx(1.0)
+    assert lat.e2e == pytest.approx(1.5)
+
+
+def test_e2e_ends_at_delivery_and_tpot_is_the_generation_pace() -> None:
+    # static batching held the response until its batch ended at 5.0
+    # (before: E2E ended at the last token, 2.0, and TPOT was derived from that E2E)
+    lat = request_latency(_request("a", 0.0, [1.0, 1.5, 2.0], t_done=5.0))
+    assert lat.e2e == pytest.approx(5.0)
+    assert lat.normalized_latency == pytest.approx(5.0 / 3)
+    assert lat.tpot == pytest.approx(0.5)
+    assert lat.ttft == pytest.approx(1.0)
 
 
 def test_tpot_undefined_for_a_single_token() -> None:
-    assert request_latencies(_request("a", 0.0, [0.3]))["tpot"] is None
+    assert request_latency(_request("a", 0.0, [0.3])).tpot is None
+
+
+def test_failed_requests_have_no_latency() -> None:
+    assert request_latency(_request("a", 0.0, [], finish_reason="error", error="x")) is None
+    assert request_latency(_request("b", 0.0, [], finish_reason="rejected")) is None
 
 
 def test_distribution_uses_linear_percentiles() -> None:
@@ -73,12 +108,62 @@ def test_summary_throughputs_goodput_and_exclusions() -> None:
     assert summary["completed"] == 2
     assert summary["failed"] == 1
     assert summary["excluded"] == 1
-    assert summary["duration_s"] == pytest.approx(4.0)
+    assert summary["duration_s"] == pytest.approx(4.0)  # first arrival 0.0 -> last delivery
     assert summary["request_throughput"] == pytest.approx(0.5)
     assert summary["output_throughput"] == pytest.approx(6 / 4)
     assert summary["total_throughput"] == pytest.approx((6 + 30) / 4)
     assert summary["goodput"] == pytest.approx(1 / 4)  # only b has TTFT <= 0.6
+    assert summary["slo_attainment"] == pytest.approx(1 / 3)  # the failed d counts as a miss
+    assert summary["sustained"] is False
     assert summary["itl"]["mean"] == pytest.approx((1.0 + 0.1 + 0.1 + 2.3) / 4)
     assert summary["kv_waste_mean"] == pytest.approx((0.5 * 1 + 0.0 * 3) / 4)
     assert summary["peak_running"] == 3
     assert summary["normalized_latency"]["mean"] == pytest.approx((2.0 / 2 + 3.0 / 4) / 2)
+
+
+def test_step_figures_leave_out_warm_up_and_cool_down() -> None:
+    # the counted request arrives at 10 and is delivered at 12: steps outside [10, 12] (the
+    # excluded requests' time) do not count in peak running, waste or preemptions
+    # (before: every step counted, so the warm-up's peak of 9 and its preemption showed)
+    requests = [
+        _request("warm", 0.0, [5.0], excluded=True),
+        _request("a", 10.0, [11.0, 12.0]),
+        _request("cool", 12.5, [20.0], excluded=True),
+    ]
+    steps = [
+        _step(0.0, 5.0, 100, 10, 9, preempted=1),
+        _step(10.0, 12.0, 100, 50, 1),
+        _step(13.0, 20.0, 100, 100, 4),
+    ]
+    summary = summarize(requests, steps, SLO())
+    assert summary["peak_running"] == 1
+    assert summary["preemptions"] == 0
+    assert summary["kv_waste_mean"] == pytest.approx(0.5)
+    assert summary["steps"] == 1
+    assert summary["sustained"] is None  # no SLO configured
+
+
+def test_old_records_without_t_done_deliver_at_their_last_token() -> None:
+    record = RequestRecord.from_json(
+        {
+            "id": "a",
+            "prompt_len": 3,
+            "output_len": 2,
+            "t_scheduled": 0.0,
+            "t_send": 0.0,
+            "token_times": [1.0, 2.0],
+            "output_ids": [5, 6],
+            "finish_reason": "stop",
+            "error": None,
+            "preemptions": 0,
+            "excluded": False,
+        }
+    )
+    assert request_latency(record).e2e == pytest.approx(2.0)
+
+
+def test_records_round_trip_with_their_counters() -> None:
+    step = _step(0.0, 1.0, 8, 4, 2, counters={"kv_blocks_used": 2, "mfu": 0.5})
+    payload = step.to_json()
+    assert payload["kv_blocks_used"] == 2 and payload["mfu"] == 0.5
+    assert StepRecord.from_json(payload) == step

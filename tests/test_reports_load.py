@@ -12,6 +12,8 @@ import pytest
 from reports_rundirs import RunSpec, requests_of, summary_of, write_run
 
 from harness.errors import ConfigError
+from harness.measure.slo import SLO
+from harness.records import RequestRecord
 from reports.derive import (
     request_metrics,
     slo_attainment,
@@ -63,31 +65,34 @@ def test_missing_path_is_a_config_error(tmp_path: Path) -> None:
         load_run(tmp_path)
 
 
+def _record(**fields) -> RequestRecord:
+    times = fields.get("token_times", [])
+    base = dict(prompt_len=4, output_len=len(times), output_ids=[0] * len(times))
+    return RequestRecord(**(base | fields))
+
+
 def test_request_metrics_follow_the_definitions() -> None:
-    requests = pd.DataFrame(
-        [
-            {"id": 0, "t_scheduled": 0.0, "t_send": 0.5, "token_times": [1.0, 1.5, 2.5],
-             "finish_reason": "stop", "prompt_len": 4, "preemptions": 2, "excluded": False},
-            {"id": 1, "t_scheduled": 1.0, "t_send": 1.0, "token_times": [1.25],
-             "finish_reason": "length", "prompt_len": 4},
-            {"id": 2, "t_scheduled": 1.0, "t_send": 1.0, "token_times": [],
-             "finish_reason": "error", "prompt_len": 4, "preemptions": 0, "excluded": False},
-            {"id": 3, "t_scheduled": 0.0, "t_send": 0.0, "token_times": [0.1],
-             "finish_reason": "stop", "prompt_len": 4, "preemptions": 0, "excluded": True},
-        ]
-    )  # fmt: skip
-    m = request_metrics(requests)
+    records = [
+        _record(id="0", t_scheduled=0.0, t_send=0.5, t_done=3.0, token_times=[1.0, 1.5, 2.5],
+                finish_reason="stop", preemptions=2),
+        _record(id="1", t_scheduled=1.0, t_send=1.0, token_times=[1.25], finish_reason="length"),
+        _record(id="2", t_scheduled=1.0, t_send=1.0, token_times=[], finish_reason="error"),
+        _record(id="3", t_scheduled=0.0, t_send=0.0, token_times=[0.1], finish_reason="stop",
+                excluded=True),
+    ]  # fmt: skip
+    m = request_metrics(records)
     assert m["ok"].tolist() == [True, True, False, False]
     assert m["excluded"].tolist() == [False, False, False, True]
+    # from arrival (0.0), not from t_send (0.5); E2E to delivery (3.0), not the last token
     assert m.loc[0, ["ttft", "e2e", "tpot", "normalized_latency"]].tolist() == [
-        0.5, 2.0, 0.75, 2.0 / 3,
+        1.0, 3.0, 0.75, 1.0,
     ]  # fmt: skip
     assert m.loc[1, "ttft"] == 0.25 and math.isnan(m.loc[1, "tpot"])
     assert m["preemptions"].tolist() == [2, 0, 0, 0]
     # failed request 2 counts against attainment, excluded request 3 does not count at all
-    assert slo_attainment(m, {"ttft": 0.3}) == pytest.approx(1 / 3)
-    assert slo_attainment(m, {"ttft": 1.0, "tpot": 0.5}) == pytest.approx(1 / 3)
-    assert slo_attainment(m, {"ttft": 1.0, "tpot": 1.0}) == pytest.approx(2 / 3)
+    assert slo_attainment(records, SLO(ttft_s=0.3)) == pytest.approx(1 / 3)
+    assert slo_attainment(records, SLO(ttft_s=1.0, tpot_s=0.5)) == pytest.approx(1 / 3)
+    assert slo_attainment(records, SLO(ttft_s=1.0, tpot_s=1.0)) == pytest.approx(2 / 3)
 
 
 def test_stats_use_linear_percentiles() -> None:
@@ -103,7 +108,9 @@ def test_summary_from_records_matches_an_independent_summary() -> None:
     spec = RunSpec(num_requests=9, failed=2, excluded=1, ttft=0.2, tpot=0.04)
     records = requests_of(spec)
     expected = summary_of(spec, records)
-    got = summary_from_records(pd.DataFrame(records), spec.slo)
+    got = summary_from_records(
+        [RequestRecord.from_json(r) for r in records], [], SLO.from_config(spec.slo)
+    )
     for key in ("completed", "failed"):
         assert got[key] == expected[key]
     for key in ("duration_s", "request_throughput", "output_throughput", "goodput"):

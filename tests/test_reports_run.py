@@ -10,6 +10,7 @@ import plotly.offline
 import pytest
 from reports_rundirs import RunSpec, page_text, write_run
 
+from harness.records import RequestRecord
 from reports.derive import request_metrics
 from reports.run_figures import request_timeline
 from reports.run_report import build_run_report
@@ -83,7 +84,7 @@ def test_summary_tables_show_the_summary(full_report: str) -> None:
 def test_crashed_run_gets_a_report_from_its_requests(tmp_path: Path) -> None:
     spec = RunSpec(summary=False, truncated_tail=True, roofline=False, telemetry=False)
     html = page_text(build_run_report(write_run(tmp_path, spec)))
-    assert "Summary recomputed from requests.jsonl" in html
+    assert "Summary recomputed from the records" in html
     assert "<td>status</td><td>incomplete</td>" in html
     assert "<td>completed requests</td><td>10</td>" in html
     titles = figure_titles(html)
@@ -111,29 +112,30 @@ def test_report_can_go_elsewhere(tmp_path: Path) -> None:
     assert out.is_file() and not (run_dir / "report.html").exists()
 
 
-def test_timeline_splits_engine_queue_from_prefill_when_recorded() -> None:
-    requests = pd.DataFrame(
-        [
-            {"id": "a", "t_scheduled": 0.0, "t_send": 0.25, "t_admitted": 0.5,
-             "token_times": [1.0, 2.0], "finish_reason": "stop", "preemptions": 1},
-            {"id": "b", "t_scheduled": 0.0, "t_send": 0.0,
-             "token_times": [0.5], "finish_reason": "stop", "preemptions": 0},
-        ]
-    )  # fmt: skip
-    figure = request_timeline(request_metrics(requests), requests)
+def test_timeline_splits_engine_queue_from_prefill_and_shows_held_responses() -> None:
+    records = [
+        RequestRecord(id="a", prompt_len=3, output_len=2, t_scheduled=0.0, t_send=0.25,
+                      t_admitted=0.5, t_done=2.5, token_times=[1.0, 2.0], output_ids=[1, 2],
+                      finish_reason="stop", preemptions=1),
+        RequestRecord(id="b", prompt_len=3, output_len=1, t_scheduled=0.1, t_send=0.1,
+                      t_done=0.5, token_times=[0.5], output_ids=[1], finish_reason="stop"),
+    ]  # fmt: skip
+    requests = pd.DataFrame.from_records([r.to_json() for r in records])
+    figure = request_timeline(request_metrics(records), requests)
     segments = {
         t.name: (list(t.y), list(t.base), list(t.x)) for t in figure.data if t.type == "bar"
     }
-    # rows in order of send: b (sent at 0) is row 0, a (sent at 0.25) row 1
+    # rows in order of arrival: a (arrived at 0) is row 0, b (arrived at 0.1) row 1
     assert segments == {
-        "queued (client)": ([1], [0.0], [0.25]),
-        "queued (engine)": ([1], [0.25], [0.25]),
-        "prefill": ([1], [0.5], [0.5]),
-        "waiting + prefill": ([0], [0.0], [0.5]),
-        "decode": ([1], [1.0], [1.0]),
+        "queued (client)": ([0], [0.0], [0.25]),
+        "queued (engine)": ([0], [0.25], [0.25]),
+        "prefill": ([0], [0.5], [0.5]),
+        "waiting + prefill": ([1], [0.1], [0.4]),
+        "decode": ([0], [1.0], [1.0]),
+        "held (batch end)": ([0], [2.0], [0.5]),
     }
     (preempted,) = [t for t in figure.data if t.name == "preempted"]
-    assert list(preempted.x) == [2.0] and list(preempted.y) == [1]
+    assert list(preempted.x) == [2.0] and list(preempted.y) == [0]
 
 
 def test_failed_run_says_so(tmp_path: Path) -> None:

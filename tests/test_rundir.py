@@ -7,15 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from harness.commands.cli import compose
+from harness.commands.config import compose
 from harness.engine.engine import Engine
 from harness.measure.metrics import summarize
-from harness.measure.rundir import read_jsonl
+from harness.measure.rundir import read_jsonl, read_requests, read_steps
 from harness.runner.run import run, slo_of
 
 OVERRIDES = ["model=dummy-tiny", "telemetry.roofline=false", "engine.dtype=fp32"]
 
 
+@pytest.mark.integration
 def test_summary_is_recomputable_from_the_records(tmp_path: Path) -> None:
     cfg = compose([*OVERRIDES, "strategy=orca", "slo.ttft_s=0.5"])
     summary = run(cfg, tmp_path, progress=False)
@@ -23,18 +24,19 @@ def test_summary_is_recomputable_from_the_records(tmp_path: Path) -> None:
         assert (tmp_path / name).exists(), name
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk == json.loads(json.dumps(summary))
-    requests = read_jsonl(tmp_path / "requests.jsonl")
-    steps = read_jsonl(tmp_path / "steps.jsonl")
-    recomputed = summarize(requests, steps, slo_of(cfg))
+    requests = read_requests(tmp_path)
+    recomputed = summarize(requests, read_steps(tmp_path), slo_of(cfg))
     for key, value in recomputed.items():
         assert on_disk[key] == pytest.approx(value), key
-    assert on_disk["schema"] == 1 and on_disk["status"] == "complete"
+    assert on_disk["schema"] == 2 and on_disk["status"] == "complete"
     assert on_disk["completed"] == 8 and len(requests) == 8
-    assert all(len(r["token_times"]) == r["output_len"] == 16 for r in requests)
+    assert all(len(r.token_times) == r.output_len == 16 for r in requests)
+    assert all(r.t_done == r.token_times[-1] for r in requests)
     meta = json.loads((tmp_path / "meta.json").read_text())
     assert meta["workload_hash"] == on_disk["workload_hash"]
 
 
+@pytest.mark.integration
 def test_a_crash_mid_run_keeps_the_records_and_marks_the_summary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -52,3 +54,8 @@ def test_a_crash_mid_run_keeps_the_records_and_marks_the_summary(
     assert summary["status"] == "failed" and "device lost" in summary["error"]
     assert len(read_jsonl(tmp_path / "steps.jsonl")) == 5
     assert summary["steps"] == 5
+    # every request in flight is written as failed, with the error (before: none was written)
+    requests = read_requests(tmp_path)
+    assert len(requests) == 8 and summary["failed"] == 8
+    assert {r.finish_reason for r in requests} == {"error"}
+    assert all("RuntimeError: device lost" in r.error for r in requests)

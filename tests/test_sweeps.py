@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BASE = [
     "model=dummy-tiny",
     "telemetry.roofline=false",
@@ -23,6 +25,7 @@ def _sweep(sweep_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
 
 
+@pytest.mark.integration
 def test_a_rerun_sweep_redoes_only_what_did_not_finish(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     first = _sweep(sweep_dir, "strategy=fastertransformer,orca")
@@ -47,6 +50,7 @@ def test_a_rerun_sweep_redoes_only_what_did_not_finish(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.integration
 def test_submitit_local_launcher_runs_each_job(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     result = _sweep(sweep_dir, "hydra/launcher=local_processes", "strategy=fastertransformer,orca")

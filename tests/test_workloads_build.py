@@ -39,6 +39,7 @@ def test_every_preset_is_named_after_its_file() -> None:
 @pytest.mark.parametrize(
     "name", ["offline", "poisson", "sharegpt_like", "alpaca_like", "random", "shared_prefix"]
 )
+@pytest.mark.integration
 def test_generated_presets_build(tokenizer: PreTrainedTokenizerBase, name: str) -> None:
     cfg = preset(name)
     workload = build_workload(cfg, tokenizer, CONTEXT)
@@ -51,6 +52,7 @@ def test_generated_presets_build(tokenizer: PreTrainedTokenizerBase, name: str) 
     assert all(r.ignore_eos for r in workload.requests)
 
 
+@pytest.mark.integration
 def test_smoke_preset(tokenizer: PreTrainedTokenizerBase) -> None:
     workload = build(tokenizer, "smoke")
     assert [r.id for r in workload.requests] == [str(i) for i in range(8)]
@@ -63,6 +65,7 @@ def test_smoke_preset(tokenizer: PreTrainedTokenizerBase) -> None:
     assert workload.concurrency is None
 
 
+@pytest.mark.integration
 def test_offline_preset_is_the_yardstick(tokenizer: PreTrainedTokenizerBase) -> None:
     workload = build(tokenizer, "offline")
     lengths = [len(r.prompt_ids) for r in workload.requests]
@@ -71,6 +74,7 @@ def test_offline_preset_is_the_yardstick(tokenizer: PreTrainedTokenizerBase) -> 
     assert {r.arrival for r in workload.requests} == {0.0}
 
 
+@pytest.mark.integration
 def test_same_config_same_workload_other_seed_other_hash(
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
@@ -82,6 +86,7 @@ def test_same_config_same_workload_other_seed_other_hash(
     assert [r.prompt_ids for r in other.requests] != [r.prompt_ids for r in first.requests]
 
 
+@pytest.mark.integration
 def test_changing_the_rate_changes_only_the_times(tokenizer: PreTrainedTokenizerBase) -> None:
     slow = build(tokenizer, "poisson", "num_requests=16", "arrival.rate=2")
     fast = build(tokenizer, "poisson", "num_requests=16", "arrival.rate=4")
@@ -92,12 +97,14 @@ def test_changing_the_rate_changes_only_the_times(tokenizer: PreTrainedTokenizer
     assert slow.hash != fast.hash
 
 
+@pytest.mark.integration
 def test_text_prompts_never_share_a_start(tokenizer: PreTrainedTokenizerBase) -> None:
     workload = build(tokenizer, "offline")
     heads = {r.prompt_ids[:16] for r in workload.requests}
     assert len(heads) == len(workload.requests)
 
 
+@pytest.mark.integration
 def test_random_prompts_avoid_special_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
     workload = build(tokenizer, "random")
     ids = np.concatenate([r.prompt_ids for r in workload.requests])
@@ -110,6 +117,7 @@ def test_random_prompts_avoid_special_tokens(tokenizer: PreTrainedTokenizerBase)
     assert all(r.prompt_text is None for r in workload.requests)
 
 
+@pytest.mark.integration
 def test_shared_prefix_groups(tokenizer: PreTrainedTokenizerBase) -> None:
     workload = build(tokenizer, "shared_prefix")
     prefixes: dict[int, tuple[int, ...]] = {}
@@ -123,6 +131,7 @@ def test_shared_prefix_groups(tokenizer: PreTrainedTokenizerBase) -> None:
     assert len(suffixes) == len(workload.requests)
 
 
+@pytest.mark.integration
 def test_instruct_prompts_have_the_drawn_length(tokenizer: PreTrainedTokenizerBase) -> None:
     cfg = preset("instruct", "num_requests=12")
     workload = build_workload(cfg, tokenizer, CONTEXT)
@@ -142,12 +151,14 @@ def test_instruct_prompts_have_the_drawn_length(tokenizer: PreTrainedTokenizerBa
     assert not any(r.ignore_eos for r in workload.requests)
 
 
+@pytest.mark.integration
 def test_instruct_prompts_too_short_for_the_template(tokenizer: PreTrainedTokenizerBase) -> None:
     with pytest.raises(ConfigError, match="instruct prompts need at least") as error:
         build(tokenizer, "instruct", "input_len.lo=8", "input_len.hi=20")
     assert error.value.field == "workload.input_len"
 
 
+@pytest.mark.integration
 def test_closed_loop_carries_concurrency(tokenizer: PreTrainedTokenizerBase) -> None:
     two = build(tokenizer, "random", "arrival.process=closed_loop", "arrival.concurrency=2")
     three = build(tokenizer, "random", "arrival.process=closed_loop", "arrival.concurrency=3")
@@ -156,6 +167,7 @@ def test_closed_loop_carries_concurrency(tokenizer: PreTrainedTokenizerBase) -> 
     assert two.requests == three.requests and two.hash != three.hash
 
 
+@pytest.mark.integration
 def test_sampling_settings_and_per_request_seeds(tokenizer: PreTrainedTokenizerBase) -> None:
     overrides = ("sampling.temperature=0.7", "sampling.top_k=20", "sampling.top_p=0.9")
     workload = build(tokenizer, "random", *overrides)
@@ -166,6 +178,7 @@ def test_sampling_settings_and_per_request_seeds(tokenizer: PreTrainedTokenizerB
     assert seeds == [r.seed for r in again.requests]
 
 
+@pytest.mark.integration
 def test_length_scale_shrinks_sharegpt(tokenizer: PreTrainedTokenizerBase) -> None:
     full = build(tokenizer, "sharegpt_like", "prompt.source=random")
     quarter = build(tokenizer, "sharegpt_like", "prompt.source=random", "length_scale=0.25")
@@ -174,6 +187,7 @@ def test_length_scale_shrinks_sharegpt(tokenizer: PreTrainedTokenizerBase) -> No
         assert small.max_tokens == max(1, round(big.max_tokens * 0.25))
 
 
+@pytest.mark.integration
 def test_request_longer_than_the_context(tokenizer: PreTrainedTokenizerBase) -> None:
     with pytest.raises(ConfigError, match="over the model context of 40") as error:
         build_workload(preset("smoke"), tokenizer, 40)

@@ -58,6 +58,7 @@ CONF = Path(__file__).resolve().parents[1] / "conf" / "workload"
         ("smoke", ["trace.path=t.csv"], "workload.trace.path"),
     ],
 )
+@pytest.mark.integration
 def test_bad_config_names_the_field(
     tokenizer: PreTrainedTokenizerBase, name: str, overrides: list[str], field: str
 ) -> None:
@@ -70,6 +71,7 @@ def test_bad_config_names_the_field(
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("max_context", [0, 1, -5])
 def test_bad_context_length(tokenizer: PreTrainedTokenizerBase, max_context: int) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base=None):

@@ -35,6 +35,7 @@ def build(tokenizer: PreTrainedTokenizerBase, path: Path, *overrides: str) -> Wo
     return build_workload(preset(f"path={path}", *overrides), tokenizer, CONTEXT)
 
 
+@pytest.mark.integration
 def test_text_raw_text_and_ids(tmp_path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     path = write(
         tmp_path,
@@ -62,6 +63,7 @@ def test_text_raw_text_and_ids(tmp_path: Path, tokenizer: PreTrainedTokenizerBas
     assert not any(r.ignore_eos for r in workload.requests)
 
 
+@pytest.mark.integration
 def test_arrival_times_are_replayed(tmp_path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     path = write(
         tmp_path,
@@ -79,6 +81,7 @@ def test_arrival_times_are_replayed(tmp_path: Path, tokenizer: PreTrainedTokeniz
     assert [r.arrival for r in poisson.requests] != [0.5, 1.5, 4.0]
 
 
+@pytest.mark.integration
 def test_same_file_same_hash(tmp_path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     path = write(tmp_path, [{"prompt": "Hello"}, {"prompt": "Bye"}])
     assert build(tokenizer, path).hash == build(tokenizer, path).hash
@@ -106,6 +109,7 @@ def test_same_file_same_hash(tmp_path: Path, tokenizer: PreTrainedTokenizerBase)
         ([""], "has no requests"),
     ],
 )
+@pytest.mark.integration
 def test_bad_lines_name_the_file(
     tmp_path: Path, tokenizer: PreTrainedTokenizerBase, lines: list[object], message: str
 ) -> None:
@@ -114,6 +118,7 @@ def test_bad_lines_name_the_file(
     assert error.value.field == FIELD
 
 
+@pytest.mark.integration
 def test_missing_or_absent_file(tmp_path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     with pytest.raises(ConfigError, match="workload.path=FILE") as error:
         build_workload(preset(), tokenizer, CONTEXT)
@@ -122,6 +127,7 @@ def test_missing_or_absent_file(tmp_path: Path, tokenizer: PreTrainedTokenizerBa
         build(tokenizer, tmp_path / "absent.jsonl")
 
 
+@pytest.mark.integration
 def test_lines_without_max_tokens_need_a_distribution(
     tmp_path: Path, tokenizer: PreTrainedTokenizerBase
 ) -> None:

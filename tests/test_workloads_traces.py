@@ -40,6 +40,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
 def test_round_trip_gives_identical_requests(
     tmp_path: Path, tokenizer: PreTrainedTokenizerBase, suffix: str
@@ -91,6 +92,7 @@ def test_jsonl_trace(tmp_path: Path) -> None:
     assert rows.input_tokens == (8, 9)
 
 
+@pytest.mark.integration
 def test_replay_scaling_and_truncation(tmp_path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     text = "timestamp,input_tokens,output_tokens\n" + "".join(
         f"{t},{10 + t},{5 + t}\n" for t in (0, 2, 4, 6, 8, 10)
@@ -113,6 +115,7 @@ def test_replay_scaling_and_truncation(tmp_path: Path, tokenizer: PreTrainedToke
     assert [r.max_tokens for r in poisson.requests] == [5, 7, 9, 11, 13, 15]
 
 
+@pytest.mark.integration
 def test_trace_lengths_and_random_fill(tmp_path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     path = write(tmp_path, "azure.csv", AZURE)
     cfg = preset("trace", f"trace.path={path}", "prompt.fill=random", "length_scale=0.5")
@@ -141,6 +144,7 @@ def test_bad_trace_files(tmp_path: Path, name: str, text: str, message: str) -> 
     assert error.value.field == FIELD
 
 
+@pytest.mark.integration
 def test_missing_trace_file(tmp_path: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     cfg = preset("trace", f"trace.path={tmp_path / 'absent.csv'}")
     with pytest.raises(ConfigError, match="does not exist") as error:
@@ -148,6 +152,7 @@ def test_missing_trace_file(tmp_path: Path, tokenizer: PreTrainedTokenizerBase) 
     assert error.value.field == FIELD
 
 
+@pytest.mark.integration
 def test_trace_request_longer_than_the_context(
     tmp_path: Path, tokenizer: PreTrainedTokenizerBase
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from omegaconf import OmegaConf
 from transformers import PreTrainedTokenizerBase
 
@@ -27,6 +28,7 @@ def test_nothing_excluded_by_default() -> None:
     assert mark_excluded([0.0] * 4, WindowSpec(requests=1), NONE) == [True, False, False, False]
 
 
+@pytest.mark.integration
 def test_marked_in_the_built_workload(tokenizer: PreTrainedTokenizerBase) -> None:
     cfg = OmegaConf.create(
         {

@@ -11,16 +11,15 @@ import torch.nn.functional as F
 
 from harness.engine.batch import ForwardBatch
 from harness.engine.engine import Engine
-from harness.engine.kv_cache import KVLayout, allocate_kv_cache
+from harness.engine.kv_cache import KVLayout
 from harness.engine.request import Request, SamplingParams
 from harness.models.dummy import DUMMY_SHAPES
 from harness.models.load import build_model
 from harness.models.model import LlamaModel
+from harness.runner.build import build_engine
 from harness.runner.replay import serve_all
-from harness.runner.settings import StrategySettings
-from kernels.attention import Attention, AttentionConfig
-from strategies.assemble import build_kv_manager, build_scheduler, kv_block_size
-from strategies.batching.base import SchedulerLimits
+from harness.runner.settings import EngineSettings
+from strategies.settings import StrategySettings, strategy_settings
 
 CPU = torch.device("cpu")
 
@@ -61,20 +60,41 @@ def greedy_reference(model: LlamaModel, prompt: list[int], max_tokens: int) -> l
 
 
 def strategy(batching: str = "static", kv: str = "contiguous", **overrides) -> StrategySettings:
-    fields = dict(
+    """Strategy settings as a config node would give them; static batching defaults to the
+    plain form (own-finish delivery, no padding) unless a test asks for a switch."""
+    node = dict(
         name=f"{batching}-{kv}",
         batching=batching,
         kv=kv,
+        policy="fcfs",
         heads="gqa",
-        weights="auto",
+        weights="dense",
         decoding="standard",
         chunked_prefill=False,
         block_size=4,
         prefix_caching=False,
         preemption="recompute",
+        return_at="own_finish",
+        pad_finished=False,
+        pad_prompts=False,
     )
-    fields.update(overrides)
-    return StrategySettings(**fields)
+    node.update(overrides)
+    return strategy_settings(node)
+
+
+def engine_settings(
+    kv_bytes: int, max_num_seqs: int = 8, max_num_batched_tokens: int = 256, attention="torch"
+) -> EngineSettings:
+    return EngineSettings(
+        device=CPU,
+        dtype=torch.float32,
+        kv_budget_bytes=kv_bytes,
+        kv_budget_fraction=None,
+        max_batch_size=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        attention=attention,
+        seed=0,
+    )
 
 
 def make_engine(
@@ -87,26 +107,16 @@ def make_engine(
 ) -> Engine:
     config = model.config
     layout = KVLayout(config.num_layers, model.kv_heads_stored, config.head_dim, torch.float32)
-    block = kv_block_size(settings)
-    cache = allocate_kv_cache(layout, kv_slots * layout.bytes_per_token, block, CPU)
-    kv = build_kv_manager(settings, cache)
-    limits = SchedulerLimits(max_num_seqs, max_num_batched_tokens, settings.chunked_prefill)
-    scheduler = build_scheduler(settings, kv, limits)
     clock_state = {"t": 0.0}
 
     def clock() -> float:
         clock_state["t"] += 0.001
         return clock_state["t"]
 
-    return Engine(
-        model,
-        cache,
-        scheduler,
-        Attention(AttentionConfig(attention), CPU),
-        CPU,
-        clock,
-        config.max_context,
+    engine = engine_settings(
+        kv_slots * layout.bytes_per_token, max_num_seqs, max_num_batched_tokens, attention
     )
+    return build_engine(model, engine, settings, clock)
 
 
 def make_requests(prompts: list[list[int]], max_tokens: list[int]) -> list[Request]:
@@ -119,8 +129,9 @@ def make_requests(prompts: list[list[int]], max_tokens: list[int]) -> list[Reque
 
 
 def serve(engine: Engine, requests: list[Request], check=None) -> list[dict]:
-    """Offline: add everything, step until done; `check(engine)` after every step."""
-    return serve_all(engine, requests, check)
+    """Offline: add everything, step until done; `check(engine)` after every step. The step
+    records, as written to steps.jsonl."""
+    return [result.record.to_json() for result in serve_all(engine, requests, check)]
 
 
 def random_prompts(count: int, low: int, high: int, seed: int = 0) -> list[list[int]]:

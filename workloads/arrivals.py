@@ -6,8 +6,9 @@
 - `gamma`: gamma gaps with shape b and scale 1 / (rate b), b = `burstiness`: the mean rate
   is `rate` and the gaps' coefficient of variation is 1 / sqrt(b); b = 1 is Poisson,
   b < 1 burstier, b > 1 more regular. The first request at t = 0.
-- `closed_loop`: `concurrency` users, each sending its next request when its last one
-  finishes; scheduled times are all 0 and the replay paces them.
+- `closed_loop`: `concurrency` users, each sending its next request `think_s` seconds after
+  its last one completed; scheduled times are all 0 and the replay paces them (a request
+  arrives when its user's previous response was delivered, plus the think time).
 - `trace`: the times recorded in the trace or prompt file (see `workloads/traces.py`).
 """
 
@@ -21,7 +22,7 @@ from harness.errors import ConfigError
 from workloads.fields import Node
 
 PROCESSES = ("offline", "constant", "poisson", "gamma", "closed_loop", "trace")
-ARRIVAL_KEYS = ("process", "rate", "burstiness", "concurrency")
+ARRIVAL_KEYS = ("process", "rate", "burstiness", "concurrency", "think_s")
 RATED = ("constant", "poisson", "gamma")
 
 
@@ -33,6 +34,7 @@ class ArrivalSpec:
     rate: float | None = None  # requests per second (constant, poisson, gamma)
     burstiness: float = 1.0  # gamma shape b
     concurrency: int | None = None  # closed_loop users
+    think_s: float = 0.0  # closed_loop: pause between a user's response and next request
 
 
 def parse_arrival_spec(value: object, path: str) -> ArrivalSpec:
@@ -46,7 +48,8 @@ def parse_arrival_spec(value: object, path: str) -> ArrivalSpec:
         concurrency = node.optional_integer("concurrency", minimum=1)
         if concurrency is None:
             raise ConfigError(node.field("concurrency"), "is required for closed_loop: users >= 1")
-        return ArrivalSpec(process=process, concurrency=concurrency)
+        think = node.number("think_s", default=0.0, minimum=0.0)
+        return ArrivalSpec(process=process, concurrency=concurrency, think_s=think)
     return ArrivalSpec(process=process)
 
 

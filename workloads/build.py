@@ -40,11 +40,13 @@ def build_workload(cfg: object, tokenizer: PreTrainedTokenizerBase, max_context:
         for index, arrival, exclude in zip(order, arrivals, excluded, strict=True)
     )
     concurrency = config.arrival.concurrency
+    think = config.arrival.think_s
     return Workload(
         name=config.name,
         requests=requests,
-        hash=workload_hash(requests, concurrency),
+        hash=workload_hash(requests, concurrency, think),
         concurrency=concurrency,
+        think_s=think,
     )
 
 

@@ -28,8 +28,13 @@ def _canonical(request: RequestSpec) -> list[object]:
     ]
 
 
-def workload_hash(requests: tuple[RequestSpec, ...], concurrency: int | None) -> str:
-    """sha256 hex of the requests (in order) and the closed-loop concurrency."""
-    payload = {"concurrency": concurrency, "requests": [_canonical(r) for r in requests]}
+def workload_hash(
+    requests: tuple[RequestSpec, ...], concurrency: int | None, think_s: float = 0.0
+) -> str:
+    """sha256 hex of the requests (in order) and the closed-loop concurrency and think time
+    (the think time only when set, so hashes of earlier workloads stay valid)."""
+    payload: dict = {"concurrency": concurrency, "requests": [_canonical(r) for r in requests]}
+    if think_s:
+        payload["think_s"] = think_s
     encoded = json.dumps(payload, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(encoded.encode("utf-8")).hexdigest()

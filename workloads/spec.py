@@ -36,3 +36,4 @@ class Workload:
     requests: tuple[RequestSpec, ...]  # sorted by arrival
     hash: str  # sha256 hex of a canonical encoding of the requests (+ concurrency)
     concurrency: int | None = None  # closed loop: N users; the next is sent when one finishes
+    think_s: float = 0.0  # closed loop: a user's pause between a response and its next request

@@ -15,9 +15,10 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from harness.commands.config import compose, take_counts
 from harness.engine.kv_cache import KVLayout, allocate_kv_cache
 from harness.models.model import ModelConfig
-from strategies.heads import HeadLayout
+from strategies.heads import HEADS
 
 ALLOCATION_LIMIT_BYTES = 4 * 2**30
 
@@ -42,9 +43,7 @@ def kv_sizes(
 ) -> list[KVSize]:
     sizes = []
     for name in layouts:
-        layout = HeadLayout.parse(name)
-        layout.check(config)
-        stored = layout.stored_heads(config)
+        stored = HEADS.choose({"heads": name}).build().stored_kv_heads(config)
         kv = KVLayout(config.num_layers, stored, config.head_dim, dtype)
         total = kv.bytes_per_token * context * batch
         allocated = None
@@ -93,6 +92,18 @@ def render_kv_sizes(title: str, sizes: list[KVSize], context: int, batch: int) -
     with console.capture() as capture:
         console.print(table)
     return capture.get()
+
+
+SUMMARY = "what the KV cache costs per token and per request, by head layout"
+USAGE = """usage: servelab kv-size [context=N] [batch=N] [model=NAME] [engine.dtype=...]
+
+The arithmetic (2 x layers x stored KV heads x head_dim x bytes) for mha, gqa, mqa and the
+configured strategy.heads, beside what the engine's allocator really hands out."""
+
+
+def main(args: list[str]) -> None:
+    numbers, rest = take_counts(args, {"context": 4096, "batch": 1})
+    print(kv_size_main(compose(rest), numbers["context"], numbers["batch"]))
 
 
 def kv_size_main(cfg: DictConfig, context: int, batch: int) -> str:

@@ -1,10 +1,9 @@
 """`servelab search`: the highest request rate each strategy sustains under an SLO, by bisection.
 
-A rate is sustained when every configured p99 limit holds (`slo.ttft_s`, `slo.tpot_s`,
-`slo.e2e_s` against the run's p99), p50 normalized latency stays under
-`slo.normalized_latency_s` when that is set (the vLLM paper's criterion, and the sweep
-report's), and at least `search.goodput_share` of the requests meet every limit. Each
-probe is a full run with `workload.arrival.rate` set, kept in its own run directory under
+A rate is sustained by the one SLO rule (`harness.measure.slo`): at least `slo.attainment` of
+the requests meet every configured limit, each latency from arrival, failed requests counted
+as misses; the run's summary says so (`sustained`). Each probe is a full run with
+`workload.arrival.rate` set, kept in its own run directory under
 `search.out_dir/STRATEGY/rate-R`, so the evidence for every answer can be opened (and a
 rerun reuses complete probes).
 """
@@ -20,7 +19,15 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from harness.commands.config import compose
 from harness.errors import ConfigError
+from harness.measure.slo import SLO
+
+SUMMARY = "the highest request rate each strategy sustains under the SLO (bisection)"
+USAGE = """usage: servelab search [search.strategies=[a,b]] slo.ttft_s=S ... [OVERRIDE ...]
+
+Bisects workload.arrival.rate between search.low and search.high for every strategy; a
+rate is sustained when at least slo.attainment of its requests meet every SLO limit."""
 
 
 @dataclass
@@ -39,20 +46,9 @@ class SearchResult:
     probes: list[Probe] = field(default_factory=list)
 
 
-def sustained(summary: dict, cfg: DictConfig) -> bool:
-    if summary.get("status") != "complete" or not summary.get("completed"):
-        return False
-    for limit_key, metric in (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("e2e_s", "e2e")):
-        limit = cfg.slo.get(limit_key)
-        p99 = summary[metric]["p99"]
-        if limit is not None and p99 is not None and p99 > limit:
-            return False
-    normalized_limit = cfg.slo.get("normalized_latency_s")
-    p50 = summary["normalized_latency"]["p50"]
-    if normalized_limit is not None and (p50 is None or p50 > normalized_limit):
-        return False
-    share = summary.get("slo_attainment") or 0.0
-    return share >= float(cfg.search.goodput_share)
+def sustained(summary: dict) -> bool:
+    """A probe passes when its run completed and the SLO rule says it sustained its load."""
+    return summary.get("status") == "complete" and summary.get("sustained") is True
 
 
 def bisect_rate(
@@ -82,6 +78,10 @@ def search(
     run: Callable[[DictConfig, Path], dict],
 ) -> tuple[list[SearchResult], Path]:
     cfg = compose(base_overrides)
+    if not SLO.from_config(cfg.slo).configured:
+        raise ConfigError(
+            "slo", "search needs at least one limit, e.g. slo.ttft_s=2 or slo.tpot_s=0.1"
+        )
     node = cfg.search
     if not node.strategies:
         raise ConfigError("search.strategies", "name at least one strategy preset")
@@ -97,7 +97,7 @@ def search(
             probe_cfg = compose(overrides)
             run_dir = out_dir / strategy / f"rate-{rate:.4g}"
             summary = run(probe_cfg, run_dir)
-            ok = sustained(summary, probe_cfg)
+            ok = sustained(summary)
             return Probe(rate, ok, str(run_dir), summary.get("slo_attainment"))
 
         best, bounded, probes = bisect_rate(probe, low, high, int(node.iterations))
@@ -122,3 +122,14 @@ def render_search(results: list[SearchResult]) -> str:
     with console.capture() as capture:
         console.print(table)
     return capture.get()
+
+
+def main(args: list[str]) -> None:
+    from harness.runner.run import completed_summary, run
+
+    def run_or_reuse(cfg: DictConfig, run_dir: Path) -> dict:
+        return completed_summary(cfg, run_dir) or run(cfg, run_dir)
+
+    results, out_dir = search(args, compose, run_or_reuse)
+    print(render_search(results))
+    print(f"probes and search.json under {out_dir}")

@@ -21,8 +21,9 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from harness.commands.config import check_group_choices, compose
 from harness.engine.batch import ForwardBatch
-from harness.engine.engine import Engine
+from harness.engine.engine import Engine, StepResult
 from harness.engine.kv_cache import KVLayout, allocate_kv_cache
 from harness.errors import ConfigError
 from harness.models.model import AttentionFn, LlamaModel
@@ -30,6 +31,12 @@ from harness.runner.replay import serve_all, to_request
 from harness.runner.run import Prepared, prepare
 
 REFERENCE = "fastertransformer"
+SUMMARY = "each strategy's greedy tokens against static batching, with margins at divergences"
+USAGE = """usage: servelab verify [strategies=a,b,...] [out=FILE] [OVERRIDE ...]
+
+Serves the workload offline under static batching and under each strategy (default: orca,
+orca-chunked, vllm) and compares the greedy outputs request by request; at each first
+divergence it prints the reference's margin between its two best logits."""
 
 
 @dataclass
@@ -57,7 +64,7 @@ class StrategyCheck:
 class Served:
     outputs: dict[str, list[int]]  # output ids by request id
     prepared: Prepared
-    steps: list[dict]
+    steps: list[StepResult]
 
 
 def serve_outputs(cfg: DictConfig) -> Served:
@@ -151,3 +158,21 @@ def render_checks(checks: list[StrategyCheck], dtype: str) -> str:
     with console.capture() as capture:
         console.print(table)
     return capture.get()
+
+
+def main(args: list[str]) -> None:
+    strategies = ["orca", "orca-chunked", "vllm"]
+    out = None
+    rest = []
+    for arg in args:
+        key, _, value = arg.partition("=")
+        if key == "strategies":
+            strategies = [s for s in value.strip("[]").split(",") if s]
+        elif key == "out":
+            out = Path(value)
+        else:
+            rest.append(arg)
+    check_group_choices([f"strategy={s}" for s in strategies])
+    cfg = compose(rest)
+    checks = verify(strategies, rest, compose, out)
+    print(render_checks(checks, str(cfg.engine.dtype)))

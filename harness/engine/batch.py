@@ -16,6 +16,7 @@ p % block_size`. New tokens' K/V are written at `slot_mapping` before attention 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -83,3 +84,18 @@ class ForwardBatch:
             block_tables=None if self.block_tables is None else self.block_tables.to(device),
             block_size=self.block_size,
         )
+
+
+class AttentionFn(Protocol):
+    """What a layer needs from attention: write this step's K/V, attend over the cache."""
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        batch: ForwardBatch,
+        scale: float,
+    ) -> torch.Tensor: ...

@@ -2,7 +2,8 @@
 
 A KV manager hands out cache slots to requests and says where each token lives. The
 scheduler asks it whether a request can be admitted or grown; the engine asks it for the
-slot of every new token and for the per-sequence layout attention reads through.
+slot of every new token and for the per-sequence layout attention reads through, and rolls
+a request back with `truncate` when speculative tokens are rejected.
 """
 
 from __future__ import annotations
@@ -43,8 +44,11 @@ class KVManager(ABC):
         """Could this request ever run, in an otherwise empty cache?"""
 
     @abstractmethod
-    def admit(self, request: Request) -> bool:
-        """Give a waiting request what it needs to start; False (and no change) if no room."""
+    def admit(self, request: Request, reserve_tokens: int = 0) -> bool:
+        """Give a waiting request what it needs to start; False (and no change) if no room.
+
+        `reserve_tokens`: a manager that reserves up front holds at least this many slots
+        (static batching padding its batch to a rectangle); on-demand managers ignore it."""
 
     @abstractmethod
     def grow(self, request: Request, num_new_tokens: int) -> bool:
@@ -53,6 +57,15 @@ class KVManager(ABC):
     @abstractmethod
     def free(self, request: Request) -> None:
         """Return everything the request holds."""
+
+    @abstractmethod
+    def truncate(self, request: Request, num_tokens: int) -> None:
+        """Keep the first `num_tokens` computed positions and release what lies past them;
+        `num_computed_tokens` becomes `num_tokens` (speculative rollback)."""
+
+    def cached_prefix_tokens(self, request: Request) -> int:
+        """Leading tokens of a waiting request whose KV is cached now (0 without a cache)."""
+        return 0
 
     def preempt(self, request: Request) -> None:
         """Evict a running request; by default free everything so that it recomputes."""

@@ -3,13 +3,16 @@
 `num_computed_tokens` is the one counter every strategy moves: it catches up with
 `len(all_token_ids)` as prefill chunks and decode steps run; a prefix-cache hit advances it
 without compute; preemption by recompute resets it to zero; speculative rollback moves it
-back. `prompt_ids + output_ids` is always the full token sequence.
+back. `prompt_ids + output_ids` is always the full token sequence; `draft_ids` are proposed
+tokens after it that the next step feeds for verification and that are not yet part of it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+
+from harness.records import RequestRecord
 
 
 class RequestState(Enum):
@@ -45,12 +48,15 @@ class Request:
     num_computed_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)
+    draft_ids: list[int] = field(default_factory=list)  # proposed, fed next step, unverified
     finish_reason: str | None = None
     error: str | None = None
+    t_done: float | None = None  # when the complete response was delivered
     preemptions: int = 0
     preempt_times: list[float] = field(default_factory=list)
     t_admitted: float | None = None  # first step that computed any of its tokens
     cached_prompt_tokens: int = 0
+    counters: dict[str, float] = field(default_factory=dict)  # strategy-specific, per request
 
     @property
     def prompt_len(self) -> int:
@@ -59,6 +65,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens the next step may feed: known but not computed, then the drafts."""
+        return self.num_tokens + len(self.draft_ids) - self.num_computed_tokens
 
     @property
     def max_total_tokens(self) -> int:
@@ -70,32 +81,46 @@ class Request:
         return self.state is RequestState.FINISHED
 
     def token_slice(self, start: int, end: int) -> list[int]:
-        """Tokens at positions `start .. end - 1`, without copying the whole sequence."""
+        """Tokens at positions `start .. end - 1` (drafts after the known tokens), without
+        copying the whole sequence."""
         cut = len(self.prompt_ids)
+        if end > self.num_tokens:
+            return (
+                self.token_slice(start, self.num_tokens)
+                + self.draft_ids[max(start - self.num_tokens, 0) : end - self.num_tokens]
+            )
         if end <= cut:
             return self.prompt_ids[start:end]
         if start >= cut:
             return self.output_ids[start - cut : end - cut]
         return self.prompt_ids[start:] + self.output_ids[: end - cut]
 
+    def finish(self, reason: str, error: str | None = None) -> None:
+        self.state = RequestState.FINISHED
+        self.finish_reason = reason
+        self.error = error
+        self.draft_ids = []
+
     def all_token_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
-    def record(self) -> dict:
+    def record(self) -> RequestRecord:
         """The `requests.jsonl` line for this request (DESIGN.md, run directory)."""
-        return {
-            "id": self.id,
-            "prompt_len": self.prompt_len,
-            "output_len": len(self.output_ids),
-            "t_scheduled": self.t_scheduled,
-            "t_send": self.t_send,
-            "token_times": self.token_times,
-            "output_ids": self.output_ids,
-            "finish_reason": self.finish_reason,
-            "error": self.error,
-            "preemptions": self.preemptions,
-            "preempt_times": self.preempt_times,
-            "t_admitted": self.t_admitted,
-            "cached_prompt_tokens": self.cached_prompt_tokens,
-            "excluded": self.excluded,
-        }
+        return RequestRecord(
+            id=self.id,
+            prompt_len=self.prompt_len,
+            output_len=len(self.output_ids),
+            t_scheduled=self.t_scheduled,
+            t_send=self.t_send,
+            t_done=self.t_done,
+            token_times=self.token_times,
+            output_ids=self.output_ids,
+            finish_reason=self.finish_reason,
+            error=self.error,
+            preemptions=self.preemptions,
+            preempt_times=self.preempt_times,
+            t_admitted=self.t_admitted,
+            cached_prompt_tokens=self.cached_prompt_tokens,
+            excluded=self.excluded,
+            counters=dict(self.counters),
+        )

@@ -1,34 +1,40 @@
 """The metrics of DESIGN.md, computed from request and step records, one definition each.
 
-Everything here is a pure function of the records a run writes, so a summary can always
-be recomputed from `requests.jsonl` and `steps.jsonl` (a test does exactly that).
+Everything here is a pure function of the records a run writes, so a summary can always be
+recomputed from `requests.jsonl` and `steps.jsonl` (a test does exactly that), and reports
+use these same functions. Every latency starts at the request's arrival (`t_scheduled`):
+
+- TTFT = first output token − arrival; E2E = delivery (`t_done`) − arrival;
+- TPOT = (last token − first token) / (output tokens − 1), for more than one token;
+- ITL = every gap between consecutive output tokens, pooled over requests;
+- normalized latency = E2E / output tokens;
+- duration = first arrival → last completion (`t_done`, whatever the outcome), over counted
+  requests.
+
+Step figures (KV waste, peak running, preemptions, MFU/MBU) use the steps that started
+inside the measured window, from the first counted arrival to the last counted delivery, so
+warm-up and cool-down are left out of them as they are of the request metrics.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-SUCCESS = ("stop", "length")
+from harness.measure.roofline import run_utilisation
+from harness.measure.slo import SLO, RequestLatency
+from harness.records import RequestRecord, StepRecord
+
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "normalized_latency")
-
-
-@dataclass(frozen=True)
-class SLO:
-    """Per-request limits in seconds; None means no limit on that metric."""
-
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    e2e_s: float | None = None
+STAT_KEYS = ("mean", "std", "p50", "p90", "p95", "p99")
 
 
 def distribution(values: Sequence[float]) -> dict[str, float | None]:
     """mean, std, p50, p90, p95, p99 (numpy linear interpolation); None for no values."""
-    keys = ("mean", "std", "p50", "p90", "p95", "p99")
     if len(values) == 0:
-        return dict.fromkeys(keys)
+        return dict.fromkeys(STAT_KEYS)
     array = np.asarray(values, dtype=np.float64)
     p50, p90, p95, p99 = np.percentile(array, [50, 90, 95, 99], method="linear")
     return {
@@ -41,47 +47,74 @@ def distribution(values: Sequence[float]) -> dict[str, float | None]:
     }
 
 
-def request_latencies(record: dict) -> dict[str, float | None]:
-    """TTFT, E2E, TPOT (None for a single token) and normalized latency of one request."""
-    times, sent = record["token_times"], record["t_send"]
-    ttft, e2e = times[0] - sent, times[-1] - sent
+def request_latency(record: RequestRecord) -> RequestLatency | None:
+    """A successful request's latencies from its arrival; None for a failed one."""
+    if not record.succeeded:
+        return None
+    times = record.token_times
     count = len(times)
-    return {
-        "ttft": ttft,
-        "e2e": e2e,
-        "tpot": (e2e - ttft) / (count - 1) if count > 1 else None,
-        "normalized_latency": e2e / count,
-    }
+    e2e = record.delivered_at - record.t_scheduled
+    return RequestLatency(
+        ttft=times[0] - record.t_scheduled,
+        e2e=e2e,
+        tpot=(times[-1] - times[0]) / (count - 1) if count > 1 else None,
+        normalized_latency=e2e / count,
+        output_tokens=count,
+    )
 
 
-def meets_slo(latencies: dict[str, float | None], slo: SLO) -> bool:
-    checks = ((slo.ttft_s, "ttft"), (slo.tpot_s, "tpot"), (slo.e2e_s, "e2e"))
-    for limit, name in checks:
-        value = latencies[name]
-        if limit is not None and value is not None and value > limit:
-            return False
-    return True
+def inter_token_latencies(records: Sequence[RequestRecord]) -> list[float]:
+    """Every gap between consecutive output tokens of successful requests, pooled."""
+    return [float(gap) for r in records if r.succeeded for gap in np.diff(r.token_times)]
 
 
-def time_weighted_mean(steps: Iterable[dict], key: str) -> float | None:
+@dataclass(frozen=True)
+class Window:
+    """The measured part of a run: first counted arrival to last counted completion."""
+
+    start: float
+    end: float
+
+    def holds(self, step: StepRecord) -> bool:
+        return self.start <= step.t_start <= self.end
+
+
+def measured_window(counted: Sequence[RequestRecord]) -> Window | None:
+    done = [r.t_done if r.t_done is not None else r.delivered_at for r in counted if _ended(r)]
+    if not done:
+        return None
+    return Window(min(r.t_scheduled for r in counted), max(done))
+
+
+def _ended(record: RequestRecord) -> bool:
+    return record.t_done is not None or bool(record.token_times)
+
+
+def time_weighted_mean(steps: Sequence[StepRecord], key: str) -> float | None:
     total = weight_sum = 0.0
     for step in steps:
-        weight = step["t_end"] - step["t_start"]
-        total += step[key] * weight
+        weight = step.t_end - step.t_start
+        total += getattr(step, key) * weight
         weight_sum += weight
     return total / weight_sum if weight_sum > 0 else None
 
 
-def summarize(requests: Sequence[dict], steps: Sequence[dict], slo: SLO) -> dict:
+def summarize(
+    requests: Sequence[RequestRecord],
+    steps: Sequence[StepRecord],
+    slo: SLO,
+    peaks: dict | None = None,
+) -> dict:
     """The metric part of `summary.json` (schema fields are added by the run writer)."""
-    counted = [r for r in requests if not r["excluded"]]
-    ok = [r for r in counted if r["finish_reason"] in SUCCESS and r["token_times"]]
-    per_request = [request_latencies(r) for r in ok]
-    itl = [float(gap) for r in ok for gap in np.diff(r["token_times"])]
-    duration = max(r["token_times"][-1] for r in ok) - min(r["t_send"] for r in ok) if ok else 0.0
-    output_tokens = sum(len(r["token_times"]) for r in ok)
-    input_tokens = sum(r["prompt_len"] for r in ok)
-    good = sum(1 for lat in per_request if meets_slo(lat, slo))
+    counted = [r for r in requests if not r.excluded]
+    latencies = [request_latency(r) for r in counted]
+    ok = [lat for lat in latencies if lat is not None]
+    window = measured_window(counted)
+    duration = window.end - window.start if window else 0.0
+    output_tokens = sum(lat.output_tokens for lat in ok)
+    input_tokens = sum(r.prompt_len for r, lat in zip(counted, latencies, strict=True) if lat)
+    attainment = slo.attained(latencies)
+    good = sum(1 for lat in latencies if slo.meets(lat))
 
     def rate(count: float) -> float | None:
         return count / duration if duration > 0 else None
@@ -89,26 +122,40 @@ def summarize(requests: Sequence[dict], steps: Sequence[dict], slo: SLO) -> dict
     summary: dict = {
         "completed": len(ok),
         "failed": len(counted) - len(ok),
+        "rejected": sum(1 for r in counted if r.finish_reason == "rejected"),
         "excluded": len(requests) - len(counted),
         "duration_s": duration,
         "request_throughput": rate(len(ok)),
         "output_throughput": rate(output_tokens),
         "total_throughput": rate(output_tokens + input_tokens),
         "goodput": rate(good),
-        "slo_attainment": good / len(ok) if ok else None,
+        "slo_attainment": attainment,
+        "sustained": slo.sustains(attainment),
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
     }
     for name in ("ttft", "tpot", "e2e", "normalized_latency"):
-        values = [lat[name] for lat in per_request if lat[name] is not None]
+        values = [getattr(lat, name) for lat in ok if getattr(lat, name) is not None]
         summary[name] = distribution(values)
-    summary["itl"] = distribution(itl)
-    summary["send_lag"] = distribution([r["t_send"] - r["t_scheduled"] for r in counted])
-    summary["kv_waste_mean"] = time_weighted_mean(steps, "kv_waste") if steps else None
-    summary["peak_running"] = max((s["running"] for s in steps), default=0)
-    summary["preemptions"] = sum(s["preempted"] for s in steps)
-    summary["steps"] = len(steps)
-    model_time = sum(s["model_s"] for s in steps)
-    step_time = sum(s["t_end"] - s["t_start"] for s in steps)
-    summary["model_time_share"] = model_time / step_time if step_time > 0 else None
+    summary["itl"] = distribution(inter_token_latencies(counted))
+    summary["send_lag"] = distribution(
+        [r.t_send - r.t_scheduled for r in counted if r.t_send is not None]
+    )
+    measured = [s for s in steps if window and window.holds(s)]
+    summary.update(step_summary(measured))
+    summary["mfu_mean"], summary["mbu_mean"] = run_utilisation(measured, peaks)
     return summary
+
+
+def step_summary(steps: Sequence[StepRecord]) -> dict:
+    """KV, batch and time figures over the measured window's steps."""
+    model_time = sum(s.model_s for s in steps)
+    step_time = sum(s.t_end - s.t_start for s in steps)
+    return {
+        "kv_waste_mean": time_weighted_mean(steps, "kv_waste") if steps else None,
+        "peak_running": max((s.running for s in steps), default=0),
+        "preemptions": sum(s.preempted for s in steps),
+        "pad_tokens": sum(s.pad_tokens for s in steps),
+        "steps": len(steps),
+        "model_time_share": model_time / step_time if step_time > 0 else None,
+    }

@@ -13,11 +13,9 @@ import math
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 
 from harness.engine.batch import ForwardBatch
 from harness.engine.kv_cache import KVLayout, allocate_kv_cache
-from harness.errors import ConfigError
 from harness.models.model import AttentionFn, LlamaModel
 
 
@@ -53,26 +51,3 @@ def perplexity(
         total_nll += F.cross_entropy(logits.cpu(), targets, reduction="sum").item()
         scored += int(targets.shape[0])
     return math.exp(total_nll / scored), scored
-
-
-def perplexity_main(cfg: DictConfig, windows: int) -> str:
-    """`servelab perplexity`: the configured model and head layout on the evaluation text."""
-    from harness.runner.run import load_with_head_layout
-    from harness.runner.settings import engine_settings, strategy_settings
-    from kernels.attention import Attention, AttentionConfig
-    from workloads.text import text_section
-
-    settings = engine_settings(cfg.engine)
-    heads = strategy_settings(cfg.strategy).heads
-    loaded = load_with_head_layout(cfg, settings, heads)
-    if loaded.tokenizer is None:
-        raise ConfigError("model", "perplexity needs a model with a tokenizer, not dummy weights")
-    ids = loaded.tokenizer.encode(text_section("evaluation"))
-    attention = Attention(AttentionConfig(impl=settings.attention), settings.device)
-    value, scored = perplexity(loaded.model, ids, attention, max_windows=windows)
-    stored = loaded.model.kv_heads_stored
-    return (
-        f"{cfg.model.name} heads={heads} ({stored} KV heads stored) "
-        f"dtype={str(settings.dtype).removeprefix('torch.')}: perplexity {value:.3f} "
-        f"over {scored} tokens of held-out text"
-    )

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from harness.records import StepRecord
+
 if TYPE_CHECKING:
     from harness.measure.calibrate import Peaks
 
@@ -147,12 +149,13 @@ class StepRoofline:
 
     def annotate(
         self,
-        record: dict,
+        record: StepRecord,
         query_lens: Sequence[int],
         seq_lens: Sequence[int],
         num_logits: int,
     ) -> None:
-        """Add `flops`, `bytes` and, with peaks, `mfu` and `mbu` (over `model_s`) to a record."""
+        """Add `flops`, `bytes` and, with peaks, `mfu` and `mbu` (over `model_s`) to a
+        record's counters."""
         cost = step_cost(
             self.shape,
             self.weight_bytes,
@@ -163,18 +166,22 @@ class StepRoofline:
             self.act_bytes_per_element,
             self.stored_kv_heads,
         )
-        record["flops"] = cost.flops
-        record["bytes"] = cost.bytes
-        if self.peaks is not None and record["model_s"] > 0:
-            record["mfu"], record["mbu"] = utilisation(cost, record["model_s"], self.peaks)
+        counters = record.counters
+        counters["flops"] = cost.flops
+        counters["bytes"] = cost.bytes
+        if self.peaks is not None and record.model_s > 0:
+            counters["mfu"], counters["mbu"] = utilisation(cost, record.model_s, self.peaks)
 
 
-def run_utilisation(steps: Sequence[dict], peaks: dict | None) -> tuple[float | None, float | None]:
+def run_utilisation(
+    steps: Sequence[StepRecord], peaks: dict | None
+) -> tuple[float | None, float | None]:
     """Run-level MFU and MBU: total FLOPs and bytes over total model time, over the peaks."""
-    model_s = sum(s["model_s"] for s in steps if "flops" in s)
+    costed = [s for s in steps if "flops" in s.counters]
+    model_s = sum(s.model_s for s in costed)
     if not peaks or model_s <= 0:
         return None, None
-    flops = sum(s["flops"] for s in steps if "flops" in s)
-    moved = sum(s["bytes"] for s in steps if "bytes" in s)
+    flops = sum(s.counters["flops"] for s in costed)
+    moved = sum(s.counters["bytes"] for s in costed)
     mfu = flops / model_s / peaks["matmul_flops_per_s"]
     return mfu, moved / model_s / peaks["copy_bytes_per_s"]

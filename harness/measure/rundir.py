@@ -12,7 +12,9 @@ import os
 from pathlib import Path
 from typing import IO
 
-SCHEMA_VERSION = 1
+from harness.records import RequestRecord, StepRecord
+
+SCHEMA_VERSION = 2
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
@@ -28,6 +30,14 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
+def read_requests(run_dir: Path) -> list[RequestRecord]:
+    return [RequestRecord.from_json(line) for line in read_jsonl(run_dir / "requests.jsonl")]
+
+
+def read_steps(run_dir: Path) -> list[StepRecord]:
+    return [StepRecord.from_json(line) for line in read_jsonl(run_dir / "steps.jsonl")]
+
+
 class RunWriter:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
@@ -35,12 +45,12 @@ class RunWriter:
         self._requests: IO[str] = (run_dir / "requests.jsonl").open("w")
         self._steps: IO[str] = (run_dir / "steps.jsonl").open("w")
 
-    def request(self, record: dict) -> None:
-        self._requests.write(json.dumps(record) + "\n")
+    def request(self, record: RequestRecord) -> None:
+        self._requests.write(json.dumps(record.to_json()) + "\n")
         self._requests.flush()
 
-    def step(self, record: dict) -> None:
-        self._steps.write(json.dumps(record) + "\n")
+    def step(self, record: StepRecord) -> None:
+        self._steps.write(json.dumps(record.to_json()) + "\n")
         self._steps.flush()
 
     def json(self, name: str, payload: dict) -> None:

@@ -8,6 +8,7 @@ the weights are placed, and a linear factory lets quantised layers swap in.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -171,19 +172,32 @@ def build_model(
     return model.eval().requires_grad_(False)
 
 
+def checkpoint_id(cfg: DictConfig, path: Path | None) -> str:
+    """Names the weights a config loads: a file's sha256, a folder's file listing, a shape."""
+    if path is None:
+        return f"dummy-{cfg.shape}-seed{int(cfg.get('seed', 0))}"
+    if path.is_dir():
+        listing = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in path.iterdir())
+        return "folder-" + hashlib.sha256(repr(listing).encode()).hexdigest()[:16]
+    return sha256_of(path)
+
+
 def load_model(
     cfg: DictConfig,
     dtype: torch.dtype,
     device: torch.device,
     cache_dir: Path,
-    transform: Callable[[Checkpoint], Checkpoint] | None = None,
+    transform: Callable[[Checkpoint, str], Checkpoint] | None = None,
     linear: LinearFactory = plain_linear,
 ) -> LoadedModel:
+    """The configured model on `device`; `transform(checkpoint, checkpoint_id)` may rewrite
+    the checkpoint first (head layouts, quantisation) and `linear` builds its linears."""
     path = resolve_model_path(cfg, cache_dir)
     checkpoint = read_checkpoint(cfg, path, cache_dir)
+    identity = checkpoint_id(cfg, path)
     if transform is not None:
-        checkpoint = transform(checkpoint)
+        checkpoint = transform(checkpoint, identity)
     model = build_model(checkpoint, dtype, device, linear, int(cfg.get("seed", 0)))
-    sha = None if path is None or path.is_dir() else sha256_of(path)
+    sha = None if path is None or path.is_dir() else identity
     tokenizer = None if path is None else load_tokenizer(tokenizer_path(path, cache_dir))
     return LoadedModel(model, checkpoint[0], path, sha, tokenizer)

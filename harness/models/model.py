@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.engine.batch import ForwardBatch
+from harness.engine.batch import AttentionFn, ForwardBatch
 
 
 @dataclass(frozen=True)
@@ -49,21 +48,6 @@ LinearFactory = Callable[[int, int, str], nn.Module]
 def plain_linear(in_features: int, out_features: int, name: str) -> nn.Module:
     """The default factory: an unquantised linear layer without bias."""
     return nn.Linear(in_features, out_features, bias=False)
-
-
-class AttentionFn(Protocol):
-    """What a layer needs from attention: write this step's K/V, attend over the cache."""
-
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        batch: ForwardBatch,
-        scale: float,
-    ) -> torch.Tensor: ...
 
 
 class RMSNorm(nn.Module):

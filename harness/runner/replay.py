@@ -1,25 +1,34 @@
 """Replay a workload against an engine in real time, open loop or closed loop.
 
-Open loop: a request enters the engine when the run's monotonic clock passes its
-scheduled arrival, whatever the engine is doing (offline: everything at t=0). Closed loop:
-`concurrency` users each send their next request the moment their last one finishes.
-`t_scheduled` and `t_send` are both kept, so client-side lag is visible. Every step record
-and every finished request goes to the run writer as it happens.
+A client thread hands each request to the server's inbox when it arrives: open loop, at the
+workload's scheduled time whatever the engine is doing; closed loop, when the same user's
+previous response was delivered, plus the think time. `t_scheduled` is that arrival, and
+every latency starts there: a request that arrives while the engine is inside a step waits
+in the inbox, and that wait is the server's queueing. `t_send` is when the client actually
+put it there; `send_lag` = t_send − t_scheduled measures only the client's own lateness.
+The engine loop drains the inbox before every step, so one step is the longest a request
+can wait unnoticed. Every step record and every delivered response goes to the run writer as
+it happens; if the run fails, each request in flight is written with `finish_reason: error`.
 """
 
 from __future__ import annotations
 
-import time
+import heapq
+import queue
+import sys
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
 from tqdm import tqdm
 
-from harness.engine.engine import Engine
+from harness.engine.engine import Engine, StepResult
 from harness.engine.request import Request, SamplingParams
 from harness.measure.rundir import RunWriter
 from workloads.spec import RequestSpec, Workload
+
+IDLE_WAIT_S = 0.5  # longest the engine loop blocks on an empty inbox before looking again
 
 
 def to_request(spec: RequestSpec, index: int) -> Request:
@@ -40,31 +49,104 @@ def to_request(spec: RequestSpec, index: int) -> Request:
 
 
 class StepHook(Protocol):
-    """Called around every engine step (profiler windows, telemetry marks)."""
+    """Called around every engine step (profiler windows, roofline annotation)."""
 
     def step_started(self, step: int) -> None: ...
 
-    def step_finished(self, step: int) -> None: ...
+    def step_finished(self, result: StepResult) -> None: ...
+
+
+class Client(threading.Thread):
+    """Sends requests into `inbox` at their arrival times; stamps `t_send` as it does."""
+
+    def __init__(
+        self,
+        requests: list[Request],
+        clock: Callable[[], float],
+        inbox: queue.SimpleQueue[Request],
+        concurrency: int | None,
+        think_s: float,
+    ) -> None:
+        super().__init__(name="servelab-client", daemon=True)
+        self._clock = clock
+        self._inbox = inbox
+        self._think_s = think_s
+        self._due: list[tuple[float, int, Request]] = []  # (arrival, order, request) heap
+        self._later: deque[Request] = deque()  # closed loop: requests no user has taken yet
+        self._wake = threading.Condition()
+        self._stopped = False
+        self._order = 0
+        if concurrency is None:
+            for request in requests:
+                self._schedule(request, request.t_scheduled)
+        else:
+            self._later.extend(requests)
+            for _ in range(min(concurrency, len(requests))):
+                self._schedule(self._later.popleft(), 0.0)
+
+    def _schedule(self, request: Request, arrival: float) -> None:
+        request.t_scheduled = arrival
+        heapq.heappush(self._due, (arrival, self._order, request))
+        self._order += 1
+
+    def completed(self, request: Request) -> None:
+        """A response was delivered (closed loop: that user's next request arrives later)."""
+        with self._wake:
+            if self._later:
+                self._schedule(self._later.popleft(), request.t_done + self._think_s)
+                self._wake.notify()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+
+    def run(self) -> None:
+        with self._wake:
+            while not self._stopped:
+                if not self._due:
+                    self._wake.wait()
+                    continue
+                wait = self._due[0][0] - self._clock()
+                if wait > 0:
+                    self._wake.wait(wait)
+                    continue
+                _, _, request = heapq.heappop(self._due)
+                request.t_send = self._clock()
+                self._inbox.put(request)
 
 
 def serve_all(
     engine: Engine, requests: list[Request], on_step: Callable[[Engine], None] | None = None
-) -> list[dict]:
-    """Offline, no clock: add every request, step until all finish; the step records.
+) -> list[StepResult]:
+    """Offline, no clock: add every request, step until all are delivered; the step results.
 
     `on_step(engine)` runs after every step (integrity checks in tests)."""
     for request in requests:
-        request.t_send = 0.0
+        request.t_send = request.t_scheduled
         engine.add_request(request)
-    records = []
+    results = []
     while engine.has_unfinished():
         result = engine.step()
         if result is None:
             raise RuntimeError("the scheduler has unfinished requests but scheduled none")
-        records.append(result.record)
+        results.append(result)
         if on_step is not None:
             on_step(engine)
-    return records
+    return results
+
+
+def progress_bar(total: int, enabled: bool) -> tqdm:
+    """A live bar on a terminal; in a log, a line every 30 s rather than a flood."""
+    terminal = sys.stderr.isatty()
+    return tqdm(
+        total=total,
+        desc="requests",
+        unit="req",
+        disable=not enabled,
+        mininterval=0.1 if terminal else 30.0,
+        dynamic_ncols=terminal,
+    )
 
 
 def replay(
@@ -75,43 +157,66 @@ def replay(
     hooks: list[StepHook] | None = None,
     progress: bool = True,
 ) -> list[Request]:
-    """Serve every request of the workload; returns them, finished, in arrival order."""
+    """Serve every request of the workload; returns them, in workload order, delivered."""
     hooks = hooks or []
     requests = [to_request(spec, i) for i, spec in enumerate(workload.requests)]
-    pending = deque(requests)
-    closed_loop = workload.concurrency is not None
-    in_flight = 0
-    bar = tqdm(total=len(requests), desc="requests", unit="req", disable=not progress)
+    inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
+    client = Client(requests, clock, inbox, workload.concurrency, workload.think_s)
+    in_flight: dict[int, Request] = {}
+    recorded = 0
+    bar = progress_bar(len(requests), progress)
 
-    def send(request: Request) -> None:
-        nonlocal in_flight
-        now = clock()
-        if closed_loop:
-            request.t_scheduled = now
-        request.t_send = now
-        engine.add_request(request)
-        in_flight += 1
+    def record(request: Request) -> None:
+        nonlocal recorded
+        in_flight.pop(id(request), None)
+        writer.request(request.record())
+        client.completed(request)
+        recorded += 1
+        bar.update(1)
 
-    while pending or engine.has_unfinished():
-        now = clock()
-        while pending and (
-            in_flight < workload.concurrency if closed_loop else pending[0].t_scheduled <= now
-        ):
-            send(pending.popleft())
-        if not engine.has_unfinished():
-            time.sleep(max(0.0, pending[0].t_scheduled - clock()))
-            continue
-        for hook in hooks:
-            hook.step_started(engine.step_index)
-        result = engine.step()
-        if result is None:
-            raise RuntimeError("the scheduler has unfinished requests but scheduled none")
-        for hook in hooks:
-            hook.step_finished(engine.step_index - 1)
-        writer.step(result.record)
-        for request in result.finished:
-            writer.request(request.record())
-            in_flight -= 1
-        bar.update(len(result.finished))
-    bar.close()
+    def receive(request: Request) -> None:
+        if engine.add_request(request):
+            in_flight[id(request)] = request
+        else:
+            record(request)  # rejected: it can never be served here
+
+    client.start()
+    try:
+        while recorded < len(requests):
+            if not engine.has_unfinished():
+                try:
+                    receive(inbox.get(timeout=IDLE_WAIT_S))
+                except queue.Empty:
+                    continue
+            while not inbox.empty():
+                receive(inbox.get_nowait())
+            if not engine.has_unfinished():
+                continue
+            for hook in hooks:
+                hook.step_started(engine.step_index)
+            result = engine.step()
+            if result is None:
+                raise RuntimeError("the scheduler has unfinished requests but scheduled none")
+            for hook in hooks:
+                hook.step_finished(result)
+            writer.step(result.record)
+            for request in result.delivered:
+                record(request)
+    except BaseException as exc:
+        fail_in_flight(list(in_flight.values()), f"{type(exc).__name__}: {exc}", clock, writer)
+        raise
+    finally:
+        client.stop()
+        bar.close()
     return requests
+
+
+def fail_in_flight(
+    requests: list[Request], error: str, clock: Callable[[], float], writer: RunWriter
+) -> None:
+    """Write every request the failed run was serving, as failed with the run's error."""
+    now = clock()
+    for request in requests:
+        request.finish("error", error)
+        request.t_done = now
+        writer.request(request.record())

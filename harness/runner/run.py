@@ -2,7 +2,8 @@
 
 Every check of the input happens before the model is placed or the clock starts, so bad
 input costs seconds and a clear line. Once the run starts, everything measured is written
-as it happens; a failure mid-run still leaves the records and a summary marked failed.
+as it happens; a failure mid-run still leaves the records, every request in flight written
+as failed, and a summary marked failed.
 """
 
 from __future__ import annotations
@@ -18,33 +19,26 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from harness.engine.engine import Engine
-from harness.engine.kv_cache import KVLayout, allocate_kv_cache
-from harness.engine.kv_manager import KVManager
+from harness.engine.engine import Engine, StepResult
 from harness.errors import ConfigError
 from harness.measure.calibrate import Peaks, measure_peaks
 from harness.measure.meta import collect_meta
-from harness.measure.metrics import SLO, summarize
+from harness.measure.metrics import summarize
 from harness.measure.profiling import StepProfiler
-from harness.measure.roofline import ModelShape, StepRoofline, run_utilisation
-from harness.measure.rundir import SCHEMA_VERSION, RunWriter, read_jsonl
+from harness.measure.roofline import ModelShape, StepRoofline
+from harness.measure.rundir import SCHEMA_VERSION, RunWriter, read_requests, read_steps
+from harness.measure.slo import SLO
 from harness.measure.telemetry import TelemetryResult, TelemetrySampler
-from harness.models.load import LoadedModel, load_model, tokenizer_for
+from harness.models.load import tokenizer_for
+from harness.runner.build import ServedModel, build_engine, load_for_strategy
 from harness.runner.replay import replay, to_request
-from harness.runner.settings import (
-    EngineSettings,
-    StrategySettings,
-    cache_dir_of,
-    engine_settings,
-    strategy_settings,
-)
-from kernels.attention import Attention, AttentionConfig
+from harness.runner.settings import EngineSettings, cache_dir_of, engine_settings
 from reports.run_report import build_run_report
-from strategies.assemble import build_kv_manager, build_scheduler, kv_block_size
-from strategies.batching.base import SchedulerLimits
-from strategies.heads import HeadLayout, convert_checkpoint
+from strategies.settings import StrategySettings, strategy_settings
 from workloads.build import build_workload
 from workloads.spec import Workload
+
+SEND_LAG_BOUND_S = 0.05  # a client handing requests over later than this at p99 flags a run
 
 
 @dataclass
@@ -53,81 +47,59 @@ class Prepared:
 
     engine_cfg: EngineSettings
     strategy: StrategySettings
-    loaded: LoadedModel
+    served: ServedModel
     workload: Workload
     engine: Engine
+    roofline: StepRoofline | None
 
 
-def slo_of(cfg: DictConfig) -> SLO:
-    node = cfg.get("slo") or {}
-    return SLO(node.get("ttft_s"), node.get("tpot_s"), node.get("e2e_s"))
-
-
-def kv_budget_bytes(settings: EngineSettings) -> int:
-    if settings.kv_budget_bytes is not None:
-        return settings.kv_budget_bytes
-    free, _ = torch.cuda.mem_get_info(settings.device)
-    return int(free * settings.kv_budget_fraction)
-
-
-def load_with_head_layout(cfg: DictConfig, settings: EngineSettings, heads: str) -> LoadedModel:
-    """The configured model with the strategy's head layout applied (converted or repeated)."""
-    layout = HeadLayout.parse(heads)
-    loaded = load_model(
-        cfg.model,
-        settings.dtype,
-        settings.device,
-        cache_dir_of(cfg),
-        transform=lambda checkpoint: convert_checkpoint(checkpoint, layout),
-    )
-    layout.apply(loaded.model)
-    return loaded
-
-
-def prepare(cfg: DictConfig, clock: Callable[[], float]) -> Prepared:
+def prepare(cfg: DictConfig, clock: Callable[[], float], progress: bool = True) -> Prepared:
     settings = engine_settings(cfg.engine)
     strategy = strategy_settings(cfg.strategy)
+    slo_of(cfg)  # checked before any work
     torch.manual_seed(settings.seed)
-    loaded = load_with_head_layout(cfg, settings, strategy.heads)
-    tokenizer = loaded.tokenizer or tokenizer_for(cfg.model, cache_dir_of(cfg))
-    workload = build_workload(cfg.workload, tokenizer, loaded.config.max_context)
-    model_cfg = loaded.config
-    kv_layout = KVLayout(
-        num_layers=model_cfg.num_layers,
-        stored_kv_heads=loaded.model.kv_heads_stored,
-        head_dim=model_cfg.head_dim,
-        dtype=settings.dtype,
-    )
-    block_size = kv_block_size(strategy)
-    cache = allocate_kv_cache(kv_layout, kv_budget_bytes(settings), block_size, settings.device)
-    kv = build_kv_manager(strategy, cache)
-    check_requests_fit(workload, kv, cache.num_slots, kv_layout.bytes_per_token)
-    limits = SchedulerLimits(
-        max_num_seqs=settings.max_batch_size,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        chunked_prefill=strategy.chunked_prefill,
-    )
-    scheduler = build_scheduler(strategy, kv, limits)
-    attention = Attention(AttentionConfig(impl=settings.attention), settings.device)
+    served = load_for_strategy(cfg, settings, strategy, progress)
+    tokenizer = served.loaded.tokenizer or tokenizer_for(cfg.model, cache_dir_of(cfg))
+    workload = build_workload(cfg.workload, tokenizer, served.loaded.config.max_context)
+    engine = build_engine(served.model, settings, strategy, clock)
+    check_workload(workload, engine)
     roofline = None
     if cfg.telemetry.get("roofline", True):
         peaks = measure_peaks(settings.device, settings.dtype, cache_dir_of(cfg))
-        roofline = roofline_of(loaded, settings, peaks)
-    engine = Engine(
-        loaded.model,
-        cache,
-        scheduler,
-        attention,
-        settings.device,
-        clock,
-        model_cfg.max_context,
-        roofline,
-    )
-    return Prepared(settings, strategy, loaded, workload, engine)
+        roofline = roofline_of(served, settings, peaks)
+    return Prepared(settings, strategy, served, workload, engine, roofline)
 
 
-def roofline_of(loaded: LoadedModel, settings: EngineSettings, peaks: Peaks) -> StepRoofline:
-    config = loaded.config
+def slo_of(cfg: DictConfig) -> SLO:
+    return SLO.from_config(cfg.get("slo"))
+
+
+def check_workload(workload: Workload, engine: Engine) -> None:
+    """Refuse, before any work, a workload this engine cannot serve at all.
+
+    A prompt the strategy's step budget can never take is a configuration error; a request
+    that can never fit the KV cache is rejected when it arrives and recorded, unless no
+    request of the workload fits, which leaves nothing to measure."""
+    refused = []
+    for index, spec in enumerate(workload.requests):
+        request = to_request(spec, index)
+        limit = engine.scheduler.limit_error(request)
+        if limit is not None:
+            raise limit
+        reason = engine.rejection(request)
+        if reason is not None:
+            refused.append((spec.id, reason))
+    if refused and len(refused) == len(workload.requests):
+        rid, reason = refused[0]
+        raise ConfigError(
+            "engine.kv_budget",
+            f"no request can be served: request {rid} {reason}; raise engine.kv_budget or "
+            "shorten the requests",
+        )
+
+
+def roofline_of(served: ServedModel, settings: EngineSettings, peaks: Peaks) -> StepRoofline:
+    config = served.loaded.config
     shape = ModelShape(
         num_layers=config.num_layers,
         hidden_size=config.hidden_size,
@@ -138,24 +110,26 @@ def roofline_of(loaded: LoadedModel, settings: EngineSettings, peaks: Peaks) -> 
         vocab_size=config.vocab_size,
         tie_embeddings=config.tie_embeddings,
     )
-    model = loaded.model
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    if not config.tie_embeddings:  # an untied input table is only gathered at a few rows
-        embedding = model.embed_tokens.weight
-        weight_bytes -= embedding.numel() * embedding.element_size()
     element = torch.empty((), dtype=settings.dtype).element_size()
-    return StepRoofline(shape, weight_bytes, element, element, model.kv_heads_stored, peaks)
+    return StepRoofline(
+        shape, served.weight_bytes, element, element, served.model.kv_heads_stored, peaks
+    )
 
 
-def check_requests_fit(workload: Workload, kv: KVManager, total_slots: int, per_token: int) -> None:
-    for index, spec in enumerate(workload.requests):
-        request = to_request(spec, index)
-        if not kv.fits_empty(request):
-            need = request.max_total_tokens
-            raise ConfigError(
-                "engine.kv_budget",
-                f"request {spec.id} needs {need} tokens of KV ({need * per_token} bytes) but the "
-                f"budget holds {total_slots} tokens; raise engine.kv_budget or shorten the request",
+class RooflineHook:
+    """Annotates every step record with the FLOPs and bytes its batch required."""
+
+    def __init__(self, roofline: StepRoofline) -> None:
+        self.roofline = roofline
+
+    def step_started(self, step: int) -> None:
+        del step
+
+    def step_finished(self, result: StepResult) -> None:
+        shape = result.shape
+        if shape.query_lens:
+            self.roofline.annotate(
+                result.record, shape.query_lens, shape.seq_lens, shape.num_logits
             )
 
 
@@ -185,20 +159,22 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
     def clock() -> float:
         return time.perf_counter() - start
 
-    prepared = prepare(cfg, clock)
+    prepared = prepare(cfg, clock, progress)
     settings = prepared.engine_cfg
     writer = RunWriter(run_dir)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     meta = collect_meta(
         OmegaConf.to_container(cfg, resolve=True),
-        prepared.loaded.path,
-        prepared.loaded.sha256,
+        prepared.served.loaded.path,
+        prepared.served.loaded.sha256,
         prepared.workload.hash,
         {"engine": settings.seed, "workload": int(cfg.workload.get("seed", 0))},
         settings.device,
     )
-    roofline = prepared.engine.roofline
-    meta["peaks"] = peaks_record(roofline.peaks) if roofline else None
+    meta["strategy"] = prepared.strategy.describe()
+    meta["weight_bytes"] = prepared.served.weight_bytes
+    roofline = prepared.roofline
+    meta["peaks"] = peaks_record(roofline.peaks) if roofline and roofline.peaks else None
     writer.json("meta.json", meta)
     profiler = StepProfiler(
         enabled=bool(cfg.profile.enabled),
@@ -206,6 +182,7 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         num_steps=int(cfg.profile.num_steps),
         out_dir=run_dir,
     )
+    hooks = [profiler] + ([RooflineHook(roofline)] if roofline else [])
     sampler = TelemetrySampler(
         run_dir / "telemetry.csv", float(cfg.telemetry.period_s), clock, settings.device
     )
@@ -213,7 +190,7 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
     sampler.start()
     error: str | None = None
     try:
-        replay(prepared.engine, prepared.workload, clock, writer, [profiler], progress)
+        replay(prepared.engine, prepared.workload, clock, writer, hooks, progress)
     except Exception as exc:  # the records so far are kept; the summary says what happened
         error = f"{type(exc).__name__}: {exc}"
         raise
@@ -244,6 +221,17 @@ def peaks_record(peaks: Peaks) -> dict:
     }
 
 
+def run_flags(summary: dict) -> list[str]:
+    """What makes a run's figures doubtful, one line each (empty for a clean run)."""
+    flags = []
+    if summary["failed"]:
+        flags.append(f"{summary['failed']} requests failed or were rejected")
+    lag = summary["send_lag"]["p99"]
+    if lag is not None and lag > SEND_LAG_BOUND_S:
+        flags.append(f"client send lag p99 {lag * 1000:.1f} ms > {SEND_LAG_BOUND_S * 1000:g} ms")
+    return flags
+
+
 def summary_for(
     run_dir: Path,
     cfg: DictConfig,
@@ -252,8 +240,8 @@ def summary_for(
     error: str | None,
     peaks: dict | None,
 ) -> dict:
-    requests = read_jsonl(run_dir / "requests.jsonl")
-    steps = read_jsonl(run_dir / "steps.jsonl")
+    requests = read_requests(run_dir)
+    steps = read_steps(run_dir)
     summary = {
         "schema": SCHEMA_VERSION,
         "strategy": OmegaConf.to_container(cfg.strategy, resolve=True),
@@ -264,8 +252,8 @@ def summary_for(
         "status": "failed" if error else "complete",
         "error": error,
     }
-    summary.update(summarize(requests, steps, slo_of(cfg)))
-    summary["mfu_mean"], summary["mbu_mean"] = run_utilisation(steps, peaks)
+    summary.update(summarize(requests, steps, slo_of(cfg), peaks))
+    summary["not_recorded"] = len(workload.requests) - len(requests)
     summary["telemetry"] = {
         "source": telemetry.source,
         "samples": telemetry.samples,
@@ -274,4 +262,5 @@ def summary_for(
     summary["energy_j"] = telemetry.energy_j
     tokens = summary["output_tokens"]
     summary["j_per_token"] = telemetry.energy_j / tokens if telemetry.energy_j and tokens else None
+    summary["flags"] = run_flags(summary)
     return summary

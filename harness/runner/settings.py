@@ -1,7 +1,8 @@
-"""Typed, validated views of the Hydra config nodes every run shares: engine and strategy.
+"""The typed, validated view of the `engine` config node every run shares.
 
-Hydra gives a loose tree; these dataclasses check it once, before any work, and raise a
-`ConfigError` that names the field and the fix.
+Hydra gives a loose tree; `engine_settings` checks it once, before any work, and raises a
+`ConfigError` that names the field and the fix. (The `strategy` node is read by the
+strategy registries: `strategies.settings`.)
 """
 
 from __future__ import annotations
@@ -14,18 +15,13 @@ from omegaconf import DictConfig
 
 from harness.engine.kv_cache import parse_bytes
 from harness.errors import ConfigError
+from kernels.attention import IMPLS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Measured on the 2-core development CPU (see the dtype note in README): bf16 is faster for
 # batched steps; fp32 stays available and is what exactness checks use.
 CPU_DEFAULT_DTYPE = "bf16"
 GPU_DEFAULT_DTYPE = "fp16"
-
-BATCHING = ("static", "iteration")
-KV = ("contiguous", "paged")
-DECODING = ("standard",)
-WEIGHTS = ("auto",)
-PREEMPTION = ("recompute", "swap")
 
 
 @dataclass(frozen=True)
@@ -38,20 +34,6 @@ class EngineSettings:
     max_num_batched_tokens: int
     attention: str
     seed: int
-
-
-@dataclass(frozen=True)
-class StrategySettings:
-    name: str
-    batching: str
-    kv: str
-    heads: str
-    weights: str
-    decoding: str
-    chunked_prefill: bool
-    block_size: int
-    prefix_caching: bool
-    preemption: str
 
 
 def _choice(node: DictConfig, key: str, allowed: tuple[str, ...], prefix: str) -> str:
@@ -106,24 +88,6 @@ def engine_settings(node: DictConfig) -> EngineSettings:
         kv_budget_fraction=fraction,
         max_batch_size=_positive_int(node, "max_batch_size", "engine"),
         max_num_batched_tokens=_positive_int(node, "max_num_batched_tokens", "engine"),
-        attention=_choice(node, "attention", ("auto", "torch", "triton"), "engine"),
+        attention=_choice(node, "attention", IMPLS, "engine"),
         seed=int(node.get("seed", 0)),
-    )
-
-
-def strategy_settings(node: DictConfig) -> StrategySettings:
-    heads = str(node.get("heads", "gqa"))
-    if heads not in ("mha", "gqa", "mqa") and not heads.startswith("gqa-"):
-        raise ConfigError("strategy.heads", f"{heads!r} is not one of mha, gqa, mqa, gqa-N")
-    return StrategySettings(
-        name=str(node.get("name", "custom")),
-        batching=_choice(node, "batching", BATCHING, "strategy"),
-        kv=_choice(node, "kv", KV, "strategy"),
-        heads=heads,
-        weights=_choice(node, "weights", WEIGHTS, "strategy"),
-        decoding=_choice(node, "decoding", DECODING, "strategy"),
-        chunked_prefill=bool(node.get("chunked_prefill", False)),
-        block_size=_positive_int(node, "block_size", "strategy"),
-        prefix_caching=bool(node.get("prefix_caching", False)),
-        preemption=_choice(node, "preemption", PREEMPTION, "strategy"),
     )

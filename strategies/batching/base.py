@@ -1,44 +1,31 @@
-"""The interface every batching strategy implements: decide, each step, who runs and how far.
+"""What both batching strategies share: the waiting queue, the running set, the admission
+order, and preemption when the KV manager has no room.
 
-A scheduler owns the waiting queue and the running set and makes all admission and
-eviction decisions, asking its KV manager for room. It returns, for one engine step, the
-requests to run and how many new tokens each contributes. The engine tells it when a
-request finishes.
+Requests wait in arrival order. Preempted requests go back to the head of the queue and are
+offered a place before anything new; new requests are offered places in the order of the
+strategy's admission policy. When a running request cannot grow, the most recently admitted
+unfinished request is preempted (recompute, or swap where the KV manager supports it).
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections import deque
-from dataclasses import dataclass, field
 
 from harness.engine.kv_manager import KVManager
 from harness.engine.request import Request, RequestState
+from harness.engine.scheduling import (
+    AdmissionPolicy,
+    Scheduler,
+    SchedulerLimits,
+    SchedulerOutput,
+)
 
 
-@dataclass(frozen=True)
-class SchedulerLimits:
-    max_num_seqs: int  # requests in one step (engine.max_batch_size)
-    max_num_batched_tokens: int  # new tokens in one step (iteration batching)
-    chunked_prefill: bool = False
-
-
-@dataclass
-class ScheduledSeq:
-    request: Request
-    num_new_tokens: int
-
-
-@dataclass
-class SchedulerOutput:
-    seqs: list[ScheduledSeq] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-
-
-class Scheduler(ABC):
-    def __init__(self, kv: KVManager, limits: SchedulerLimits) -> None:
+class QueueScheduler(Scheduler):
+    def __init__(self, kv: KVManager, limits: SchedulerLimits, policy: AdmissionPolicy) -> None:
         self.kv = kv
         self.limits = limits
+        self.policy = policy
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -48,6 +35,32 @@ class Scheduler(ABC):
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def num_running(self) -> int:
+        return sum(1 for r in self.running if not r.is_finished)
+
+    def running_requests(self) -> list[Request]:
+        return [r for r in self.running if not r.is_finished]
+
+    def admission_order(self) -> list[Request]:
+        """Preempted requests first, as they were queued; then the policy's order."""
+        resumed = [r for r in self.waiting if r.state is RequestState.PREEMPTED]
+        if len(resumed) == len(self.waiting):
+            return resumed
+        fresh = [r for r in self.waiting if r.state is not RequestState.PREEMPTED]
+        return resumed + self.policy.order(fresh, self.kv)
+
+    def start_running(self, request: Request) -> None:
+        """Move an admitted request from the queue to the running set."""
+        if self.waiting and self.waiting[0] is request:
+            self.waiting.popleft()
+        else:
+            self.waiting.remove(request)
+        request.state = RequestState.RUNNING
+        self.running.append(request)
 
     def grow_or_preempt(self, request: Request, count: int, out: SchedulerOutput) -> bool:
         """Make room for `count` more tokens of `request`, preempting the most recently
@@ -59,16 +72,9 @@ class Scheduler(ABC):
             self.kv.preempt(victim)
             victim.state = RequestState.PREEMPTED
             victim.preemptions += 1
+            victim.draft_ids = []
             self.waiting.appendleft(victim)
             out.preempted.append(victim)
             if victim is request:
                 return False
         return True
-
-    @abstractmethod
-    def schedule(self) -> SchedulerOutput:
-        """This step's batch; empty when nothing can run."""
-
-    @abstractmethod
-    def on_finished(self, request: Request) -> None:
-        """`request` has just finished (stop token, length, or error)."""

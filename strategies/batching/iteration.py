@@ -1,22 +1,47 @@
 """Iteration-level scheduling (Orca): re-plan the batch at every step.
 
-Every step, running requests go first, in arrival order: a decode contributes one token, an
-unfinished prompt its remaining tokens (or, with chunked prefill, as many as the step's
-token budget still allows, Sarathi-style). Then waiting requests are admitted first come,
-first served, while the KV manager can place them and `max_num_seqs` and
-`max_num_batched_tokens` allow. A finished request leaves at once and frees its KV. When
-the KV manager cannot grow a running request, the most recently admitted running request is
-preempted: its KV is freed (recompute) or moved to host memory (swap, where the KV manager
-supports it), and it goes back to the head of the queue.
+Every step, running requests go first, in admission order: a decode feeds its last token
+(and any drafts to verify), an unfinished prompt its remaining tokens or, with chunked
+prefill, as many as the step's token budget still allows (Sarathi-style). Then waiting
+requests are offered places in admission order while the KV manager can place them and
+`max_num_seqs` and `max_num_batched_tokens` allow; the first that does not fit waits at the
+head of the queue. A finished request leaves at once, frees its KV, and its response is
+delivered. Drafts are cut to the token budget before any request's own tokens are.
 """
 
 from __future__ import annotations
 
-from harness.engine.request import Request, RequestState
-from strategies.batching.base import ScheduledSeq, Scheduler, SchedulerOutput
+from dataclasses import dataclass, field
+
+from harness.engine.request import Request
+from harness.engine.scheduling import ScheduledSeq, SchedulerOutput
+from harness.errors import ConfigError
+from strategies.batching.base import QueueScheduler
+from strategies.registry import Option
 
 
-class IterationScheduler(Scheduler):
+@dataclass(frozen=True)
+class IterationConfig:
+    chunked_prefill: bool = field(
+        default=False, metadata={"help": "split long prompts across steps under the token budget"}
+    )
+
+
+class IterationScheduler(QueueScheduler):
+    def __init__(self, config: IterationConfig, *args) -> None:
+        super().__init__(*args)
+        self.config = config
+
+    def limit_error(self, request: Request) -> ConfigError | None:
+        budget = self.limits.max_num_batched_tokens
+        if self.config.chunked_prefill or request.prompt_len <= budget:
+            return None
+        return ConfigError(
+            "engine.max_num_batched_tokens",
+            f"request {request.id} has a prompt of {request.prompt_len} tokens, more than one "
+            f"step may feed ({budget}); raise it or set strategy.chunked_prefill=true",
+        )
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.limits.max_num_batched_tokens
@@ -37,28 +62,38 @@ class IterationScheduler(Scheduler):
         return out
 
     def _tokens_this_step(self, request: Request, budget: int, scheduled: list) -> int:
-        remaining = request.num_tokens - request.num_computed_tokens
-        if self.limits.chunked_prefill:
-            return min(remaining, budget)
-        if remaining > budget and scheduled:
-            return 0  # a whole prompt that does not fit this step waits for the next
-        return remaining
+        known = request.num_tokens - request.num_computed_tokens
+        if self.config.chunked_prefill:
+            return min(request.num_pending_tokens, budget)
+        if known > budget:
+            # a whole prompt waits for a step with room; alone, it runs (a recomputed
+            # sequence may have outgrown the budget since its prompt was admitted)
+            return 0 if scheduled else known
+        return min(request.num_pending_tokens, budget)
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
-            request = self.waiting[0]
+        for request in self.admission_order():
+            if budget <= 0 or len(self.running) >= self.limits.max_num_seqs:
+                return
             if not self.kv.admit(request):
                 return
             count = self._tokens_this_step(request, budget, out.seqs)
             if count == 0 or not self.kv.grow(request, count):
                 self.kv.free(request)
                 return
-            self.waiting.popleft()
-            request.state = RequestState.RUNNING
-            self.running.append(request)
+            self.start_running(request)
             out.seqs.append(ScheduledSeq(request, count))
             budget -= count
 
-    def on_finished(self, request: Request) -> None:
+    def on_finished(self, request: Request) -> list[Request]:
         self.running.remove(request)
         self.kv.free(request)
+        return [request]
+
+
+ITERATION = Option(
+    name="iteration",
+    summary="Orca: re-plan every step; finished requests leave, waiting ones join",
+    config=IterationConfig,
+    build=IterationScheduler,
+)

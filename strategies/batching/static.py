@@ -1,48 +1,122 @@
 """Static batching, as FasterTransformer served: form a batch, run it to completion, repeat.
 
-Up to `max_num_seqs` waiting requests that the KV manager can place form a batch. The batch
-prefills together, then decodes one token per unfinished member per step until every
-member has finished; only then are its KV reservations freed and the next batch formed. A
-member that finishes early keeps its slots, idle, and a request that arrives meanwhile
-waits for the whole batch: that is the cost this strategy exists to show. Over paged KV
-(which allocates as tokens arrive) a member that cannot grow is preempted back to the
-queue, as iteration batching does, and rejoins in a later batch.
+Waiting requests (up to `max_num_seqs` that the KV manager can place) form a batch, which
+prefills together and then decodes one step per token until every member has finished; only
+then is the next batch formed, so a request that arrives meanwhile waits for the whole
+batch. Three switches, all on in the `fastertransformer` preset, make it behave as that
+baseline did, and can be turned off one by one to see what each costs:
+
+- `return_at=batch_end`: a member's response is delivered when its batch ends, not when its
+  own last token is out (`own_finish`).
+- `pad_finished`: a finished member keeps its row until the batch ends, fed a padding token
+  each step at its last position (its output discarded): its compute is still spent, and
+  its KV stays held. Off, a finished member leaves the compute and frees its KV at once.
+- `pad_prompts`: the batch's prompts are padded to its longest at prefill. Padding goes on
+  the right, after each prompt, so its keys and values are overwritten by the decode steps
+  and real outputs are unchanged; a KV manager that reserves up front reserves each member
+  at least the padded length, as the rectangular batch buffers did.
+
+Over paged KV (which allocates as tokens arrive) a member that cannot grow is preempted back
+to the queue; a batch whose remaining members were all preempted ends, and they rejoin the
+next one.
 """
 
 from __future__ import annotations
 
-from harness.engine.request import Request, RequestState
-from strategies.batching.base import ScheduledSeq, Scheduler, SchedulerOutput
+from dataclasses import dataclass, field
+
+from harness.engine.request import Request
+from harness.engine.scheduling import ScheduledSeq, SchedulerOutput
+from strategies.batching.base import QueueScheduler
+from strategies.registry import Option
 
 
-class StaticScheduler(Scheduler):
+@dataclass(frozen=True)
+class StaticConfig:
+    return_at: str = field(
+        default="batch_end",
+        metadata={
+            "choices": ("batch_end", "own_finish"),
+            "help": "deliver a response when its batch ends, or at its own last token",
+        },
+    )
+    pad_finished: bool = field(
+        default=True, metadata={"help": "finished members keep computing padding until the end"}
+    )
+    pad_prompts: bool = field(
+        default=True, metadata={"help": "pad the batch's prompts to its longest at prefill"}
+    )
+
+
+class StaticScheduler(QueueScheduler):
+    def __init__(self, config: StaticConfig, *args) -> None:
+        super().__init__(*args)
+        self.config = config
+        self._released: set[Request] = set()  # members whose KV was freed before the batch end
+
     def schedule(self) -> SchedulerOutput:
-        if not self.running:
-            return self._form_batch()
         out = SchedulerOutput()
-        for request in [r for r in self.running if not r.is_finished]:
-            if request in self.running and self.grow_or_preempt(request, 1, out):
-                out.seqs.append(ScheduledSeq(request, 1))
+        if self.running:
+            self._continue_batch(out)
+            if not self.num_running():  # every member left was preempted: the batch is over
+                out.seqs = []
+                out.delivered = self._end_batch()
+        if not self.running:
+            self._form_batch(out)
         return out
 
-    def _form_batch(self) -> SchedulerOutput:
-        out = SchedulerOutput()
-        while self.waiting and len(self.running) < self.limits.max_num_seqs:
-            request = self.waiting[0]
-            if not self.kv.admit(request):
+    def _continue_batch(self, out: SchedulerOutput) -> None:
+        for request in self.running_requests():
+            count = request.num_pending_tokens
+            if request in self.running and self.grow_or_preempt(request, count, out):
+                out.seqs.append(ScheduledSeq(request, count))
+        if not self.config.pad_finished:
+            return
+        for member in self.running:
+            if member.is_finished and self.kv.grow(member, 1):
+                out.seqs.append(ScheduledSeq(member, 0, 1))
+
+    def _form_batch(self, out: SchedulerOutput) -> None:
+        candidates = self.admission_order()[: self.limits.max_num_seqs]
+        width = max((r.num_tokens for r in candidates), default=0)
+        reserve = width if self.config.pad_prompts else 0
+        for request in candidates:
+            if not self.kv.admit(request, reserve):
                 break
-            count = request.num_tokens - request.num_computed_tokens
-            if not self.kv.grow(request, count):
+            count = request.num_pending_tokens
+            pad = max(0, width - request.num_computed_tokens - count) if reserve else 0
+            if not self.kv.grow(request, count + pad):
                 self.kv.free(request)
                 break
-            self.waiting.popleft()
-            request.state = RequestState.RUNNING
-            self.running.append(request)
-            out.seqs.append(ScheduledSeq(request, count))
-        return out
+            self.start_running(request)
+            out.seqs.append(ScheduledSeq(request, count, pad))
+        if self.config.pad_prompts:  # pad to the longest prompt of the batch actually formed
+            width = max((s.request.num_tokens for s in out.seqs), default=0)
+            for seq in out.seqs:
+                seq.num_pad_tokens = width - seq.request.num_computed_tokens - seq.num_new_tokens
 
-    def on_finished(self, request: Request) -> None:
-        if all(r.is_finished for r in self.running):
-            for member in self.running:
+    def on_finished(self, request: Request) -> list[Request]:
+        if self.num_running():
+            if not self.config.pad_finished:
+                self.kv.free(request)
+                self._released.add(request)
+            return [request] if self.config.return_at == "own_finish" else []
+        delivered = self._end_batch()
+        return delivered if self.config.return_at == "batch_end" else [request]
+
+    def _end_batch(self) -> list[Request]:
+        """Free every member still holding KV; the members whose responses were held."""
+        members, self.running = self.running, []
+        for member in members:
+            if member not in self._released:
                 self.kv.free(member)
-            self.running = []
+        self._released.clear()
+        return members if self.config.return_at == "batch_end" else []
+
+
+STATIC = Option(
+    name="static",
+    summary="FasterTransformer: form a batch, run it to completion (held responses, padding)",
+    config=StaticConfig,
+    build=StaticScheduler,
+)

@@ -8,11 +8,21 @@ unused, and free space fragments between slabs. Both show in the accounting.
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 
 import torch
 
 from harness.engine.kv_manager import KVManager, KVStats
 from harness.engine.request import Request
+from strategies.registry import Option
+
+
+@dataclass(frozen=True)
+class ContiguousConfig:
+    @property
+    def cache_block_size(self) -> int:
+        """Slabs are addressed slot by slot."""
+        return 1
 
 
 class ContiguousKVManager(KVManager):
@@ -27,8 +37,8 @@ class ContiguousKVManager(KVManager):
     def fits_empty(self, request: Request) -> bool:
         return request.max_total_tokens <= self.total_slots
 
-    def admit(self, request: Request) -> bool:
-        need = request.max_total_tokens
+    def admit(self, request: Request, reserve_tokens: int = 0) -> bool:
+        need = max(request.max_total_tokens, reserve_tokens)
         for index, (start, length) in enumerate(self._free):
             if length >= need:
                 if length == need:
@@ -41,6 +51,9 @@ class ContiguousKVManager(KVManager):
 
     def grow(self, request: Request, num_new_tokens: int) -> bool:
         return request.num_computed_tokens + num_new_tokens <= self._slabs[request][1]
+
+    def truncate(self, request: Request, num_tokens: int) -> None:
+        request.num_computed_tokens = num_tokens  # the slab stays reserved whole
 
     def free(self, request: Request) -> None:
         start, length = self._slabs.pop(request)
@@ -84,3 +97,11 @@ class ContiguousKVManager(KVManager):
                 "kv_external_fragmentation": 0.0 if free == 0 else 1 - largest_free / free,
             },
         )
+
+
+CONTIGUOUS = Option(
+    name="contiguous",
+    summary="one slab per request, reserved for prompt + max output (FasterTransformer, Orca)",
+    config=ContiguousConfig,
+    build=lambda config, cache: ContiguousKVManager(cache.num_slots),
+)

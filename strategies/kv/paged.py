@@ -15,7 +15,7 @@ sampling) first gets its own copy of that block (copy-on-write).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,8 +26,25 @@ from harness.errors import ConfigError
 from strategies.kv.block_pool import BlockPool, expect
 from strategies.kv.prefix_cache import CachedBlock, PrefixCache
 from strategies.kv.swap import SwappedKV, copy_block, swap_in, swap_out
+from strategies.registry import Option
 
 PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass(frozen=True)
+class PagedConfig:
+    block_size: int = field(default=16, metadata={"minimum": 1, "help": "tokens per block"})
+    prefix_caching: bool = field(
+        default=True, metadata={"help": "reuse the blocks of a cached prompt prefix"}
+    )
+    preemption: str = field(
+        default="recompute",
+        metadata={"choices": PREEMPTION_MODES, "help": "free and recompute, or swap to host"},
+    )
+
+    @property
+    def cache_block_size(self) -> int:
+        return self.block_size
 
 
 class BlockTable:
@@ -56,13 +73,17 @@ class BlockTable:
         self.ids[index] = block
         self._buffer[index] = block
 
+    def pop(self) -> int:
+        return self.ids.pop()
+
 
 @dataclass
 class _Admission:
     """What `free` undoes when an admitted request is released before it ran a step."""
 
     computed: int  # num_computed_tokens right after admission
-    hit_tokens: int
+    hit_tokens: int  # in blocks other requests computed
+    self_hit_tokens: int  # in blocks this request computed before it was preempted
     query_tokens: int
     swapped: SwappedKV | None  # the host copy a swap-in restored
 
@@ -102,6 +123,7 @@ class PagedKVManager(KVManager):
         self._admissions: dict[Request, _Admission] = {}
         self._swapped: dict[Request, SwappedKV] = {}
         self._hit_tokens = 0
+        self._self_hit_tokens = 0
         self._query_tokens = 0
 
     def fits_empty(self, request: Request) -> bool:
@@ -111,11 +133,14 @@ class PagedKVManager(KVManager):
         """The request's block table, first block first (a copy)."""
         return list(self._tables[request].ids)
 
-    def admit(self, request: Request) -> bool:
+    def admit(self, request: Request, reserve_tokens: int = 0) -> bool:
         """Start a request: restore its swapped blocks, or take refs on its cached prefix.
 
         Only a swap-in can fail (too few blocks for the swapped copy); a prefix hit always fits,
-        because its blocks are held already or sit in the cached queue.
+        because its blocks are held already or sit in the cached queue. Blocks are allocated
+        as tokens arrive, so `reserve_tokens` asks for nothing up front. A hit counts as a
+        prefix hit only in blocks another request computed; a preempted request finding its
+        own blocks again is counted apart, and its second lookup is not a new query.
         """
         if request in self._tables:
             raise RuntimeError(f"request {request.id} is admitted already")
@@ -127,16 +152,23 @@ class PagedKVManager(KVManager):
         for entry in hits:
             self.pool.acquire(entry.block_id)
             table.append(entry.block_id)
-        hit = len(hits) * self.block_size
-        query = request.num_tokens if self.prefix_caching else 0
+        size = self.block_size
+        hit = len(hits) * size
+        own = sum(size for entry in hits if entry.computed_by == request.id)
+        query = request.num_tokens if self.prefix_caching and not request.preemptions else 0
         self._tables[request] = table
         self._chains[request] = hits
-        self._admissions[request] = _Admission(hit, hit, query, None)
-        self._hit_tokens += hit
+        self._admissions[request] = _Admission(hit, hit - own, own, query, None)
+        self._hit_tokens += hit - own
+        self._self_hit_tokens += own
         self._query_tokens += query
         request.num_computed_tokens = hit
-        request.cached_prompt_tokens = min(hit, request.prompt_len)
+        others = [i for i, entry in enumerate(hits) if entry.computed_by != request.id]
+        request.cached_prompt_tokens = min(len(others) * size, request.prompt_len)
         return True
+
+    def cached_prefix_tokens(self, request: Request) -> int:
+        return len(self._lookup(request)) * self.block_size
 
     def _lookup(self, request: Request) -> list[CachedBlock]:
         """Cached leading blocks, leaving at least the last known token to compute."""
@@ -157,7 +189,7 @@ class PagedKVManager(KVManager):
         swap_in(self.kv_cache, swapped, table.ids)
         self._tables[request] = table
         self._chains[request] = []
-        self._admissions[request] = _Admission(request.num_computed_tokens, 0, 0, swapped)
+        self._admissions[request] = _Admission(request.num_computed_tokens, 0, 0, 0, swapped)
         return True
 
     def grow(self, request: Request, num_new_tokens: int) -> bool:
@@ -207,6 +239,7 @@ class PagedKVManager(KVManager):
                 chain[-1] if chain else None,
                 self._block_tokens(request, index),
                 table.ids[index],
+                request.id,
             )
             if entry is None:
                 return
@@ -230,12 +263,28 @@ class PagedKVManager(KVManager):
 
     def _undo(self, request: Request, admission: _Admission) -> None:
         self._hit_tokens -= admission.hit_tokens
+        self._self_hit_tokens -= admission.self_hit_tokens
         self._query_tokens -= admission.query_tokens
         if admission.swapped is not None:
             self._swapped[request] = admission.swapped
             return
         request.num_computed_tokens = 0
         request.cached_prompt_tokens = 0
+
+    def truncate(self, request: Request, num_tokens: int) -> None:
+        """Roll back to `num_tokens` computed positions; blocks past the last one they need
+        return to the pool. Only verified tokens were ever registered (registration follows
+        `num_computed_tokens`), so rejected drafts never enter the prefix cache."""
+        if num_tokens > request.num_computed_tokens:
+            raise ValueError(f"request {request.id}: cannot truncate forward to {num_tokens}")
+        request.num_computed_tokens = num_tokens
+        self._admissions.pop(request, None)
+        table = self._tables[request]
+        del self._chains[request][num_tokens // self.block_size :]
+        keep = -(-num_tokens // self.block_size)
+        while len(table) > keep:
+            block = table.pop()
+            self.pool.release(block, cached=self.prefix_cache.holds(block))
 
     def _release(self, request: Request) -> None:
         table = self._tables.pop(request)
@@ -299,6 +348,7 @@ class PagedKVManager(KVManager):
             "kv_shared_blocks": self.pool.num_shared,
             "kv_internal_fragmentation": 0.0 if allocated == 0 else 1 - filled / allocated,
             "prefix_hit_tokens": self._hit_tokens,
+            "prefix_self_hit_tokens": self._self_hit_tokens,
             "prefix_query_tokens": self._query_tokens,
         }
         if self.preemption == "swap":
@@ -371,3 +421,13 @@ class PagedKVManager(KVManager):
             not self._tables.keys() & self._swapped.keys(),
             "a request both holds blocks and is swapped out",
         )
+
+
+PAGED = Option(
+    name="paged",
+    summary="vLLM: fixed-size blocks on demand, block tables, prefix sharing, preemption",
+    config=PagedConfig,
+    build=lambda config, cache: PagedKVManager(
+        cache.num_blocks, cache.block_size, config.prefix_caching, config.preemption, cache
+    ),
+)

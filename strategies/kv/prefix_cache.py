@@ -21,12 +21,14 @@ def block_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
 
 @dataclass(eq=False)
 class CachedBlock:
-    """One registered block: its hash, its tokens, the entry before it, and where it lives."""
+    """One registered block: its hash, its tokens, the entry before it, where it lives, and
+    the request that computed it."""
 
     block_hash: int
     tokens: tuple[int, ...]
     parent: CachedBlock | None
     block_id: int
+    computed_by: str = ""
 
 
 class PrefixCache:
@@ -61,7 +63,11 @@ class PrefixCache:
         return hits
 
     def register(
-        self, parent: CachedBlock | None, tokens: tuple[int, ...], block_id: int
+        self,
+        parent: CachedBlock | None,
+        tokens: tuple[int, ...],
+        block_id: int,
+        computed_by: str = "",
     ) -> CachedBlock | None:
         """Register a full block after `parent`; returns the entry now naming this content.
 
@@ -78,7 +84,7 @@ class PrefixCache:
             return existing if same else None
         if block_id in self._by_block:
             raise RuntimeError(f"block {block_id} is registered already")
-        entry = CachedBlock(key, tokens, parent, block_id)
+        entry = CachedBlock(key, tokens, parent, block_id, computed_by)
         self._by_hash[key] = entry
         self._by_block[block_id] = entry
         return entry

@@ -1,0 +1,107 @@
+"""The one SLO rule: when a request meets its service-level objective, and when a run sustains
+its load. The summary, `servelab search`, the sweep report and the gates all use this.
+
+A request meets the SLO when it succeeded and every configured limit holds: TTFT, TPOT (a
+one-token response has no TPOT to miss), E2E and normalized latency, each measured from the
+request's arrival. SLO attainment is the share of counted requests (warm-up and cool-down
+left out) that meet it; failed and rejected requests count, as misses. Goodput is the
+number that meet it per second of the run. A run sustains its load when its attainment is
+at least `slo.attainment` (0.9 by default); with no limit configured there is nothing to
+sustain, and the answer is None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harness.errors import ConfigError
+
+LIMITS = ("ttft_s", "tpot_s", "e2e_s", "normalized_latency_s")
+DEFAULT_ATTAINMENT = 0.9
+
+
+@dataclass(frozen=True)
+class RequestLatency:
+    """One successful request's latencies (seconds), each from its arrival."""
+
+    ttft: float
+    e2e: float
+    tpot: float | None  # None for a single output token
+    normalized_latency: float
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Per-request limits in seconds (None: no limit) and the share a run must meet."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    normalized_latency_s: float | None = None
+    attainment: float = DEFAULT_ATTAINMENT
+
+    @classmethod
+    def from_config(cls, node: Mapping[str, Any] | None) -> SLO:
+        node = node or {}
+        values: dict[str, float | None] = {}
+        for key in LIMITS:
+            value = node.get(key)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+            ):
+                raise ConfigError(f"slo.{key}", f"{value!r} must be a positive number of seconds")
+            values[key] = None if value is None else float(value)
+        share = node.get("attainment", DEFAULT_ATTAINMENT)
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+            raise ConfigError("slo.attainment", f"{share!r} must be a share in (0, 1]")
+        return cls(**values, attainment=float(share))
+
+    @property
+    def configured(self) -> bool:
+        return any(getattr(self, key) is not None for key in LIMITS)
+
+    def meets(self, latency: RequestLatency | None) -> bool:
+        """Does a request meet every limit? None (a failed request) never does."""
+        if latency is None:
+            return False
+        checks = (
+            (self.ttft_s, latency.ttft),
+            (self.tpot_s, latency.tpot),
+            (self.e2e_s, latency.e2e),
+            (self.normalized_latency_s, latency.normalized_latency),
+        )
+        return all(limit is None or value is None or value <= limit for limit, value in checks)
+
+    def attained(self, latencies: Sequence[RequestLatency | None]) -> float | None:
+        """Share of counted requests (None = failed) that meet the SLO; None for none."""
+        if not latencies:
+            return None
+        return sum(1 for latency in latencies if self.meets(latency)) / len(latencies)
+
+    def sustains(self, attainment: float | None) -> bool | None:
+        """Does a run with this attainment sustain its load? None without any limit."""
+        if not self.configured:
+            return None
+        return attainment is not None and attainment >= self.attainment
+
+    def describe(self) -> str:
+        """The rule in one sentence, for reports and tables."""
+        names = {
+            "ttft_s": "TTFT",
+            "tpot_s": "TPOT",
+            "e2e_s": "E2E",
+            "normalized_latency_s": "normalized latency",
+        }
+        limits = [
+            f"{names[key]} ≤ {getattr(self, key):g} s" for key in LIMITS if getattr(self, key)
+        ]
+        if not limits:
+            return "No SLO is configured."
+        return (
+            f"A request meets the SLO when {', '.join(limits)} (latencies from arrival); a run "
+            f"sustains its load when at least {self.attainment:.0%} of its requests do (failed "
+            "and rejected requests count as misses)."
+        )

@@ -1,0 +1,96 @@
+"""The typed records a run directory holds: one per request, one per engine step.
+
+These are the public record formats of DESIGN.md ("Run directory"): the engine and the
+replay produce them, the run writer appends them as JSON lines, and metrics and reports read
+them back through `from_json`. Fields keep their documented names; strategy-specific step
+counters (KV blocks, prefix hits, speculative counts, roofline figures) travel in
+`counters` and are written as top-level keys beside the fixed ones. Readers tolerate what a
+crash or an older run left out: a missing optional field reads as its default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+FINISH_REASONS = ("stop", "length", "rejected", "error")
+SUCCESS = ("stop", "length")
+
+
+@dataclass
+class RequestRecord:
+    """One `requests.jsonl` line: a request from arrival to delivery (times in run seconds)."""
+
+    id: str
+    prompt_len: int
+    output_len: int
+    t_scheduled: float  # when the request arrived; every latency starts here
+    token_times: list[float]
+    output_ids: list[int]
+    finish_reason: str | None  # stop | length | rejected | error
+    t_send: float | None = None  # when the client handed it over (a diagnostic of the client)
+    t_done: float | None = None  # when the complete response was delivered
+    error: str | None = None
+    preemptions: int = 0
+    preempt_times: list[float] = field(default_factory=list)
+    t_admitted: float | None = None  # first step that computed any of its tokens
+    cached_prompt_tokens: int = 0  # prompt tokens found in the prefix cache of others' blocks
+    excluded: bool = False  # warm-up or cool-down: recorded, left out of metrics
+    counters: dict[str, Any] = field(default_factory=dict)  # strategy-specific
+
+    @property
+    def succeeded(self) -> bool:
+        return self.finish_reason in SUCCESS and bool(self.token_times)
+
+    @property
+    def delivered_at(self) -> float:
+        """`t_done`; records written before it existed (schema 1) delivered at the last token."""
+        return self.t_done if self.t_done is not None else self.token_times[-1]
+
+    def to_json(self) -> dict[str, Any]:
+        payload = asdict(self)
+        payload.update(payload.pop("counters"))
+        return payload
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> RequestRecord:
+        return _from_json(cls, payload)
+
+
+@dataclass
+class StepRecord:
+    """One `steps.jsonl` line: what one engine step ran and what the KV cache held."""
+
+    step: int
+    t_start: float
+    t_end: float
+    model_s: float  # the model forward(s) alone
+    num_seqs: int  # sequences in the batch, padding rows included
+    prefill_tokens: int
+    decode_tokens: int
+    waiting: int
+    running: int  # unfinished requests holding a place in the batch
+    kv_allocated_slots: int
+    kv_live_slots: int
+    kv_total_slots: int
+    kv_waste: float
+    preempted: int
+    pad_tokens: int = 0  # tokens computed only as padding (static batching), output discarded
+    delivered: int = 0  # responses handed back at the end of this step
+    counters: dict[str, Any] = field(default_factory=dict)  # strategy-specific, roofline
+
+    def to_json(self) -> dict[str, Any]:
+        payload = asdict(self)
+        payload.update(payload.pop("counters"))
+        return payload
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> StepRecord:
+        return _from_json(cls, payload)
+
+
+def _from_json(cls: type, payload: dict[str, Any]) -> Any:
+    names = {f.name for f in fields(cls)} - {"counters"}
+    known = {k: v for k, v in payload.items() if k in names}
+    counters = {k: v for k, v in payload.items() if k not in names}
+    return cls(**known, counters=counters)

@@ -1,0 +1,7 @@
+"""Decoding strategies (`strategy.decoding`): what a sequence feeds per step, what is accepted."""
+
+from harness.engine.decoding import Decoder
+from strategies.decoding.standard import STANDARD
+from strategies.registry import Registry
+
+DECODING: Registry[Decoder] = Registry("decoding", [STANDARD])

@@ -1,0 +1,24 @@
+"""`standard` decoding: every step feeds each running sequence its last token and samples one."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.engine.decoding import Decoder, Verification
+from harness.engine.sampler import sample
+from strategies.registry import NoConfig, Option
+
+
+class StandardDecoder(Decoder):
+    def accept(self, logits: torch.Tensor, due: list[Verification]) -> list[list[int]]:
+        if any(v.num_drafts for v in due):
+            raise RuntimeError("standard decoding proposes no drafts, yet drafts were fed")
+        return [[token] for token in sample(logits, [v.request for v in due])]
+
+
+STANDARD = Option(
+    name="standard",
+    summary="one token per sequence per step",
+    config=NoConfig,
+    build=lambda config: StandardDecoder(),
+)

@@ -1,0 +1,7 @@
+"""Admission policies (`strategy.policy`): the order in which waiting requests get a place."""
+
+from harness.engine.scheduling import AdmissionPolicy
+from strategies.policy.fcfs import FCFS
+from strategies.registry import Registry
+
+POLICIES: Registry[AdmissionPolicy] = Registry("policy", [FCFS])

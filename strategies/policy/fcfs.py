@@ -1,0 +1,23 @@
+"""First come, first served: waiting requests are offered places in arrival order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from harness.engine.kv_manager import KVManager
+from harness.engine.request import Request
+from harness.engine.scheduling import AdmissionPolicy
+from strategies.registry import NoConfig, Option
+
+
+class FirstComeFirstServed(AdmissionPolicy):
+    def order(self, waiting: Sequence[Request], kv: KVManager) -> list[Request]:
+        return list(waiting)
+
+
+FCFS = Option(
+    name="fcfs",
+    summary="arrival order",
+    config=NoConfig,
+    build=lambda config: FirstComeFirstServed(),
+)

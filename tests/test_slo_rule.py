@@ -1,0 +1,41 @@
+"""One SLO rule: `servelab search` and the sweep report judge the same runs the same way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reports_rundirs import RunSpec, write_run
+
+from harness.commands.search import sustained
+from harness.measure.slo import SLO, RequestLatency
+from reports.grouping import group_runs
+from reports.load import load_run
+from reports.sustain import group_slo, run_sustains
+
+
+def test_search_and_sweep_report_agree_on_every_run(tmp_path: Path) -> None:
+    slo = {"ttft_s": 0.5, "tpot_s": 0.05, "normalized_latency_s": 0.2}
+    cases = {"fast": (0.1, 0.01, 0), "slow-ttft": (0.4, 0.01, 0), "failing": (0.1, 0.01, 2)}
+    for name, (ttft, tpot, failed) in cases.items():
+        write_run(tmp_path, RunSpec(name=name, slo=slo, ttft=ttft, tpot=tpot, failed=failed))
+        write_run(tmp_path / "no-summary", RunSpec(name=name, slo=slo, ttft=ttft, tpot=tpot,
+                                                   failed=failed, summary=False))  # fmt: skip
+    verdicts = {}
+    for name in cases:
+        summarized = load_run(tmp_path / name)
+        bare = load_run(tmp_path / "no-summary" / name)
+        (group,) = group_runs([bare])
+        from_records = run_sustains(group.runs[0], group_slo(group))
+        assert sustained(summarized.summary) == from_records, name
+        verdicts[name] = from_records
+    assert verdicts == {"fast": True, "slow-ttft": False, "failing": False}
+
+
+def test_failed_requests_count_as_misses_and_one_token_has_no_tpot() -> None:
+    slo = SLO(ttft_s=1.0, tpot_s=0.1)
+    one_token = RequestLatency(ttft=0.5, e2e=0.5, tpot=None, normalized_latency=0.5,
+                               output_tokens=1)  # fmt: skip
+    assert slo.meets(one_token)
+    assert slo.attained([one_token, None]) == 0.5
+    assert slo.sustains(0.9) and not slo.sustains(0.89)
+    assert SLO().sustains(1.0) is None
