@@ -1,14 +1,22 @@
 """Pick each sequence's next token from its logits: greedy, or temperature / top-k / top-p.
 
-Random sampling draws from a generator seeded by (request seed, output index), so a
-request's tokens do not depend on which other requests shared its batch.
+Random sampling draws from a generator seeded by (request seed, output index, stream), so a
+request's tokens do not depend on which other requests shared its batch. Stream 0 is the
+target's own draws (plain sampling, and speculative verification); a draft model samples
+its proposals from another stream, so that a draft never correlates with the draw that
+verifies it. `probabilities` is the one place temperature, top-k and top-p are applied, to
+the target's logits and a draft's alike.
 """
 
 from __future__ import annotations
 
 import torch
 
-from harness.engine.request import Request
+from harness.engine.request import Request, SamplingParams
+
+TARGET_STREAM = 0
+DRAFT_STREAM = 1
+_STREAM_STRIDE = 1 << 40  # far beyond any seed * 1_000_003 + index this harness produces
 
 
 def sample(logits: torch.Tensor, requests: list[Request]) -> list[int]:
@@ -20,8 +28,10 @@ def sample(logits: torch.Tensor, requests: list[Request]) -> list[int]:
     ]
 
 
-def _sample_one(logits: torch.Tensor, request: Request) -> int:
-    params = request.sampling
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a sampled token is drawn from: `logits` [vocab] over the temperature,
+    cut to the top-k, then to the top-p nucleus (the cut mass is zero, the rest not rescaled:
+    `torch.multinomial` normalises)."""
     scaled = logits.float() / params.temperature
     if params.top_k > 0:
         kth = torch.topk(scaled, min(params.top_k, scaled.numel())).values[-1]
@@ -32,6 +42,24 @@ def _sample_one(logits: torch.Tensor, request: Request) -> int:
         before = sorted_probs.cumsum(0) - sorted_probs
         sorted_probs = sorted_probs.masked_fill(before >= params.top_p, 0.0)
         probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-    generator = torch.Generator(device=probs.device)
-    generator.manual_seed(params.seed * 1_000_003 + len(request.output_ids))
+    return probs
+
+
+def generator_for(
+    params: SamplingParams, index: int, stream: int = TARGET_STREAM
+) -> torch.Generator:
+    """The (host) generator for a request's output token `index` on `stream`; logits reach
+    the sampler on the host."""
+    generator = torch.Generator()
+    generator.manual_seed(params.seed * 1_000_003 + index + stream * _STREAM_STRIDE)
+    return generator
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from the (unnormalised) distribution `probs` [vocab]."""
     return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def _sample_one(logits: torch.Tensor, request: Request) -> int:
+    probs = probabilities(logits, request.sampling)
+    return draw(probs, generator_for(request.sampling, len(request.output_ids)))
