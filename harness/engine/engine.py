@@ -21,6 +21,7 @@ import torch
 from harness.engine.batch import AttentionFn, ForwardBatch
 from harness.engine.decoding import Decoder, Verification
 from harness.engine.kv_cache import KVCache
+from harness.engine.packing import pack
 from harness.engine.request import Request
 from harness.engine.scheduling import ScheduledSeq, Scheduler
 from harness.records import StepRecord
@@ -193,30 +194,8 @@ class Engine:
                 rows += range(first, row + real)
                 due.append(Verification(request, end - known))
             row += count
-        counts = torch.tensor(fed, dtype=torch.int64)
-        ends = torch.tensor(starts, dtype=torch.int64) + counts
-        query_start_loc = torch.zeros(len(seqs) + 1, dtype=torch.int64)
-        torch.cumsum(counts, 0, out=query_start_loc[1:])
-        row_seq = torch.repeat_interleave(torch.arange(len(seqs)), counts)
-        positions = torch.arange(len(ids)) - query_start_loc[row_seq] + (ends - counts)[row_seq]
-        kv = self.scheduler.kv
-        slot_mapping = torch.cat(
-            [kv.slot_mapping(r, s, s + c) for r, s, c in zip(requests, starts, fed, strict=True)]
-        )
-        layout = kv.layout(requests)
-        seq_lens = ends.tolist()
-        forward = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.int64),
-            positions=positions,
-            query_start_loc=query_start_loc.to(torch.int32),
-            seq_lens=ends.to(torch.int32),
-            query_lens=fed,
-            slot_mapping=slot_mapping,
-            logits_indices=torch.tensor(rows, dtype=torch.int64),
-            slab_starts=layout.get("slab_starts"),
-            block_tables=layout.get("block_tables"),
-            block_size=int(layout.get("block_size", 1)),
-        )
+        forward = pack(self.scheduler.kv, requests, starts, fed, ids, rows)
+        seq_lens = [start + count for start, count in zip(starts, fed, strict=True)]
         return _Batch(forward, due, StepShape(fed, seq_lens, len(rows)))
 
     def _accept(
