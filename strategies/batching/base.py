@@ -5,6 +5,7 @@ Requests wait in arrival order. Preempted requests go back to the head of the qu
 offered a place before anything new; new requests are offered places in the order of the
 strategy's admission policy. When a running request cannot grow, the most recently admitted
 unfinished request is preempted (recompute, or swap where the KV manager supports it).
+Speculative drafts are fed only where room is left (`add_drafts`): they never preempt.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from harness.engine.kv_manager import KVManager
 from harness.engine.request import Request, RequestState
 from harness.engine.scheduling import (
     AdmissionPolicy,
+    ScheduledSeq,
     Scheduler,
     SchedulerLimits,
     SchedulerOutput,
@@ -61,6 +63,24 @@ class QueueScheduler(Scheduler):
             self.waiting.remove(request)
         request.state = RequestState.RUNNING
         self.running.append(request)
+
+    def add_drafts(self, seqs: list[ScheduledSeq], budget: int | None) -> None:
+        """Feed the drafts of sequences that feed all their known tokens, in order, while
+        the token budget (None: no limit) and the KV manager have room. A draft is only a
+        guess: it never preempts a request and never takes a request's own place."""
+        for seq in seqs:
+            request = seq.request
+            known = request.num_tokens - request.num_computed_tokens
+            drafts = len(request.draft_ids)
+            if budget is not None:
+                drafts = min(drafts, budget)
+            if drafts == 0 or seq.num_new_tokens != known:
+                continue
+            while drafts and not self.kv.grow(request, known + drafts):
+                drafts -= 1
+            seq.num_new_tokens += drafts
+            if budget is not None:
+                budget -= drafts
 
     def grow_or_preempt(self, request: Request, count: int, out: SchedulerOutput) -> bool:
         """Make room for `count` more tokens of `request`, preempting the most recently

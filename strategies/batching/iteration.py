@@ -6,7 +6,8 @@ prefill, as many as the step's token budget still allows (Sarathi-style). Then w
 requests are offered places in admission order while the KV manager can place them and
 `max_num_seqs` and `max_num_batched_tokens` allow; the first that does not fit waits at the
 head of the queue. A finished request leaves at once, frees its KV, and its response is
-delivered. Drafts are cut to the token budget before any request's own tokens are.
+delivered. Speculative drafts come last: what budget is left after every request's own
+tokens goes to the scheduled sequences' drafts, in order, where the KV manager has room.
 """
 
 from __future__ import annotations
@@ -58,32 +59,36 @@ class IterationScheduler(QueueScheduler):
             budget -= count
             index += 1
         if not out.preempted:
-            self._admit(out, budget)
+            budget = self._admit(out, budget)
+        self.add_drafts(out.seqs, budget)
         return out
 
     def _tokens_this_step(self, request: Request, budget: int, scheduled: list) -> int:
+        """The request's own (known, not yet computed) tokens this step may feed."""
         known = request.num_tokens - request.num_computed_tokens
         if self.config.chunked_prefill:
-            return min(request.num_pending_tokens, budget)
+            return min(known, budget)
         if known > budget:
             # a whole prompt waits for a step with room; alone, it runs (a recomputed
             # sequence may have outgrown the budget since its prompt was admitted)
             return 0 if scheduled else known
-        return min(request.num_pending_tokens, budget)
+        return known
 
-    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit(self, out: SchedulerOutput, budget: int) -> int:
+        """Admit waiting requests while they fit; the token budget left."""
         for request in self.admission_order():
             if budget <= 0 or len(self.running) >= self.limits.max_num_seqs:
-                return
+                break
             if not self.kv.admit(request):
-                return
+                break
             count = self._tokens_this_step(request, budget, out.seqs)
             if count == 0 or not self.kv.grow(request, count):
                 self.kv.free(request)
-                return
+                break
             self.start_running(request)
             out.seqs.append(ScheduledSeq(request, count))
             budget -= count
+        return budget
 
     def on_finished(self, request: Request) -> list[Request]:
         self.running.remove(request)

@@ -67,9 +67,10 @@ class StaticScheduler(QueueScheduler):
 
     def _continue_batch(self, out: SchedulerOutput) -> None:
         for request in self.running_requests():
-            count = request.num_pending_tokens
+            count = request.num_tokens - request.num_computed_tokens
             if request in self.running and self.grow_or_preempt(request, count, out):
                 out.seqs.append(ScheduledSeq(request, count))
+        self.add_drafts(out.seqs, None)
         if not self.config.pad_finished:
             return
         for member in self.running:
