@@ -53,6 +53,8 @@ class ContiguousKVManager(KVManager):
         return request.num_computed_tokens + num_new_tokens <= self._slabs[request][1]
 
     def truncate(self, request: Request, num_tokens: int) -> None:
+        if num_tokens > request.num_computed_tokens:
+            raise ValueError(f"request {request.id}: cannot truncate forward to {num_tokens}")
         request.num_computed_tokens = num_tokens  # the slab stays reserved whole
 
     def free(self, request: Request) -> None:

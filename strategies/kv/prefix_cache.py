@@ -47,6 +47,18 @@ class PrefixCache:
     def entry(self, block_id: int) -> CachedBlock | None:
         return self._by_block.get(block_id)
 
+    def prefixes(self) -> list[tuple[int, ...]]:
+        """Every registered block's whole prefix: its tokens after all its parents' (checks)."""
+        found = []
+        for entry in self._by_block.values():
+            chain: list[CachedBlock] = []
+            node: CachedBlock | None = entry
+            while node is not None:
+                chain.append(node)
+                node = node.parent
+            found.append(tuple(t for block in reversed(chain) for t in block.tokens))
+        return found
+
     def lookup(self, tokens: Sequence[int], max_blocks: int) -> list[CachedBlock]:
         """The longest run of registered blocks equal to the first whole blocks of `tokens`."""
         size = self.block_size
