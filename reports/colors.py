@@ -17,6 +17,10 @@ PRESET_COLORS = {
     "orca-chunked": "#9467bd",
     "vllm": "#2ca02c",
     "vllm-noprefix": "#17becf",
+    "orca-spec-ngram": "#ffbb78",
+    "vllm-spec-ngram": "#98df8a",
+    "vllm-spec-layerskip": "#c49c94",
+    "vllm-spec-draft": "#f7b6d2",
 }
 
 PALETTE = (  # none close to a preset colour, so a hashed name never looks like a preset

@@ -6,6 +6,8 @@ well separated: exact-token comparisons then test the engine, not fp32 rounding 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 
@@ -24,8 +26,13 @@ from strategies.settings import StrategySettings, strategy_settings
 CPU = torch.device("cpu")
 
 
-def tiny_model(seed: int = 0, scale: float = 0.3, dtype: torch.dtype = torch.float32) -> LlamaModel:
+def tiny_model(
+    seed: int = 0, scale: float = 0.3, dtype: torch.dtype = torch.float32, vocab_size: int = 0
+) -> LlamaModel:
+    """The `tiny` shape with random weights; `vocab_size` shrinks its vocabulary (0: keep)."""
     config = DUMMY_SHAPES["tiny"]
+    if vocab_size:
+        config = replace(config, vocab_size=vocab_size)
     generator = torch.Generator().manual_seed(seed)
     shapes = LlamaModel(config).state_dict()
     state = {
@@ -104,7 +111,10 @@ def make_engine(
     max_num_seqs: int = 8,
     max_num_batched_tokens: int = 256,
     attention: str = "torch",
+    draft_model: LlamaModel | None = None,
 ) -> Engine:
+    """An engine over a cache of `kv_slots` of the target's slots (a drafting network's own
+    cache takes its share of that budget)."""
     config = model.config
     layout = KVLayout(config.num_layers, model.kv_heads_stored, config.head_dim, torch.float32)
     clock_state = {"t": 0.0}
@@ -116,7 +126,7 @@ def make_engine(
     engine = engine_settings(
         kv_slots * layout.bytes_per_token, max_num_seqs, max_num_batched_tokens, attention
     )
-    return build_engine(model, engine, settings, clock)
+    return build_engine(model, engine, settings, clock, draft_model)
 
 
 def make_requests(prompts: list[list[int]], max_tokens: list[int]) -> list[Request]:
@@ -134,7 +144,11 @@ def serve(engine: Engine, requests: list[Request], check=None) -> list[dict]:
     return [result.record.to_json() for result in serve_all(engine, requests, check)]
 
 
-def random_prompts(count: int, low: int, high: int, seed: int = 0) -> list[list[int]]:
+def random_prompts(
+    count: int, low: int, high: int, seed: int = 0, vocab_size: int = 49152
+) -> list[list[int]]:
+    """Prompts of `low..high` random tokens (above the special ids when the vocabulary allows)."""
     generator = torch.Generator().manual_seed(seed)
     lengths = torch.randint(low, high + 1, (count,), generator=generator).tolist()
-    return [torch.randint(17, 49152, (n,), generator=generator).tolist() for n in lengths]
+    first = 17 if vocab_size > 17 else 0
+    return [torch.randint(first, vocab_size, (n,), generator=generator).tolist() for n in lengths]

@@ -7,13 +7,11 @@ longer message.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from omegaconf import DictConfig
 
 from harness.errors import ConfigError
+from harness.runner.settings import CONF_DIR
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = ("model", "workload", "strategy")
 
 

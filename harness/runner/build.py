@@ -12,18 +12,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
 from harness.engine.engine import Engine
-from harness.engine.kv_cache import KVLayout, allocate_kv_cache
+from harness.engine.kv_cache import KVCache, KVLayout, allocate_kv_cache
 from harness.engine.scheduling import SchedulerLimits
+from harness.models.head_layout import HeadLayout
 from harness.models.load import Checkpoint, LoadedModel, load_model
 from harness.models.model import LlamaModel
 from harness.models.weights_format import WeightsContext, WeightsFormat
 from harness.runner.settings import EngineSettings, cache_dir_of
 from kernels.attention import Attention, AttentionConfig
+from strategies.decoding.context import DecoderContext
+from strategies.decoding.speculative import drafter_network
+from strategies.registry import Choice
 from strategies.settings import StrategySettings
 
 
@@ -47,22 +52,35 @@ def load_for_strategy(
     cfg: DictConfig, settings: EngineSettings, strategy: StrategySettings, progress: bool = True
 ) -> ServedModel:
     """The configured model (`cfg.model`) with the strategy's head layout and weights."""
-    heads = strategy.heads.build()
-    weights = strategy.weights.build()
-    cache_dir = cache_dir_of(cfg)
+    return load_served(
+        cfg.model, cache_dir_of(cfg), settings, strategy.heads, strategy.weights, progress
+    )
+
+
+def load_served(
+    model_node: DictConfig,
+    cache_dir: Path,
+    settings: EngineSettings,
+    heads_choice: Choice[HeadLayout],
+    weights_choice: Choice[WeightsFormat],
+    progress: bool = True,
+) -> ServedModel:
+    """The model `model_node` describes, with a head layout and a weights format."""
+    heads = heads_choice.build()
+    weights = weights_choice.build()
 
     def transform(checkpoint: Checkpoint, checkpoint_id: str) -> Checkpoint:
         context = WeightsContext(
             dtype=settings.dtype,
             device=settings.device,
             cache_dir=cache_dir,
-            checkpoint_id=f"{checkpoint_id}-heads-{strategy.heads.value}",
+            checkpoint_id=f"{checkpoint_id}-heads-{heads_choice.value}",
             progress=progress,
         )
         return weights.prepare(heads.convert(checkpoint), context)
 
     loaded = load_model(
-        cfg.model, settings.dtype, settings.device, cache_dir, transform, weights.linear
+        model_node, settings.dtype, settings.device, cache_dir, transform, weights.linear
     )
     heads.apply(loaded.model)
     return ServedModel(loaded, weights)
@@ -81,24 +99,56 @@ def build_engine(
     settings: EngineSettings,
     strategy: StrategySettings,
     clock: Callable[[], float],
+    draft_model: LlamaModel | None = None,
 ) -> Engine:
-    """An engine serving `model` under `strategy`, its KV cache sized by the budget."""
+    """An engine serving `model` under `strategy`, its KV cache sized by the budget; a
+    speculative strategy that drafts with a network (the target's first layers, or
+    `draft_model`) gets a second cache for it (see `kv_caches`)."""
     config = model.config
-    layout = KVLayout(config.num_layers, model.kv_heads_stored, config.head_dim, settings.dtype)
-    cache = allocate_kv_cache(
-        layout, kv_budget_bytes(settings), strategy.kv_block_size, settings.device
-    )
+    drafter = drafter_network(strategy.decoding.config, model, draft_model)
+    cache, drafter_cache = kv_caches(model, drafter, settings, strategy.kv_block_size)
     kv = strategy.kv.build(cache)
     limits = SchedulerLimits(settings.max_batch_size, settings.max_num_batched_tokens)
     scheduler = strategy.batching.build(kv, limits, strategy.policy.build())
+    attention = Attention(AttentionConfig(impl=settings.attention), settings.device)
+    context = DecoderContext(
+        target=model,
+        attention=attention,
+        device=settings.device,
+        build_kv=strategy.kv.build,
+        drafter=drafter,
+        drafter_cache=drafter_cache,
+    )
     return Engine(
         model=model,
         kv_cache=cache,
         scheduler=scheduler,
-        decoder=strategy.decoding.build(),
-        attention=Attention(AttentionConfig(impl=settings.attention), settings.device),
+        decoder=strategy.decoding.build(context),
+        attention=attention,
         device=settings.device,
         clock=clock,
         max_context=config.max_context,
         stop_token_ids=config.eos_token_ids,
     )
+
+
+def kv_caches(
+    model: LlamaModel, drafter: LlamaModel | None, settings: EngineSettings, block_size: int
+) -> tuple[KVCache, KVCache | None]:
+    """The target's KV cache and the drafter's, if any. The budget holds both: it is split so
+    that each holds the same number of tokens (whole blocks), in proportion to what a token
+    costs each, so a speculative run spends no more KV memory than a plain one."""
+    budget = kv_budget_bytes(settings)
+    layout = kv_layout(model, settings.dtype)
+    if drafter is None:
+        return allocate_kv_cache(layout, budget, block_size, settings.device), None
+    drafter_layout = kv_layout(drafter, settings.dtype)
+    tokens = budget // (layout.bytes_per_token + drafter_layout.bytes_per_token)
+    cache = allocate_kv_cache(layout, tokens * layout.bytes_per_token, block_size, settings.device)
+    drafter_bytes = cache.num_slots * drafter_layout.bytes_per_token
+    return cache, allocate_kv_cache(drafter_layout, drafter_bytes, block_size, settings.device)
+
+
+def kv_layout(model: LlamaModel, dtype: torch.dtype) -> KVLayout:
+    config = model.config
+    return KVLayout(config.num_layers, model.kv_heads_stored, config.head_dim, dtype)

@@ -31,6 +31,7 @@ from harness.measure.slo import SLO
 from harness.measure.telemetry import TelemetryResult, TelemetrySampler
 from harness.models.load import tokenizer_for
 from harness.runner.build import ServedModel, build_engine, load_for_strategy
+from harness.runner.draft import check_drafting, load_draft
 from harness.runner.replay import replay, to_request
 from harness.runner.settings import EngineSettings, cache_dir_of, engine_settings
 from reports.run_report import build_run_report
@@ -57,11 +58,13 @@ def prepare(cfg: DictConfig, clock: Callable[[], float], progress: bool = True) 
     settings = engine_settings(cfg.engine)
     strategy = strategy_settings(cfg.strategy)
     slo_of(cfg)  # checked before any work
+    check_drafting(cfg, strategy)
     torch.manual_seed(settings.seed)
     served = load_for_strategy(cfg, settings, strategy, progress)
+    draft_model = load_draft(cfg, settings, strategy, served, progress)
     tokenizer = served.loaded.tokenizer or tokenizer_for(cfg.model, cache_dir_of(cfg))
     workload = build_workload(cfg.workload, tokenizer, served.loaded.config.max_context)
-    engine = build_engine(served.model, settings, strategy, clock)
+    engine = build_engine(served.model, settings, strategy, clock, draft_model)
     check_workload(workload, engine)
     roofline = None
     if cfg.telemetry.get("roofline", True):

@@ -17,6 +17,7 @@ from harness.engine.kv_cache import parse_bytes
 from harness.errors import ConfigError
 from kernels.attention import IMPLS
 
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the Hydra config tree and its presets
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Measured on the 2-core development CPU (see the dtype note in README): bf16 is faster for
 # batched steps; fp32 stays available and is what exactness checks use.

@@ -20,5 +20,5 @@ STANDARD = Option(
     name="standard",
     summary="one token per sequence per step",
     config=NoConfig,
-    build=lambda config: StandardDecoder(),
+    build=lambda config, context: StandardDecoder(),
 )

@@ -1,0 +1,30 @@
+"""What a decoding strategy may need when it is built: the target model and, for a speculative
+strategy that drafts with a network, that network and its own KV cache.
+
+`harness.runner.build.build_engine` makes one of these for every engine. The drafting network
+(the target's first layers, or a separate draft model) gets a KV cache of its own, sized by
+the same budget rule as the target's and managed by the same KV strategy (`build_kv`), so it
+allocates, shares prefixes and rolls back exactly as the target's cache does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from harness.engine.batch import AttentionFn
+from harness.engine.kv_cache import KVCache
+from harness.engine.kv_manager import KVManager
+from harness.models.model import LlamaModel
+
+
+@dataclass(frozen=True)
+class DecoderContext:
+    target: LlamaModel
+    attention: AttentionFn
+    device: torch.device
+    build_kv: Callable[[KVCache], KVManager]  # the run's KV strategy, for a drafter's own cache
+    drafter: LlamaModel | None = None  # the network that drafts, if the strategy uses one
+    drafter_cache: KVCache | None = None  # its KV cache (as many slots as the target's)

@@ -1,0 +1,223 @@
+"""`speculative` decoding (Leviathan et al., 2023): a cheaper proposer drafts gamma tokens, the
+target verifies them all in one forward, and the acceptance rule keeps its output exact.
+
+At the start of every step each running request that is past its first token gets up to
+gamma drafts (`strategy.gamma`, fixed or adaptive: `strategies.decoding.gamma`) from the
+proposer (`strategy.proposer`): `ngram` (prompt lookup), `layerskip` (the target's first
+`strategy.layerskip_layers` layers) or `draft` (a separate model, `strategy.draft_model` with
+`strategy.draft_weights`). The scheduler feeds [last token, drafts...] in the same forward as
+other requests' prefill and decode, trimming drafts to the step's token budget first; the
+acceptance rule (`strategies.decoding.acceptance`) returns the accepted drafts and one target
+token, and the engine rolls the KV cache back past the rejected ones.
+
+Counters, per step (`steps.jsonl`) and per request (`requests.jsonl`): `spec_proposed`
+(drafts the target verified), `spec_accepted`, `spec_decode_seqs` (target forwards of
+sequences past their first token, drafting or not) and `spec_emitted` (tokens those produced),
+`spec_accepted_counts` (per step: how many verifications accepted 0, 1, 2, ... drafts) and
+`spec_draft_s` (seconds spent proposing, against the step's `model_s` for the target).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.engine.decoding import Decoder, Verification
+from harness.engine.request import Request
+from harness.errors import ConfigError
+from harness.models.model import LlamaModel
+from strategies.decoding.acceptance import accept_greedy, accept_sampled
+from strategies.decoding.context import DecoderContext
+from strategies.decoding.gamma import RULES, choose_gamma
+from strategies.decoding.layerskip import early_exit
+from strategies.decoding.model_drafter import ModelDrafter
+from strategies.decoding.ngram import NgramProposer
+from strategies.decoding.proposer import Proposer, Want
+from strategies.registry import Option
+from strategies.weights import WEIGHTS
+
+PROPOSERS = ("ngram", "layerskip", "draft")
+TARGET = "target"  # `draft_model`: the served model's own checkpoint
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    proposer: str = field(
+        default="ngram",
+        metadata={"choices": PROPOSERS, "help": "prompt lookup, the target's early exit, a model"},
+    )
+    gamma: int = field(default=4, metadata={"minimum": 1, "help": "drafts per step (the most)"})
+    gamma_rule: str = field(
+        default="fixed",
+        metadata={"choices": RULES, "help": "fixed gamma, or adaptive from the acceptance rate"},
+    )
+    gamma_cost: float = field(
+        default=0.1,
+        metadata={"minimum": 0.0, "help": "adaptive: one draft token's cost / a target step"},
+    )
+    ngram_min: int = field(default=1, metadata={"minimum": 1, "help": "ngram: shortest match"})
+    ngram_max: int = field(default=3, metadata={"minimum": 1, "help": "ngram: longest match"})
+    layerskip_layers: int = field(
+        default=8, metadata={"minimum": 1, "help": "layerskip: target layers the draft runs"}
+    )
+    draft_model: str = field(
+        default=TARGET, metadata={"help": "draft: a model preset (conf/model), or target"}
+    )
+    draft_weights: str = field(
+        default="dense",
+        metadata={"choices": WEIGHTS.names, "help": "draft: the draft model's weights format"},
+    )
+
+    def check(self) -> None:
+        if self.ngram_min > self.ngram_max:
+            raise ConfigError(
+                "strategy.ngram_min",
+                f"{self.ngram_min} is above strategy.ngram_max={self.ngram_max}; lower it",
+            )
+
+
+def drafter_network(
+    config: object, target: LlamaModel, draft_model: LlamaModel | None
+) -> LlamaModel | None:
+    """The network a decoding config drafts with (its KV cache is sized beside the target's):
+    the target's first layers, the loaded draft model, or none."""
+    if not isinstance(config, SpeculativeConfig) or config.proposer == "ngram":
+        return None
+    if config.proposer == "layerskip":
+        return early_exit(target, config.layerskip_layers)
+    if draft_model is None:
+        raise ConfigError(
+            "strategy.draft_model", "proposer=draft but no draft model was loaded; name one"
+        )
+    if draft_model.config.vocab_size != target.config.vocab_size:
+        raise ConfigError(
+            "strategy.draft_model",
+            f"a vocabulary of {draft_model.config.vocab_size}, the target's is "
+            f"{target.config.vocab_size}; the draft must share the target's tokenizer",
+        )
+    return draft_model
+
+
+class SpeculativeDecoder(Decoder):
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_context: int) -> None:
+        self.config = config
+        self.proposer = proposer
+        self.max_context = max_context
+        self._q: dict[Request, torch.Tensor] = {}  # draft distributions of sampled requests
+        self._counters = _StepCounters()
+
+    def propose(self, requests: list[Request]) -> None:
+        start = time.perf_counter()
+        self._q.clear()
+        wants = []
+        for request in requests:
+            request.draft_ids = []
+            gamma = choose_gamma(
+                request,
+                self.config.gamma_rule,
+                self.config.gamma,
+                self.config.gamma_cost,
+                self.max_context,
+            )
+            if gamma > 0:
+                wants.append(Want(request, gamma))
+        if wants:
+            for want, proposal in zip(wants, self.proposer.propose(wants), strict=True):
+                want.request.draft_ids = proposal.tokens
+                if proposal.q is not None:
+                    self._q[want.request] = proposal.q
+        self._counters.draft_s += time.perf_counter() - start
+
+    def accept(self, logits: torch.Tensor, due: list[Verification]) -> list[list[int]]:
+        accepted: list[list[int]] = []
+        row = 0
+        for verification in due:
+            request, count = verification.request, verification.num_drafts
+            rows = logits[row : row + count + 1]
+            row += count + 1
+            drafts = request.draft_ids[:count]
+            if request.sampling.greedy:
+                tokens = accept_greedy(rows, drafts)
+            else:
+                q = self._q.get(request)
+                first = len(request.output_ids)
+                tokens = accept_sampled(
+                    rows, drafts, None if q is None else q[:count], request.sampling, first
+                )
+            if request.output_ids:
+                self._counters.add(request, count, len(tokens))
+            accepted.append(tokens)
+        return accepted
+
+    def release(self, request: Request) -> None:
+        self._q.pop(request, None)
+        self.proposer.release(request)
+
+    def step_counters(self) -> dict[str, float]:
+        done, self._counters = self._counters, _StepCounters()
+        return {**done.as_record(), **self.proposer.counters()}
+
+
+@dataclass
+class _StepCounters:
+    proposed: int = 0
+    accepted: int = 0
+    decode_seqs: int = 0
+    emitted: int = 0
+    accepted_counts: list[int] = field(default_factory=list)
+    draft_s: float = 0.0
+
+    def add(self, request: Request, drafts: int, emitted: int) -> None:
+        """A sequence past its first token was verified with `drafts` drafts fed and got
+        `emitted` tokens (the accepted drafts and the target's)."""
+        accepted = emitted - 1
+        self.decode_seqs += 1
+        self.emitted += emitted
+        counters = request.counters
+        counters["spec_decode_seqs"] = counters.get("spec_decode_seqs", 0) + 1
+        counters["spec_emitted"] = counters.get("spec_emitted", 0) + emitted
+        if drafts == 0:
+            return
+        self.proposed += drafts
+        self.accepted += accepted
+        if len(self.accepted_counts) <= accepted:
+            self.accepted_counts += [0] * (accepted + 1 - len(self.accepted_counts))
+        self.accepted_counts[accepted] += 1
+        counters["spec_proposed"] = counters.get("spec_proposed", 0) + drafts
+        counters["spec_accepted"] = counters.get("spec_accepted", 0) + accepted
+
+    def as_record(self) -> dict[str, float]:
+        return {
+            "spec_proposed": self.proposed,
+            "spec_accepted": self.accepted,
+            "spec_decode_seqs": self.decode_seqs,
+            "spec_emitted": self.emitted,
+            "spec_accepted_counts": self.accepted_counts,
+            "spec_draft_s": self.draft_s,
+        }
+
+
+def build_speculative(config: SpeculativeConfig, context: DecoderContext) -> SpeculativeDecoder:
+    if config.proposer == "ngram":
+        proposer: Proposer = NgramProposer(config.ngram_min, config.ngram_max)
+    else:
+        if context.drafter is None or context.drafter_cache is None:
+            raise RuntimeError(f"proposer {config.proposer}: build_engine gave no drafter")
+        proposer = ModelDrafter(
+            context.drafter,
+            context.drafter_cache,
+            context.build_kv(context.drafter_cache),
+            context.attention,
+            context.device,
+        )
+    return SpeculativeDecoder(config, proposer, context.target.config.max_context)
+
+
+SPECULATIVE = Option(
+    name="speculative",
+    summary="a proposer drafts gamma tokens, the target verifies them in one pass (lossless)",
+    config=SpeculativeConfig,
+    build=build_speculative,
+)
