@@ -1,7 +1,7 @@
 """`servelab verify`: does each strategy serve exactly the tokens of the plain path?
 
-The reference is static batching with contiguous KV, in the same dtype, on the same
-workload (greedy). Every other strategy is served offline on the same requests and its
+The reference is static batching with contiguous KV and standard decoding, in the same dtype,
+on the same workload (greedy). Every other strategy is served offline on the same requests and its
 outputs compared request by request. In fp32 a lossless strategy must match every request.
 In bf16 a different batch shape may round differently and flip a near-tie, so for each
 request that diverges the reference model is asked for its margin between its two best
@@ -117,13 +117,21 @@ def compare(
     return check
 
 
+def reference_overrides(overrides: list[str]) -> list[str]:
+    """The reference run's overrides: the user's, on static batching with plain decoding (an
+    override such as `strategy.decoding=speculative` applies to every strategy compared, but
+    the reference must stay the plain path)."""
+    kept = [o for o in overrides if o.lstrip("+~").partition("=")[0] != "strategy.decoding"]
+    return [*kept, f"strategy={REFERENCE}", "strategy.decoding=standard"]
+
+
 def verify(
     strategies: list[str],
     overrides: list[str],
     compose: Callable[[list[str]], DictConfig],
     out: Path | None,
 ) -> list[StrategyCheck]:
-    reference = serve_outputs(compose([*overrides, f"strategy={REFERENCE}"]))
+    reference = serve_outputs(compose(reference_overrides(overrides)))
     requests = reference.prepared.workload.requests
     prompts = {s.id: list(s.prompt_ids) for s in requests}
     checks = []
