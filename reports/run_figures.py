@@ -1,8 +1,9 @@
 """The figures of one run's report: latency CDFs, request timeline, steps, KV, telemetry, roofline.
 
-Each builder takes recorded frames and returns a plotly figure, or None when the run did
-not record what the figure needs (no steps, no telemetry, no FLOP counts or peaks), so
-the report only shows figures that carry data. Times are seconds since the run started.
+Each builder takes recorded frames (or a summary's figures) and returns a plotly figure, or
+None when the run did not record what the figure needs (no steps, no telemetry, no FLOP
+counts or peaks, no speculative verifications), so the report only shows figures that carry
+data. Times are seconds since the run started.
 """
 
 from __future__ import annotations
@@ -328,4 +329,29 @@ def utilization_figure(steps: pd.DataFrame) -> go.Figure | None:
     figure = new_figure("MFU and MBU per step", TIME_AXIS, "share of measured peak (fraction)")
     for column in columns:
         figure.add_trace(go.Scatter(x=steps["t_start"], y=steps[column], name=column.upper()))
+    return figure
+
+
+def acceptance_figure(histogram: list[int]) -> go.Figure | None:
+    """Speculative verifications by how many drafts the target accepted (0 = the first draft
+    was rejected; the most = every draft passed), when the run speculated."""
+    if not histogram or sum(histogram) == 0:
+        return None
+    figure = new_figure(
+        "Accepted drafts per verification",
+        "drafts accepted in one verification (tokens)",
+        "verifications (count)",
+    )
+    total = sum(histogram)
+    figure.add_trace(
+        go.Bar(
+            x=list(range(len(histogram))),
+            y=histogram,
+            name="verifications",
+            marker={"color": "#3d7ab8"},
+            hovertext=[f"{k} accepted: {n} ({n / total:.1%})" for k, n in enumerate(histogram)],
+            hoverinfo="text",
+        )
+    )
+    figure.update_xaxes(dtick=1)
     return figure

@@ -29,6 +29,7 @@ from reports.derive import (
 from reports.html import Cell, Page, table_html
 from reports.load import RunData, as_dict, load_run
 from reports.run_figures import (
+    acceptance_figure,
     batch_figure,
     kv_figure,
     latency_cdfs,
@@ -61,6 +62,9 @@ THROUGHPUT_ROWS = (
     ("mfu_mean", "MFU, mean", "fraction"),
     ("mbu_mean", "MBU, mean", "fraction"),
     ("acceptance_rate", "speculative acceptance rate", "fraction"),
+    ("mean_accepted_length", "tokens emitted per target forward", "tokens"),
+    ("draft_cost_ratio", "draft token cost / target step (c)", "fraction"),
+    ("predicted_speedup", "speedup predicted from acceptance and c", "×"),
     ("energy_j", "energy", "J"),
     ("j_per_token", "energy per output token", "J/token"),
 )
@@ -73,7 +77,7 @@ def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
     summary = _summary(run, page)
     metrics = request_metrics(run.request_records) if run.request_records else None
     _results_section(page, run, summary, metrics)
-    _figures_section(page, run, metrics)
+    _figures_section(page, run, metrics, summary)
     _configuration_section(page, run)
     return page.write(out or run_dir / REPORT_NAME)
 
@@ -229,7 +233,9 @@ def _flatten(value: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     return items
 
 
-def _figures_section(page: Page, run: RunData, metrics: pd.DataFrame | None) -> None:
+def _figures_section(
+    page: Page, run: RunData, metrics: pd.DataFrame | None, summary: dict[str, Any]
+) -> None:
     if metrics is not None:
         page.heading("Requests over time")
         page.figures([request_timeline(metrics, run.requests)], wide=True)
@@ -244,6 +250,7 @@ def _figures_section(page: Page, run: RunData, metrics: pd.DataFrame | None) -> 
             kv_figure(steps),
             utilization_figure(steps),
             roofline_figure(steps, as_dict(run.meta.get("peaks"))),
+            acceptance_figure(summary.get("acceptance_histogram") or []),
         ]
         page.figures([f for f in figures if f is not None])
     page.heading("Telemetry")

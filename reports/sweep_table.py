@@ -39,6 +39,9 @@ METRIC_COLUMNS = (
     ("kv_waste_mean", "KV waste mean"),
     ("mfu_mean", "MFU mean"),
     ("j_per_token", "J/token"),
+    ("acceptance_rate", "acceptance rate"),
+    ("mean_accepted_length", "tokens / target forward"),
+    ("predicted_speedup", "predicted speedup ×"),
 )
 RATIO_COLUMNS = (
     ("output_throughput", "throughput ×"),
@@ -111,7 +114,14 @@ def run_values(group: Group, sweep_run: SweepRun) -> dict[str, Any]:
         values[key] = None if count is None else int(count)
     for key in ("request_throughput", "output_throughput", "goodput"):
         values[key] = _number(summary.get(key))
-    for key in ("kv_waste_mean", "mfu_mean", "j_per_token"):
+    for key in (
+        "kv_waste_mean",
+        "mfu_mean",
+        "j_per_token",
+        "acceptance_rate",
+        "mean_accepted_length",
+        "predicted_speedup",
+    ):
         values[key] = _number(summary.get(key))
     values["normalized_latency_mean"] = _number(
         as_dict(summary.get("normalized_latency")).get("mean")

@@ -167,3 +167,46 @@ def test_records_round_trip_with_their_counters() -> None:
     payload = step.to_json()
     assert payload["kv_blocks_used"] == 2 and payload["mfu"] == 0.5
     assert StepRecord.from_json(payload) == step
+
+
+def _spec_step(proposed: int, accepted: int, seqs: int, emitted: int, counts, draft_s: float):
+    return _step(
+        0.0,
+        0.2,
+        10,
+        10,
+        seqs,
+        counters={
+            "spec_proposed": proposed,
+            "spec_accepted": accepted,
+            "spec_decode_seqs": seqs,
+            "spec_emitted": emitted,
+            "spec_accepted_counts": counts,
+            "spec_draft_s": draft_s,
+        },
+    )
+
+
+def test_speculative_figures_come_from_the_step_counters() -> None:
+    steps = [
+        # two sequences drafted 4 each: one accepted 4 (+1), one 1 (+1); a third had no draft
+        _spec_step(8, 5, 3, 8, [0, 1, 0, 0, 1], 0.05),
+        # one drafted 4, all rejected
+        _spec_step(4, 0, 1, 1, [1], 0.05),
+    ]
+    requests = [_request("a", 0.0, [0.1, 0.2])]
+    summary = summarize(requests, steps, SLO())
+    assert summary["acceptance_rate"] == pytest.approx(5 / 12)
+    assert summary["mean_accepted_length"] == pytest.approx(9 / 4)
+    assert summary["acceptance_histogram"] == [1, 1, 0, 0, 1]
+    assert summary["mean_gamma"] == pytest.approx(4.0)
+    # c = draft time / (gamma x target time) = 0.1 / (4 x 0.2)
+    assert summary["draft_cost_ratio"] == pytest.approx(0.125)
+    alpha = 5 / 12
+    expected = (1 - alpha**5) / ((1 - alpha) * (4 * 0.125 + 1))
+    assert summary["predicted_speedup"] == pytest.approx(expected)
+
+
+def test_plain_runs_have_no_speculative_figures() -> None:
+    summary = summarize([_request("a", 0.0, [0.1])], [_step(0.0, 0.1, 4, 4, 1)], SLO())
+    assert "acceptance_rate" not in summary

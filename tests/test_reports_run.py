@@ -99,11 +99,18 @@ def test_optional_summary_fields_are_shown(tmp_path: Path) -> None:
         "correctness": {"check": "greedy-fp32", "identical_share": 0.5, "max_margin": 0.25},
         "j_per_token": 0.125,
         "acceptance_rate": 0.75,
+        "mean_accepted_length": 2.5,
+        "acceptance_histogram": [3, 0, 5],
     }
     html = page_text(build_run_report(write_run(tmp_path, RunSpec(extra_summary=extra))))
     assert "<td>greedy-fp32, 50.0% identical, max_margin=0.25</td>" in html
     assert "<td>energy per output token</td><td>0.125</td><td>J/token</td>" in html
     assert "<td>speculative acceptance rate</td><td>0.75</td>" in html
+    assert "<td>tokens emitted per target forward</td><td>2.5</td>" in html
+    assert "Accepted drafts per verification" in figure_titles(html)
+    assert "Accepted drafts per verification" not in figure_titles(
+        page_text(build_run_report(write_run(tmp_path / "plain", RunSpec())))
+    )
 
 
 def test_report_can_go_elsewhere(tmp_path: Path) -> None:

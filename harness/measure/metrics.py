@@ -11,9 +11,21 @@ use these same functions. Every latency starts at the request's arrival (`t_sche
 - duration = first arrival → last completion (`t_done`, whatever the outcome), over counted
   requests.
 
-Step figures (KV waste, peak running, preemptions, MFU/MBU) use the steps that started
-inside the measured window, from the first counted arrival to the last counted delivery, so
-warm-up and cool-down are left out of them as they are of the request metrics.
+Step figures (KV waste, peak running, preemptions, MFU/MBU, speculative counts) use the
+steps that started inside the measured window, from the first counted arrival to the last
+counted delivery, so warm-up and cool-down are left out of them as they are of the request
+metrics.
+
+Speculative decoding (from the step counters the decoder writes):
+
+- acceptance rate α = accepted drafts / drafts the target verified;
+- mean accepted length = tokens emitted per target forward of a sequence past its first
+  token (1 for plain decoding; a speculative forward emits its accepted drafts plus one);
+- mean gamma = drafts per verification that had any; draft cost ratio c = draft time /
+  (mean gamma × target time), the cost of one draft token as a share of a target step;
+- predicted speedup = (1 − α^(γ+1)) / ((1 − α)(γc + 1)) at the mean gamma (Leviathan et
+  al.: free verification assumed, so the measured speedup falls short by what verifying
+  gamma more tokens costs the target).
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import numpy as np
 from harness.measure.roofline import run_utilisation
 from harness.measure.slo import SLO, RequestLatency
 from harness.records import RequestRecord, StepRecord
+from strategies.decoding.gamma import expected_speedup
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "normalized_latency")
 STAT_KEYS = ("mean", "std", "p50", "p90", "p95", "p99")
@@ -143,6 +156,7 @@ def summarize(
     )
     measured = [s for s in steps if window and window.holds(s)]
     summary.update(step_summary(measured))
+    summary.update(speculative_summary(measured))
     summary["mfu_mean"], summary["mbu_mean"] = run_utilisation(measured, peaks)
     return summary
 
@@ -158,4 +172,43 @@ def step_summary(steps: Sequence[StepRecord]) -> dict:
         "pad_tokens": sum(s.pad_tokens for s in steps),
         "steps": len(steps),
         "model_time_share": model_time / step_time if step_time > 0 else None,
+    }
+
+
+def speculative_summary(steps: Sequence[StepRecord]) -> dict:
+    """Acceptance rate, tokens per target forward, the acceptance histogram (index k: how
+    many verifications accepted k drafts), draft cost and the speedup they predict; empty for
+    runs without speculative counters."""
+    spec = [s.counters for s in steps if "spec_proposed" in s.counters]
+    if not spec:
+        return {}
+    proposed = sum(c["spec_proposed"] for c in spec)
+    accepted = sum(c["spec_accepted"] for c in spec)
+    forwards = sum(c["spec_decode_seqs"] for c in spec)
+    lists = [c.get("spec_accepted_counts", []) for c in spec]
+    width = max(len(counts) for counts in lists)
+    histogram = [sum(counts[k] for counts in lists if k < len(counts)) for k in range(width)]
+    draft_s = sum(c.get("spec_draft_s", 0.0) for c in spec)
+    target_s = sum(s.model_s for s in steps if "spec_proposed" in s.counters)
+    alpha = accepted / proposed if proposed else None
+    gamma = proposed / sum(histogram) if sum(histogram) else None
+    cost = draft_s / (gamma * target_s) if gamma and target_s > 0 else None
+    predicted = (
+        expected_speedup(alpha, gamma, cost)
+        if alpha is not None and gamma and cost is not None
+        else None
+    )
+    return {
+        "acceptance_rate": alpha,
+        "mean_accepted_length": sum(c["spec_emitted"] for c in spec) / forwards
+        if forwards
+        else None,
+        "acceptance_histogram": histogram,
+        "spec_proposed": proposed,
+        "spec_accepted": accepted,
+        "mean_gamma": gamma,
+        "draft_time_s": draft_s,
+        "target_time_s": target_s,
+        "draft_cost_ratio": cost,
+        "predicted_speedup": predicted,
     }

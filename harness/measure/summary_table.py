@@ -39,6 +39,12 @@ def render_summary(summary: dict, run_dir: str, console: Console | None = None) 
             "MFU / MBU (mean)",
             f"{_num(summary['mfu_mean'], 3)} / {_num(summary.get('mbu_mean'), 3)}",
         )
+    if summary.get("acceptance_rate") is not None:
+        head.add_row(
+            "speculative",
+            f"acceptance {_num(summary['acceptance_rate'], 3)}, "
+            f"{_num(summary.get('mean_accepted_length'))} tokens / target forward",
+        )
     console.print(head)
     latency = Table(title="latency (ms)")
     latency.add_column("metric")
