@@ -41,6 +41,11 @@ def _fail(monkeypatch, capsys, tmp_path: Path, *args: str) -> str:
         (("model=dummy-tiny", "engine.dtype=fp8"), "engine.dtype:"),
         (("model=dummy-tiny", "strategy.batching=greedy"), "strategy.batching:"),
         (("model=dummy-tiny", "workload.output_len.value=0"), "workload.output_len"),
+        (("model=dummy-tiny", "strategy=vllm-spec-ngram", "strategy.gamma=0"), "strategy.gamma:"),
+        (
+            ("model=dummy-tiny", "strategy=vllm-spec-draft", "strategy.draft_model=nosuch"),
+            "strategy.draft_model: unknown model preset 'nosuch'",
+        ),
         (
             ("model=dummy-tiny", "workload.input_len.lo=600", "workload.input_len.hi=700"),
             "workload",
