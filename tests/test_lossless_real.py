@@ -2,8 +2,10 @@
 
 Real-text prompts sharing long system prompts (so prefix caching hits), a KV budget small
 enough that the paged strategy must preempt, and a token budget small enough that chunked
-prefill splits prompts: `orca`, `orca-chunked` and `vllm` must each match
-`fastertransformer` on every request.
+prefill splits prompts: `orca`, `orca-chunked`, `vllm` and speculative decoding with every
+proposer (prompt lookup over both KV strategies, the target's first layers, the target
+drafting for itself through a cache of its own) must each match `fastertransformer` on every
+request.
 """
 
 from __future__ import annotations
@@ -31,10 +33,25 @@ OVERRIDES = [
 ]
 
 
+SPECULATIVE = ["orca-spec-ngram", "vllm-spec-ngram", "vllm-spec-layerskip", "vllm-spec-draft"]
+
+
 def test_lossless_strategies_match_static_batching_exactly() -> None:
-    checks = verify(["orca", "orca-chunked", "vllm"], OVERRIDES, compose, None)
+    strategies = ["orca", "orca-chunked", "vllm", *SPECULATIVE]
+    checks = verify(strategies, [*OVERRIDES, "strategy.gamma=3"], compose, None)
+    assert [check.strategy for check in checks] == strategies
     for check in checks:
         assert check.identical == check.requests == 8, (check.strategy, check.divergences)
+
+
+def test_the_speculative_paged_run_preempted_hit_the_prefix_cache_and_rolled_back() -> None:
+    served = serve_outputs(compose([*OVERRIDES, "strategy=vllm-spec-ngram", "strategy.gamma=3"]))
+    records = [step.record for step in served.steps]
+    assert sum(record.preempted for record in records) > 0
+    assert records[-1].counters["prefix_hit_tokens"] > 0
+    proposed = sum(record.counters["spec_proposed"] for record in records)
+    accepted = sum(record.counters["spec_accepted"] for record in records)
+    assert 0 < accepted < proposed
 
 
 def test_the_paged_run_really_preempted_and_hit_the_prefix_cache() -> None:

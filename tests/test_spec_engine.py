@@ -18,6 +18,7 @@ from harness.models.model import LlamaModel
 from harness.records import StepRecord
 from strategies.decoding.model_drafter import ModelDrafter
 from strategies.kv.paged import PagedKVManager
+from strategies.settings import StrategySettings
 from tests.tiny import (
     greedy_reference,
     make_engine,
@@ -49,7 +50,7 @@ def draft_model() -> LlamaModel:
     return drafted
 
 
-def _spec(batching: str, kv: str, proposer: str, **overrides) -> object:
+def _spec(batching: str, kv: str, proposer: str, **overrides) -> StrategySettings:
     return strategy(
         batching,
         kv,
@@ -109,9 +110,11 @@ def test_speculation_serves_exactly_the_greedy_tokens(
         assert len(request.output_ids) == 1 + request.counters["spec_emitted"]
 
 
-@pytest.mark.parametrize("proposer", PROPOSERS)
+@pytest.mark.parametrize(
+    ("proposer", "preemption"), [*((p, "recompute") for p in PROPOSERS), ("ngram", "swap")]
+)
 def test_speculation_stays_exact_under_preemption_prefix_hits_and_chunked_prefill(
-    model: LlamaModel, draft_model: LlamaModel, proposer: str
+    model: LlamaModel, draft_model: LlamaModel, proposer: str, preemption: str
 ) -> None:
     shared = random_prompts(2, 12, 12, seed=4, vocab_size=VOCAB)
     tails = random_prompts(8, 2, 9, seed=5, vocab_size=VOCAB)
@@ -120,7 +123,7 @@ def test_speculation_stays_exact_under_preemption_prefix_hits_and_chunked_prefil
     requests = make_requests(prompts, counts)
     engine = make_engine(
         model,
-        _spec("iteration", "paged", proposer, chunked_prefill=True, block_size=4),
+        _spec("iteration", "paged", proposer, chunked_prefill=True, preemption=preemption),
         kv_slots=96,
         max_num_seqs=6,
         max_num_batched_tokens=24,
