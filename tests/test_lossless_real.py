@@ -69,3 +69,15 @@ def test_mha_layout_serves_the_tokens_of_native_gqa_with_three_times_the_cache()
     native_layout = native.prepared.engine.kv_cache.layout
     repeated_layout = repeated.prepared.engine.kv_cache.layout
     assert repeated_layout.bytes_per_token == 3 * native_layout.bytes_per_token
+
+
+def test_model_drafters_are_lossless_over_contiguous_kv_too() -> None:
+    reference = serve_outputs(compose([*OVERRIDES, "strategy=fastertransformer"]))
+    for proposer in ("layerskip", "draft"):
+        served = serve_outputs(
+            compose(
+                [*OVERRIDES, "strategy=orca-spec-ngram", f"strategy.proposer={proposer}"]
+                + ["strategy.gamma=3"]
+            )
+        )
+        assert served.outputs == reference.outputs, proposer

@@ -2,9 +2,11 @@
 
 `load_for_strategy` loads the configured model as the strategy serves it: the head layout
 converts the checkpoint, the weights format prepares (quantises) the result and supplies the
-linear layers, and the head layout sets how each KV head is stored. `build_engine` sizes the
-KV cache from the budget and wires the strategy's KV manager, scheduler, admission policy and
-decoder around the model. Runs, `verify`, `perplexity`, the server and the tests' tiny
+linear layers, and the head layout sets how each KV head is stored (`load_served` does the
+same for any model node, such as a speculative draft model). `build_engine` sizes the KV
+cache from the budget (shared with a drafting network's cache, if the decoding strategy has
+one) and wires the strategy's KV manager, scheduler, admission policy and decoder around the
+model. Runs, `verify`, `perplexity`, the server and the tests' tiny
 engines all go through these two functions.
 """
 
