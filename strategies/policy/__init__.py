@@ -2,6 +2,7 @@
 
 from harness.engine.scheduling import AdmissionPolicy
 from strategies.policy.fcfs import FCFS
+from strategies.policy.shortest_first import SHORTEST_FIRST
 from strategies.registry import Registry
 
-POLICIES: Registry[AdmissionPolicy] = Registry("policy", [FCFS])
+POLICIES: Registry[AdmissionPolicy] = Registry("policy", [FCFS, SHORTEST_FIRST])
