@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.engine.engine import Engine, StepResult
 from harness.errors import ConfigError
-from harness.measure.calibrate import Peaks, measure_peaks
+from harness.measure.calibrate import Peaks, measure_peaks, provenance, remeasure_if_beaten
 from harness.measure.meta import collect_meta
 from harness.measure.metrics import summarize
 from harness.measure.profiling import StepProfiler
@@ -30,6 +30,7 @@ from harness.measure.rundir import SCHEMA_VERSION, RunWriter, read_requests, rea
 from harness.measure.slo import SLO
 from harness.measure.telemetry import TelemetryResult, TelemetrySampler
 from harness.models.load import tokenizer_for
+from harness.records import StepRecord
 from harness.runner.build import ServedModel, build_engine, load_for_strategy
 from harness.runner.replay import replay, to_request
 from harness.runner.settings import EngineSettings, cache_dir_of, engine_settings
@@ -174,7 +175,8 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
     meta["strategy"] = prepared.strategy.describe()
     meta["weight_bytes"] = prepared.served.weight_bytes
     roofline = prepared.roofline
-    meta["peaks"] = peaks_record(roofline.peaks) if roofline and roofline.peaks else None
+    peaks = roofline.peaks if roofline else None
+    meta["peaks"] = peaks_record(peaks, cache_dir_of(cfg)) if peaks else None
     writer.json("meta.json", meta)
     profiler = StepProfiler(
         enabled=bool(cfg.profile.enabled),
@@ -199,6 +201,8 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         profiler.close()
         writer.close()
         summary = summary_for(run_dir, cfg, prepared.workload, telemetry, error, meta["peaks"])
+        if peaks is not None:
+            summary["flags"] += check_peaks(peaks, read_steps(run_dir), settings, cfg)
         writer.json("summary.json", summary)
         write_report(run_dir)
     return summary
@@ -212,13 +216,37 @@ def write_report(run_dir: Path) -> None:
         logging.getLogger(__name__).warning("report.html not written: %s", exc)
 
 
-def peaks_record(peaks: Peaks) -> dict:
+def peaks_record(peaks: Peaks, cache_dir: Path) -> dict:
+    """The peaks a run divides by, with when each was measured and under what load."""
     return {
         "matmul_flops_per_s": peaks.matmul_flops_per_s,
         "copy_bytes_per_s": peaks.copy_bytes_per_s,
         "device": peaks.device,
         "dtype": peaks.dtype,
+        "measured": provenance(cache_dir, peaks),
     }
+
+
+def check_peaks(
+    peaks: Peaks, steps: list[StepRecord], settings: EngineSettings, cfg: DictConfig
+) -> list[str]:
+    """When a step beat a calibrated peak, measure again (for later runs) and say so."""
+    timed = [s for s in steps if s.model_s > 0 and "flops" in s.counters]
+    if not timed:
+        return []
+    flops = max(s.counters["flops"] / s.model_s for s in timed)
+    moved = max(s.counters["bytes"] / s.model_s for s in timed)
+    raised = remeasure_if_beaten(
+        settings.device, settings.dtype, cache_dir_of(cfg), peaks, flops, moved
+    )
+    if raised is None:
+        return []
+    return [
+        f"steps beat the calibrated peaks (reached {flops / 1e9:.0f} GFLOP/s and "
+        f"{moved / 1e9:.0f} GB/s against {peaks.matmul_flops_per_s / 1e9:.0f} and "
+        f"{peaks.copy_bytes_per_s / 1e9:.0f}): MFU/MBU read high; re-measured for later runs: "
+        f"{raised.matmul_flops_per_s / 1e9:.0f} GFLOP/s, {raised.copy_bytes_per_s / 1e9:.0f} GB/s"
+    ]
 
 
 def run_flags(summary: dict) -> list[str]:
