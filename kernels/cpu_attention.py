@@ -46,7 +46,7 @@ def build_status() -> str | None:
         load(
             name=f"servelab_cpu_attention_{isa}",
             sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_cflags=["-O3", "-march=native", "-fno-math-errno", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
             verbose=False,

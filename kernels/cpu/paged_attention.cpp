@@ -6,7 +6,8 @@
 // step. Scores and accumulation are fp32 whatever the cache dtype; a row at position
 // `seq_len - n + i` attends causally to positions 0 .. that position. The inner loops run
 // over the head dimension and are written to be vectorised by the compiler (-O3, the
-// host's vector ISA). Registered as the operator `servelab::cpu_paged_attention`.
+// host's vector ISA; exp through the C library's vector math, which -fno-math-errno allows).
+// Registered as the operator `servelab::cpu_paged_attention`.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -46,6 +47,32 @@ inline float dot(const float* a, const float* b, int64_t dim) {
   for (int j = 0; j < 16; ++j) sum += lanes[j];
   for (; d < dim; ++d) sum += a[d] * b[d];
   return sum;
+}
+
+// Maximum and sum of `count` floats, as 16 independent lanes (vectorised, no reassociation).
+inline float max_of(const float* x, int64_t count) {
+  float lanes[16];
+  for (int j = 0; j < 16; ++j) lanes[j] = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    for (int j = 0; j < 16; ++j) lanes[j] = lanes[j] > x[i + j] ? lanes[j] : x[i + j];
+  }
+  float best = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < 16; ++j) best = best > lanes[j] ? best : lanes[j];
+  for (; i < count; ++i) best = best > x[i] ? best : x[i];
+  return best;
+}
+
+inline float sum_of(const float* x, int64_t count) {
+  float lanes[16] = {0.0f};
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    for (int j = 0; j < 16; ++j) lanes[j] += x[i + j];
+  }
+  float total = 0.0f;
+  for (int j = 0; j < 16; ++j) total += lanes[j];
+  for (; i < count; ++i) total += x[i];
+  return total;
 }
 
 template <typename scalar_t>
@@ -102,14 +129,9 @@ void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_c
   for (int64_t lane = 0; lane < lanes; ++lane) {
     float* row = scores.data() + lane * seq_len;
     const int64_t visible = first_pos + lane / group + 1;
-    float peak = -std::numeric_limits<float>::infinity();
-    for (int64_t pos = 0; pos < visible; ++pos) peak = std::max(peak, row[pos]);
-    float sum = 0.0f;
-    for (int64_t pos = 0; pos < visible; ++pos) {
-      row[pos] = std::exp(row[pos] - peak);
-      sum += row[pos];
-    }
-    denom[lane] = sum;
+    const float peak = max_of(row, visible);
+    for (int64_t pos = 0; pos < visible; ++pos) row[pos] = std::exp(row[pos] - peak);
+    denom[lane] = sum_of(row, visible);
   }
   for (int64_t pos = 0; pos < seq_len; ++pos) {
     const scalar_t* value = v_cache + slot(pos) * token_stride + kv_head * dim;
