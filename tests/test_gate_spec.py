@@ -11,7 +11,7 @@ import pytest
 
 from harness.commands.cli import main
 from harness.errors import ConfigError
-from harness.gate.fingerprint import fingerprint_of
+from harness.gate.fingerprint import fingerprint_of, machine_fingerprint
 from harness.gate.plan import plan_gate
 from harness.gate.spec import GateSpec, Side, parse_gate
 
@@ -190,5 +190,21 @@ def test_a_missing_gate_file_is_one_line_and_exit_2(monkeypatch, capsys, tmp_pat
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [
         f"servelab: error: gate: {tmp_path / 'none.yaml'} is not a file; give a "
-        "gate file, e.g. conf/gates/ci.yaml"
+        "gate file, e.g. conf/gates/headline.yaml"
     ]
+
+
+def test_strategies_that_would_share_a_directory_are_refused() -> None:
+    claims = (
+        "  - {name: a, workload: online, metric: steps, of: vllm strategy.block_size=8,"
+        " over: 'vllm +strategy.block_size=8', at_least: 1}\n"
+    )
+    with pytest.raises(ConfigError, match="share /g/online/vllm_strategy.block_size-8/rep-1"):
+        plan_gate(_parse(claims), Path("/g"), [])
+
+
+def test_the_fingerprint_verb_prints_this_machines(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(sys, "argv", ["servelab", "gate", "fingerprint"])
+    main()
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"fingerprint: {machine_fingerprint().id}"

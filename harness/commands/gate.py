@@ -26,6 +26,7 @@ from harness.gate.plan import plan_gate
 from harness.gate.record import gate_record, render_gate
 from harness.gate.spec import POLICIES, GateSpec, load_gate
 from harness.measure.rundir import write_json_atomic
+from reports.gate_report import build_gate_report
 
 SUMMARY = "check a gate file's claims on runs measured side by side (exit 1 if one fails)"
 USAGE = """usage: servelab gate FILE [repeats=N] [inconclusive=pass|fail] [out=DIR] [from=DIR]
@@ -35,8 +36,9 @@ USAGE = """usage: servelab gate FILE [repeats=N] [inconclusive=pass|fail] [out=D
 Runs what the claims need, each repeated N times with the strategies interleaved, into
 out=DIR (default runs/gates/NAME/DATE-TIME), or reads an earlier gate's runs from=DIR; then
 prints every claim's estimate, bootstrap interval and outcome and writes gate.json and
-gate.html. OVERRIDEs apply to every run (e.g. model=dummy-tiny). Exit status 0 when every
-claim passes (inconclusive ones count as the gate file says), 1 otherwise."""
+gate.html (into out=DIR, else beside the runs). OVERRIDEs apply to every run (e.g.
+model=dummy-tiny). Exit status 0 when every claim passes (inconclusive ones count as the
+gate file says), 1 otherwise."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +53,9 @@ class GateArgs:
 
 def parse_args(args: list[str]) -> GateArgs:
     if not args or "=" in args[0]:
-        raise ConfigError("gate", "name a gate file first, e.g. servelab gate conf/gates/ci.yaml")
+        raise ConfigError(
+            "gate", "name a gate file first, e.g. servelab gate conf/gates/headline.yaml"
+        )
     own: dict[str, str] = {}
     overrides = []
     for arg in args[1:]:
@@ -65,8 +69,6 @@ def parse_args(args: list[str]) -> GateArgs:
         raise ConfigError("repeats", f"{repeats!r} must be a whole number, at least 2")
     if own.get("inconclusive", "fail") not in POLICIES:
         raise ConfigError("inconclusive", f"{own['inconclusive']!r} is not one of pass, fail")
-    if "out" in own and "from" in own:
-        raise ConfigError("out", "from=DIR re-evaluates in place; give one of out= and from=")
     read_from = Path(own["from"]) if "from" in own else None
     if read_from is not None and not read_from.is_dir():
         raise ConfigError("from", f"{read_from} is not a directory of an earlier gate")
@@ -96,18 +98,17 @@ def run_gate(args: GateArgs) -> dict:
     spec = with_arguments(load_gate(args.path, machine), args)
     stamp = datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     root = args.read_from or args.out or Path("runs/gates") / spec.name / stamp
+    out = args.out or root
     plan = plan_gate(spec, root, args.overrides)
     configs = composed(plan, compose)
     data = read_earlier(plan, configs) if args.read_from else measure(plan, configs)
     results = evaluate(spec, plan, data)
     elapsed = time.perf_counter() - start
     source = None if args.read_from is None else str(args.read_from)
-    record = gate_record(spec, results, data, machine, elapsed, root, source)
-    root.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(root / "gate.json", record)
-    from reports.gate_report import build_gate_report
-
-    build_gate_report(root)
+    record = gate_record(spec, results, data, machine, elapsed, out, source)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "gate.json", record)
+    build_gate_report(out)
     return record
 
 

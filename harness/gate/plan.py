@@ -86,13 +86,6 @@ def plan_gate(spec: GateSpec, root: Path, extra: list[str]) -> GatePlan:
     """The runs (interleaved) and perplexity measurements `spec` needs, under `root`;
     `extra` overrides (from the command line) apply to every one of them, last."""
     cells = cells_of(spec)
-    dirs: dict[Path, str] = {}
-    for cell in cells:
-        path = root / cell.workload / slug(cell.side.label)
-        if dirs.setdefault(path, cell.side.label) != cell.side.label:
-            raise ConfigError(
-                "claims", f"{cell.side.label!r} and {dirs[path]!r} share a directory; rename one"
-            )
     runs = []
     for repetition in range(max((c.repeats for c in cells), default=0)):
         due = [c for c in cells if c.repeats > repetition]
@@ -116,4 +109,18 @@ def plan_gate(spec: GateSpec, root: Path, extra: list[str]) -> GatePlan:
                 perplexities[(side, claim.windows)] = PerplexitySlot(
                     side, claim.windows, path, overrides
                 )
-    return GatePlan(tuple(runs), tuple(perplexities.values()))
+    plan = GatePlan(tuple(runs), tuple(perplexities.values()))
+    check_distinct_paths(plan)
+    return plan
+
+
+def check_distinct_paths(plan: GatePlan) -> None:
+    """Two strategies whose labels map to one directory name would overwrite each other."""
+    owners: dict[Path, str] = {}
+    places = [(s.run_dir, s.cell.side.label) for s in plan.runs]
+    places += [(p.path, p.side.label) for p in plan.perplexities]
+    for path, label in places:
+        if owners.setdefault(path, label) != label:
+            raise ConfigError(
+                "claims", f"{label!r} and {owners[path]!r} share {path}; write one differently"
+            )

@@ -312,6 +312,6 @@ def parse_gate(text: str, path: Path, machine: Fingerprint) -> GateSpec:
 def load_gate(path: Path, machine: Fingerprint) -> GateSpec:
     if not path.is_file():
         raise ConfigError(
-            "gate", f"{path} is not a file; give a gate file, e.g. conf/gates/ci.yaml"
+            "gate", f"{path} is not a file; give a gate file, e.g. conf/gates/headline.yaml"
         )
     return parse_gate(path.read_text(), path, machine)
