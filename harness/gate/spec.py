@@ -114,9 +114,11 @@ class Claim:
         quantity = {"metric": self.metric, "identical": "identical share"}.get(
             self.kind, "perplexity"
         )
-        sides = self.of.label if self.over is None else f"{self.of.label} / {self.over.label}"
-        if self.kind == "identical":
-            sides = f"{self.of.label} vs {self.over.label}" if self.over else self.of.label
+        if self.over is None:
+            sides = self.of.label
+        else:
+            between = " vs " if self.kind == "identical" else " / "
+            sides = f"{self.of.label}{between}{self.over.label}"
         sign = ">=" if self.direction == "at_least" else "<="
         where = f" on {self.workload}" if self.workload else ""
         return f"{quantity} {sides}{where} {sign} {self.bound:g}"
@@ -187,11 +189,11 @@ def _bound(node: dict, field: str, kind: str) -> tuple[str, float]:
     return given[0], float(value)
 
 
-def _check_fingerprint(
-    node: dict, claim: Claim, field: str, machine: Fingerprint, ratio: bool
-) -> None:
+def _check_fingerprint(node: dict, claim: Claim, field: str, machine: Fingerprint) -> None:
+    """An absolute bound on a timing metric needs this machine's fingerprint; nothing else
+    takes one."""
     recorded = node.get("fingerprint")
-    if ratio or claim.kind != "metric" or claim.metric not in TIMING_METRICS:
+    if claim.over is not None or claim.kind != "metric" or claim.metric not in TIMING_METRICS:
         if recorded is not None:
             raise ConfigError(
                 f"{field}.fingerprint", "only an absolute bound on a timing metric takes one"
@@ -260,7 +262,7 @@ def parse_claims(
         claim = Claim(
             label, kind, side, over, direction, bound, inconclusive, workload, metric, windows
         )
-        _check_fingerprint(node, claim, field, machine, over is not None)
+        _check_fingerprint(node, claim, field, machine)
         claims.append(claim)
     return claims
 
