@@ -7,6 +7,10 @@ STAMP := $(VENV)/.servelab-installed
 RUN_ARGS ?=
 GATE ?= conf/gates/headline.yaml
 GATE_ARGS ?=
+# torch threads for the gate's runs. On the shared 2-core development machine two threads
+# stalled each other whenever other jobs ran (decode steps of the embedded model 20x slower and
+# erratic); one thread kept the headline gate to minutes. Recorded in the gate's fingerprint.
+GATE_THREADS ?= 1
 # `make bench BENCH_BASE=0001` fails when any benchmark's minimum time regressed by more than
 # BENCH_FAIL against saved run 0001 (`make bench-list` lists the saved runs).
 BENCH_BASE ?=
@@ -34,7 +38,7 @@ test: $(STAMP) browser
 # The headline claims on the embedded model, each a ratio of strategies measured side by side
 # (repeated, interleaved); exit status 1 when a claim fails. Writes gate.json and gate.html.
 gate: $(STAMP)
-	$(VENV)/bin/servelab gate $(GATE) $(GATE_ARGS)
+	OMP_NUM_THREADS=$(GATE_THREADS) $(VENV)/bin/servelab gate $(GATE) $(GATE_ARGS)
 
 # Microbenchmarks of the hot paths (benchmarks/, never collected by `make test`), saved as
 # JSON under .benchmarks/ with the commit; with BENCH_BASE, compared against that saved run.

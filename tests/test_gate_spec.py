@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from harness.commands.cli import main
+from harness.commands.config import CONF_DIR, compose
 from harness.errors import ConfigError
+from harness.gate.collect import composed
 from harness.gate.fingerprint import fingerprint_of, machine_fingerprint
 from harness.gate.plan import plan_gate
-from harness.gate.spec import GateSpec, Side, parse_gate
+from harness.gate.spec import GateSpec, Side, load_gate, parse_gate
 
 MACHINE = fingerprint_of({"cpu": "a test machine"})
 HEAD = """
@@ -208,3 +210,21 @@ def test_the_fingerprint_verb_prints_this_machines(monkeypatch, capsys) -> None:
     main()
     first = capsys.readouterr().out.splitlines()[0]
     assert first == f"fingerprint: {machine_fingerprint().id}"
+
+
+def test_the_headline_gate_composes_every_run_it_plans(tmp_path: Path) -> None:
+    spec = load_gate(CONF_DIR / "gates" / "headline.yaml", machine_fingerprint())
+    assert [c.name for c in spec.claims] == [
+        "throughput",
+        "ttft-p99",
+        "kv-waste",
+        "lossless[orca]",
+        "lossless[orca-chunked]",
+        "lossless[vllm]",
+        "mqa-quality",
+    ]
+    plan = plan_gate(spec, tmp_path, [])
+    configs = composed(plan, compose)
+    assert len(plan.runs) == 3 * 3 + 4 and len(configs) == len(plan.runs) + 2
+    online = configs[plan.runs[0].run_dir]
+    assert (online.workload.name, online.engine.kv_budget) == ("comparison", "16MiB")
