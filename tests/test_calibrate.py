@@ -87,6 +87,38 @@ def test_a_damaged_cache_file_is_measured_again(
     assert len(measures.calls) == 4
 
 
+def test_a_refresh_raises_a_cached_peak_but_never_lowers_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (before: a refresh under load overwrote an 870 GFLOP/s peak with 427)
+    measured = {"matmul": 8.7e11, "copy": 3.6e10}
+    monkeypatch.setattr(calibrate, "measure_matmul_flops", lambda d, t, b: measured["matmul"])
+    monkeypatch.setattr(calibrate, "measure_copy_bytes", lambda d, t, b: measured["copy"])
+    monkeypatch.setattr(psutil, "getloadavg", lambda: (0.1, 0.0, 0.0))
+    first = measure_peaks(CPU, torch.bfloat16, tmp_path)
+    when_matmul = calibrate.provenance(tmp_path, first)["matmul_flops_per_s"]["measured_at"]
+    measured.update(matmul=4.27e11, copy=7.0e10)  # a busy machine: matmul low, copy higher
+    monkeypatch.setattr(psutil, "getloadavg", lambda: (1.8, 0.0, 0.0))
+    second = measure_peaks(CPU, torch.bfloat16, tmp_path, refresh=True)
+    assert (second.matmul_flops_per_s, second.copy_bytes_per_s) == (8.7e11, 7.0e10)
+    kept = calibrate.provenance(tmp_path, second)
+    assert kept["matmul_flops_per_s"] == {"measured_at": when_matmul, "load_average_1m": 0.1}
+    assert kept["copy_bytes_per_s"]["load_average_1m"] == 1.8
+    assert measure_peaks(CPU, torch.bfloat16, tmp_path) == second
+
+
+def test_a_run_that_beats_a_peak_asks_for_a_new_measurement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    measures = CountingMeasures(monkeypatch)
+    peaks = measure_peaks(CPU, torch.float32, tmp_path)
+    beaten = calibrate.remeasure_if_beaten
+    assert beaten(CPU, torch.float32, tmp_path, peaks, 5.0e10, 2.0e10) is None
+    assert len(measures.calls) == 2
+    assert beaten(CPU, torch.float32, tmp_path, peaks, 6.0e10, 2.0e10) == peaks
+    assert len(measures.calls) == 4  # measured again; the same figures, so the same peaks
+
+
 def test_best_seconds_warms_up_then_keeps_the_fastest_of_its_repeats() -> None:
     calls: list[int] = []
     budget = Budget(matmul_n=1, copy_bytes=1, min_repeats=3, max_repeats=4, seconds=0.0)

@@ -150,3 +150,14 @@ def test_failed_run_says_so(tmp_path: Path) -> None:
     html = page_text(build_run_report(run_dir))
     assert "The run failed: RuntimeError: &lt;out of memory&gt;" in html
     assert "<td>status</td><td>failed</td>" in html
+
+
+def test_steps_above_the_calibrated_peak_are_flagged(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path, RunSpec())
+    steps = (run_dir / "steps.jsonl").read_text().splitlines()
+    steps[2] = steps[2].replace('"mfu": 0.03', '"mfu": 1.25')
+    (run_dir / "steps.jsonl").write_text("\n".join(steps) + "\n")
+    html = page_text(build_run_report(run_dir))
+    assert "1 step(s) exceed an MFU or MBU of 1" in html
+    clean = page_text(build_run_report(write_run(tmp_path, RunSpec(name="clean"))))
+    assert "exceed an MFU or MBU of 1" not in clean

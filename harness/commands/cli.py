@@ -23,6 +23,7 @@ VERBS = {
     "search": "harness.commands.search",
     "perplexity": "harness.commands.perplexity",
     "verify": "harness.commands.verify",
+    "gate": "harness.commands.gate",
 }
 HELP_FLAGS = ("-h", "--help")
 

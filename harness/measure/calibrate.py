@@ -5,9 +5,12 @@ roofline divides by what this machine actually does: a large matrix product in t
 dtype (FLOP/s) and a large memory copy (bytes read plus written per second). Each is timed
 several times and the best run kept, since interference only ever slows a run down. The
 result is cached as json per host, device name and dtype, so runs reuse one measurement
-and a change of machine or thread count measures afresh. The CPU's load average before
-measuring is kept with it: peaks measured while other work shared the CPU read low (and
-would make MFU read high), and the calibrate table says so. On CUDA the timing uses CUDA
+and a change of machine or thread count measures afresh. For the same reason the cache keeps
+the best figure ever measured for each peak: a refresh raises a cached peak, never lowers
+it, and each figure keeps when it was measured and the CPU's load average just before
+(peaks measured while other work shared the CPU read low, and would make MFU read high; the
+calibrate table says so). A run whose own steps beat a cached peak asks for a new
+measurement (`remeasure_if_beaten`). On CUDA the timing uses CUDA
 events; an fp32 product there runs under whatever TF32 setting the process has chosen.
 """
 
@@ -157,11 +160,26 @@ def _load(path: Path, expected: dict[str, str]) -> Peaks | None:
     return peaks
 
 
-def _save(path: Path, peaks: Peaks, budget: Budget, load_average: float) -> None:
+PEAK_KEYS = ("matmul_flops_per_s", "copy_bytes_per_s")
+
+
+def _save(path: Path, peaks: Peaks, budget: Budget, load_average: float) -> Peaks:
+    """Merge a new measurement into the cache, keeping the best of each peak; the result."""
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        old = {}
+    cached = _load(path, {"host": peaks.host, "device": peaks.device, "dtype": peaks.dtype})
+    when = {"measured_at": datetime.now(timezone.utc).isoformat(), "load_average_1m": load_average}
+    best = asdict(peaks)
+    measured = {key: dict(when) for key in PEAK_KEYS}
+    for key in PEAK_KEYS:
+        if cached is not None and getattr(cached, key) >= best[key]:
+            best[key] = getattr(cached, key)
+            measured[key] = old.get("measured", {}).get(key, old_when(old))
     record = {
-        "peaks": asdict(peaks),
-        "measured_at": datetime.now(timezone.utc).isoformat(),
-        "load_average_1m": load_average,
+        "peaks": best,
+        "measured": measured,
         "torch": torch.__version__,
         "budget": asdict(budget),
     }
@@ -169,12 +187,22 @@ def _save(path: Path, peaks: Peaks, budget: Budget, load_average: float) -> None
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)
+    return Peaks(**best)
+
+
+def old_when(record: dict) -> dict:
+    """When a cache file written before per-peak dates was measured."""
+    return {
+        "measured_at": record.get("measured_at"),
+        "load_average_1m": record.get("load_average_1m"),
+    }
 
 
 def measure_peaks(
     device: torch.device, dtype: torch.dtype, cache_dir: Path, refresh: bool = False
 ) -> Peaks:
-    """This machine's matmul and copy peaks for `dtype`, from the cache unless `refresh`."""
+    """This machine's best matmul and copy peaks for `dtype`: the cache's, unless it has none
+    or `refresh` asks for a new measurement (which only ever raises them)."""
     dtype_name, budget = _check(device, dtype)
     host = socket.gethostname()
     name = device_name(device)
@@ -191,17 +219,45 @@ def measure_peaks(
         dtype=dtype_name,
         host=host,
     )
-    _save(path, peaks, budget, load_average)
-    return peaks
+    return _save(path, peaks, budget, load_average)
+
+
+def provenance(cache_dir: Path, peaks: Peaks) -> dict[str, dict]:
+    """For each peak, when it was measured and the load average just before."""
+    path = cache_path(cache_dir, peaks.host, peaks.device, peaks.dtype)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    measured = record.get("measured") or {key: old_when(record) for key in PEAK_KEYS}
+    return {key: dict(measured.get(key) or {}) for key in PEAK_KEYS}
 
 
 def measured_load(cache_dir: Path, peaks: Peaks) -> float | None:
-    """The 1-minute load average just before `peaks` were measured, as the cache recorded it."""
-    path = cache_path(cache_dir, peaks.host, peaks.device, peaks.dtype)
-    try:
-        return float(json.loads(path.read_text(encoding="utf-8"))["load_average_1m"])
-    except (OSError, ValueError, KeyError, TypeError):
+    """The highest 1-minute load average just before either peak was measured."""
+    loads = [
+        entry.get("load_average_1m") for entry in provenance(cache_dir, peaks).values() if entry
+    ]
+    loads = [float(load) for load in loads if isinstance(load, int | float)]
+    return max(loads) if loads else None
+
+
+def remeasure_if_beaten(
+    device: torch.device,
+    dtype: torch.dtype,
+    cache_dir: Path,
+    peaks: Peaks,
+    achieved_flops_per_s: float,
+    achieved_bytes_per_s: float,
+) -> Peaks | None:
+    """Measure again when a run achieved more than a cached peak; the new best peaks, or None
+    when the run stayed under them."""
+    if (
+        achieved_flops_per_s <= peaks.matmul_flops_per_s
+        and achieved_bytes_per_s <= peaks.copy_bytes_per_s
+    ):
         return None
+    return measure_peaks(device, dtype, cache_dir, refresh=True)
 
 
 def format_rate(value: float, unit: str) -> str:
