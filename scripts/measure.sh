@@ -2,13 +2,14 @@
 # The measurements quoted in the issue notes, run one after another on one machine (strategy
 # comparisons are ratios within this one run of the script). Writes under runs/measure/.
 # Usage: scripts/measure.sh [section ...]
-#   sections: offline batch roofline prefix heads search verify
+#   sections: offline batch roofline prefix heads search verify speculative
 set -euo pipefail
 cd "$(dirname "$0")/.."
-S=.venv/bin/servelab
+S=${SERVELAB:-.venv/bin/servelab}  # SERVELAB="python -m harness" runs it from a checkout
+PY=${PYTHON:-.venv/bin/python}
 OUT=runs/measure
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(offline batch roofline prefix heads search verify)
+[ ${#sections[@]} -eq 0 ] && sections=(offline batch roofline prefix heads search verify speculative)
 
 for section in "${sections[@]}"; do
   case "$section" in
@@ -42,6 +43,34 @@ for section in "${sections[@]}"; do
         $S verify workload=offline workload.num_requests=32 engine.dtype=$dtype \
           out=$OUT/verify-$dtype.json
       done ;;
+    speculative)  # per proposer and gamma, at batch 1 and 8, on input-grounded prompts:
+      # acceptance rate, tokens per target forward, the acceptance histogram and the speedup
+      # predicted from alpha and c (each run's report; sweep reports give throughput x against
+      # plain vllm, which a shared machine's drifting load blurs); then the same comparison
+      # paired round by round, which keeps the ratio through such drift
+      spec="workload=instruct workload.num_requests=16 engine.kv_budget=128MiB"
+      for batch in 1 8; do
+        dir=$OUT/speculative-b$batch
+        $S -m strategy=vllm $spec engine.max_batch_size=$batch hydra.sweep.dir=$dir/standard
+        $S -m strategy=vllm-spec-ngram strategy.gamma=2,4,8 $spec engine.max_batch_size=$batch \
+          hydra.sweep.dir=$dir/ngram
+        $S -m strategy=vllm-spec-layerskip strategy.layerskip_layers=8,24 strategy.gamma=2 $spec \
+          engine.max_batch_size=$batch hydra.sweep.dir=$dir/layerskip
+        $S -m strategy=vllm-spec-draft strategy.gamma=2,4 $spec engine.max_batch_size=$batch \
+          hydra.sweep.dir=$dir/draft
+        $S report $dir/standard $dir/ngram $dir/layerskip $dir/draft --baseline vllm
+        $PY -m benchmarks.bench_speculative --batch $batch --variants \
+          "strategy=vllm-spec-ngram strategy.gamma=2" "strategy=vllm-spec-ngram strategy.gamma=4" \
+          "strategy=vllm-spec-ngram strategy.gamma=8" \
+          "strategy=vllm-spec-ngram strategy.gamma=8 strategy.gamma_rule=adaptive" \
+          "strategy=vllm-spec-layerskip strategy.gamma=2" \
+          -- workload=instruct workload.num_requests=$((batch == 1 ? 8 : 32)) \
+          engine.kv_budget=128MiB | tee $dir/paired.txt
+      done
+      # the claims: at least 1.5x at batch 1 (interleaved repeats, bootstrap interval), exact
+      $S gate conf/gates/speculative.yaml out=$OUT/speculative-gate
+      $S verify strategies=orca-spec-ngram,vllm-spec-ngram,vllm-spec-layerskip,vllm-spec-draft \
+        workload=instruct workload.num_requests=16 engine.dtype=fp32 out=$OUT/verify-spec-fp32.json ;;
     *) echo "unknown section $section" >&2; exit 2 ;;
   esac
 done

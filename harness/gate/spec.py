@@ -45,6 +45,8 @@ SCHEDULE_METRICS = (
     "rejected",
     "input_tokens",
     "output_tokens",
+    "acceptance_rate",
+    "mean_accepted_length",
 )
 # Times and rates: absolute values hold only on the machine that measured them.
 TIMING_METRICS = (
