@@ -42,12 +42,15 @@ def pack_int4(values: torch.Tensor) -> torch.Tensor:
     return torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
 
 
+def _nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """int32 `[rows, cols / 8]` -> int32 `[rows, cols]`, channels in order."""
+    shifts = torch.tensor([4 * n for n in NIBBLE_OF_CHANNEL], device=packed.device)
+    return ((packed.unsqueeze(-1) >> shifts.to(packed.dtype)) & 0xF).view(packed.shape[0], -1)
+
+
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     """int32 `[rows, cols / 8]` in AWQ order -> uint8 `[rows, cols]` values in 0..15."""
-    rows, words = packed.shape
-    shifts = torch.tensor([4 * n for n in NIBBLE_OF_CHANNEL], device=packed.device)
-    values = (packed.unsqueeze(-1) >> shifts) & 0xF
-    return values.view(rows, words * PACK).to(torch.uint8)
+    return _nibbles(packed).to(torch.uint8)
 
 
 def dequantize(
@@ -57,10 +60,25 @@ def dequantize(
     group_size: int,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """The weight `W` `[in, out]` the three tensors stand for, in `dtype`."""
+    """The weight `W` `[in, out]` the three tensors stand for, in `dtype`.
+
+    Computed in float32 as `q * scale - zero * scale`, group by group without expanding the
+    scales to every row; each product is exact in float32, so this equals
+    `(q - zero) * scale`."""
     in_features = qweight.shape[0]
-    q = unpack_int4(qweight).to(torch.float32)
-    zeros = unpack_int4(qzeros).to(torch.float32)
-    per_row = torch.arange(in_features, device=qweight.device) // group_size
-    weight = (q - zeros[per_row]) * scales.to(torch.float32)[per_row]
+    values = _nibbles(qweight).to(torch.float32)
+    step = scales.to(torch.float32)
+    offset = _nibbles(qzeros).to(torch.float32) * step
+    full = in_features // group_size
+    rows = full * group_size
+    head = (
+        values[:rows]
+        .view(full, group_size, values.shape[1])
+        .mul_(step[:full, None])
+        .sub_(offset[:full, None])
+    )
+    weight = head.view(rows, values.shape[1])
+    if rows < in_features:
+        tail = values[rows:].mul_(step[full]).sub_(offset[full])
+        weight = torch.cat((weight, tail))
     return weight.to(dtype)

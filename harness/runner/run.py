@@ -29,6 +29,7 @@ from harness.measure.roofline import ModelShape, StepRoofline
 from harness.measure.rundir import SCHEMA_VERSION, RunWriter, read_requests, read_steps
 from harness.measure.slo import SLO
 from harness.measure.telemetry import TelemetryResult, TelemetrySampler
+from harness.measure.weights_quality import read_quality, weights_summary
 from harness.models.load import tokenizer_for
 from harness.runner.build import ServedModel, build_engine, load_for_strategy
 from harness.runner.replay import replay, to_request
@@ -173,6 +174,7 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
     )
     meta["strategy"] = prepared.strategy.describe()
     meta["weight_bytes"] = prepared.served.weight_bytes
+    meta["weights"] = served_weights_summary(prepared, cache_dir_of(cfg))
     roofline = prepared.roofline
     meta["peaks"] = peaks_record(roofline.peaks) if roofline and roofline.peaks else None
     writer.json("meta.json", meta)
@@ -199,9 +201,22 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         profiler.close()
         writer.close()
         summary = summary_for(run_dir, cfg, prepared.workload, telemetry, error, meta["peaks"])
+        summary["weights"] = meta["weights"]
         writer.json("summary.json", summary)
         write_report(run_dir)
     return summary
+
+
+def served_weights_summary(prepared: Prepared, cache_dir: Path) -> dict:
+    """The weights the run served: option, bytes, how made, recorded quality."""
+    served = prepared.served
+    return weights_summary(
+        prepared.strategy.weights.value,
+        served.weights_id,
+        served.weight_bytes,
+        served.weights.record(),
+        read_quality(cache_dir, served.weights_id),
+    )
 
 
 def write_report(run_dir: Path) -> None:
