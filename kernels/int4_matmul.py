@@ -7,12 +7,13 @@ a forward reads are those of the form actually served. The choice, made once per
 
 - `triton`: the Triton GEMM on CUDA (reads AutoAWQ's layout as is);
 - `torch-packed`: torch's CPU int4 kernel after repacking, the fastest CPU path measured in
-  bfloat16 and float16 (`benchmarks/bench_int4.py`);
+  bfloat16 (`benchmarks/bench_int4.py`; in float16 and float32 it is slower than the
+  reference);
 - `reference`: unpack, dequantise, multiply; the CPU path in float32, where the product must
   be the quantised model's exact function (quality is measured in float32).
 
-`auto` picks triton on CUDA, torch-packed on a CPU in bfloat16/float16 where the shape allows,
-and the reference otherwise; the other names force a kernel (the tests' switch).
+`auto` picks triton on CUDA, torch-packed on a CPU in bfloat16 where the shape allows, and the
+reference otherwise; the other names force a kernel (the tests' switch).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def choose_kernel(
     if impl == "auto":
         if device.type == "cuda":
             impl = "triton"
-        elif packed_fits and dtype in (torch.bfloat16, torch.float16):
+        elif packed_fits and dtype == torch.bfloat16:
             impl = "torch-packed"
         else:
             impl = "reference"

@@ -7,7 +7,7 @@ AutoAWQ's integer zero point `z` becomes the offset `(8 - z) * scale`, so the pr
 same weight. Its group `g` must be 32, 64, 128 or 256 and divide `in`: a group size that does
 not divide `in` (128 on a 576-wide input) is served with `g = gcd(in, group_size)`, each
 group's scale and offset repeated. Measured fastest on the development CPU in bfloat16 (see
-`benchmarks/bench_int4.py`); in float32 it is several times slower than the reference.
+`benchmarks/bench_int4.py`); in float16 and float32 it is slower than the reference.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ from kernels.int4_matmul_ref import int4_matmul_ref
 from kernels.int4_matmul_triton import int4_matmul_triton
 
 CPU = torch.device("cpu")
+# the Triton kernel runs compiled where CUDA is (scripts/gpu_check.sh), else interpreted
+KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def random_int4(in_features: int, out_features: int, group: int, seed: int):
@@ -57,7 +59,8 @@ def test_triton_matches_reference(rows, in_features, out_features, group, dtype)
     qweight, qzeros, scales, _ = random_int4(in_features, out_features, group, seed=rows)
     x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(4)).to(dtype)
     expected = int4_matmul_ref(x.float(), qweight, qzeros, scales, group)
-    got = int4_matmul_triton(x, qweight, qzeros, scales, group)
+    on = [t.to(KERNEL_DEVICE) for t in (x, qweight, qzeros, scales)]
+    got = int4_matmul_triton(*on, group).cpu()
     assert got.dtype == dtype and got.shape == (rows, out_features)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
@@ -81,7 +84,7 @@ def test_kernel_choice():
         return choose_kernel(impl, device, dtype, in_features, 192, 128).name
 
     assert chosen(torch.bfloat16) == "torch-packed"
-    assert chosen(torch.float16) == "torch-packed"
+    assert chosen(torch.float16) == "reference"  # measured faster there than torch-packed
     assert chosen(torch.float32) == "reference"  # exact, for quality measurements
     assert chosen(torch.bfloat16, in_features=200) == "reference"  # gcd(200, 128) = 8
     assert chosen(torch.float32, impl="triton") == "triton"  # interpreted in tests

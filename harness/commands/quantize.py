@@ -5,15 +5,19 @@ calibration text, layer by layer, with a progress bar) into the cache, unless th
 checkpoint is already there; then, in float32 (quality is judged in float32), scores the
 quantised and the dense weights on the same windows of held-out text and serves the
 configured workload's prompts greedily with both, counting the requests whose outputs are
-identical. Both figures go into the weights' quality record, where runs and reports find
-them; the table printed says where the checkpoint and its calibration record are.
+identical, and the share of held-out positions where both predict the same next token. The
+figures go into the weights' quality record, where runs and reports find them; the table
+printed says where the checkpoint and its calibration record are.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
@@ -21,7 +25,7 @@ from rich.table import Table
 from harness.commands.config import compose, take_counts
 from harness.commands.verify import Served, serve_outputs
 from harness.errors import ConfigError
-from harness.measure.perplexity import perplexity
+from harness.measure.perplexity import window_logits
 from harness.measure.weights_quality import perplexity_entry, quality_path, record_quality
 from harness.runner.settings import cache_dir_of
 from workloads.text import text_section
@@ -46,6 +50,7 @@ class Measured:
     weight_bytes: int
     perplexity: float
     tokens: int
+    predictions: torch.Tensor  # the most likely next token at every scored position
     served: Served
 
 
@@ -79,31 +84,42 @@ def measure(cfg: DictConfig, windows: int) -> Measured:
     if tokenizer is None:
         raise ConfigError("model", "quantize needs a model with weights and a tokenizer")
     ids = tokenizer.encode(text_section("evaluation"))
-    value, tokens = perplexity(
-        prepared.served.model, ids, prepared.engine.attention, max_windows=windows
-    )
+    nll, predictions = 0.0, []
+    model, attention = prepared.served.model, prepared.engine.attention
+    for logits, targets in window_logits(model, ids, attention, max_windows=windows):
+        nll += F.cross_entropy(logits, targets, reduction="sum").item()
+        predictions.append(logits.argmax(-1))
+    chosen = torch.cat(predictions)
     return Measured(
-        prepared.strategy.weights.value, prepared.served.weight_bytes, value, tokens, served
+        prepared.strategy.weights.value,
+        prepared.served.weight_bytes,
+        math.exp(nll / chosen.shape[0]),
+        int(chosen.shape[0]),
+        chosen,
+        served,
     )
 
 
-def agreement(reference: Served, other: Served) -> dict[str, Any]:
-    """Share of requests with identical greedy outputs, and the mean share of each output
-    that matches before the first difference."""
+def agreement(reference: Measured, other: Measured) -> dict[str, Any]:
+    """Share of requests with identical greedy outputs, the mean share of each output that
+    matches before the first difference, and the share of held-out positions where both
+    predict the same next token (teacher-forced: each position sees the true text)."""
     prefixes, identical = [], 0
-    for rid, expected in reference.outputs.items():
-        got = other.outputs[rid]
+    for rid, expected in reference.served.outputs.items():
+        got = other.served.outputs[rid]
         identical += got == expected
         same = next(
             (i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b),
             min(len(expected), len(got)),
         )
         prefixes.append(same / max(len(expected), 1))
-    workload = reference.prepared.workload
+    workload = reference.served.prepared.workload
+    same_next = (reference.predictions == other.predictions).float().mean()
     return {
         "reference": "dense",
         "identical_share": identical / len(prefixes),
         "matching_prefix_share": sum(prefixes) / len(prefixes),
+        "next_token_share": float(same_next),
         "requests": len(prefixes),
         "workload": workload.name,
         "workload_hash": workload.hash,
@@ -114,7 +130,7 @@ def quantize_main(cfg: DictConfig, method: str, windows: int) -> str:
     quantised = measure(configured(cfg, f"int4-{method}"), windows)
     dense = measure(configured(cfg, "dense"), windows)
     cache_dir = cache_dir_of(cfg)
-    shared = agreement(dense.served, quantised.served)
+    shared = agreement(dense, quantised)
     made = quantised.served.prepared.served.weights.record() or {}
     for measured in (dense, quantised):
         entry = perplexity_entry(measured.perplexity, measured.tokens, windows)
@@ -134,16 +150,28 @@ def render(
     windows: int,
 ) -> str:
     table = Table(title=f"int4 weights against dense (fp32, {windows} windows of held-out text)")
-    for column in ("weights", "weight MiB", "perplexity", "greedy outputs = dense"):
+    columns = (
+        "weights",
+        "weight MiB",
+        "perplexity",
+        "greedy outputs = dense",
+        "same prefix",
+        "same next token",
+    )
+    for column in columns:
         table.add_column(column)
     for measured in (dense, quantised):
         is_dense = measured is dense
         share = "–" if is_dense else f"{shared['identical_share']:.1%} of {shared['requests']}"
+        prefix = "–" if is_dense else f"{shared['matching_prefix_share']:.1%}"
+        next_token = "–" if is_dense else f"{shared['next_token_share']:.1%}"
         table.add_row(
             measured.option,
             f"{measured.weight_bytes / 2**20:.1f}",
             f"{measured.perplexity:.3f}",
             share,
+            prefix,
+            next_token,
         )
     console = Console(record=True, width=120)
     with console.capture() as capture:
