@@ -59,15 +59,16 @@ def load_for_strategy(
     heads = strategy.heads.build()
     weights = strategy.weights.build()
     cache_dir = cache_dir_of(cfg)
-    served_ids: list[str] = []
+    served_id = ""  # the checkpoint's id with the head layout, set once it is read
 
     def transform(checkpoint: Checkpoint, checkpoint_id: str) -> Checkpoint:
-        served_ids.append(f"{checkpoint_id}-heads-{strategy.heads.value}")
+        nonlocal served_id
+        served_id = f"{checkpoint_id}-heads-{strategy.heads.value}"
         context = WeightsContext(
             dtype=settings.dtype,
             device=settings.device,
             cache_dir=cache_dir,
-            checkpoint_id=served_ids[0],
+            checkpoint_id=served_id,
             progress=progress,
             calibration=calibration_text(cfg, cache_dir),
         )
@@ -77,7 +78,7 @@ def load_for_strategy(
         cfg.model, settings.dtype, settings.device, cache_dir, transform, weights.linear
     )
     heads.apply(loaded.model)
-    return ServedModel(loaded, weights, served_ids[0])
+    return ServedModel(loaded, weights, served_id)
 
 
 def calibration_text(cfg: DictConfig, cache_dir: Path) -> CalibrationText:

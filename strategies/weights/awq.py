@@ -51,11 +51,8 @@ class AwqWeights(Int4Weights):
 
     def settings_id(self) -> str:
         config = self.config
-        text = (
-            ""
-            if self.context is None or self.context.calibration is None
-            else (f"-text{self.context.calibration.digest[:8]}")
-        )
+        calibration = None if self.context is None else self.context.calibration
+        text = "" if calibration is None else f"-text{calibration.digest[:8]}"
         return (
             f"{super().settings_id()}-{config.calibration_samples}x{config.calibration_seq_len}"
             f"-grid{config.awq_grid}-clip{int(config.awq_clip)}{text}-v{VERSION}"

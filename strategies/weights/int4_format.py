@@ -138,7 +138,7 @@ class Int4Weights(WeightsFormat):
             )
         if is_quantized(state):
             self._check_quantized(config, state)
-            self._record = {"method": "as loaded (an AWQ checkpoint)", **self.settings()}
+            self._record = {"method": "loaded as quantised", "group_size": self.config.group_size}
             return checkpoint
         folder = checkpoint_folder(context.cache_dir, context.checkpoint_id, self.settings_id())
         if not is_complete(folder):
