@@ -2,13 +2,13 @@
 # The measurements quoted in the issue notes, run one after another on one machine (strategy
 # comparisons are ratios within this one run of the script). Writes under runs/measure/.
 # Usage: scripts/measure.sh [section ...]
-#   sections: offline batch roofline prefix heads search verify
+#   sections: offline batch roofline prefix heads search verify awq
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=.venv/bin/servelab
 OUT=runs/measure
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(offline batch roofline prefix heads search verify)
+[ ${#sections[@]} -eq 0 ] && sections=(offline batch roofline prefix heads search verify awq)
 
 for section in "${sections[@]}"; do
   case "$section" in
@@ -42,6 +42,22 @@ for section in "${sections[@]}"; do
         $S verify workload=offline workload.num_requests=32 engine.dtype=$dtype \
           out=$OUT/verify-$dtype.json
       done ;;
+    awq)  # int4 weights: quality in fp32 (held-out perplexity, greedy agreement with dense on
+          # instructions), speed in bf16 (linears alone, decode steps, runs at batch 1 and 32)
+      mkdir -p $OUT/awq
+      rm -rf ~/.cache/servelab/quantized/*-int4-*  # remade here: calibration time and memory
+      for method in "method=rtn" "method=awq" "method=rtn strategy.group_size=32"; do
+        $S quantize $method workload=instruct workload.num_requests=16
+      done | tee $OUT/awq/quality.txt
+      .venv/bin/python -m benchmarks.bench_int4 | tee $OUT/awq/linears.txt
+      .venv/bin/python -m benchmarks.bench_int4_decode | tee $OUT/awq/decode.txt
+      $S -m strategy=vllm strategy.weights=dense,int4-rtn,int4-awq workload=offline \
+        workload.num_requests=32 engine.dtype=bf16 engine.max_batch_size=1,32 \
+        hydra.sweep.dir=$OUT/awq/sweep
+      # one request alone, as scripts/peers/llama_single.py times llama-server on the GGUF
+      $S -m strategy=orca strategy.weights=dense,int4-awq workload=offline \
+        workload.num_requests=1 workload.input_len.dist=fixed workload.input_len.value=231 \
+        workload.output_len.value=256 engine.dtype=bf16 hydra.sweep.dir=$OUT/awq/single ;;
     *) echo "unknown section $section" >&2; exit 2 ;;
   esac
 done

@@ -22,6 +22,7 @@ VERBS = {
     "kv-size": "harness.commands.kv_size",
     "search": "harness.commands.search",
     "perplexity": "harness.commands.perplexity",
+    "quantize": "harness.commands.quantize",
     "verify": "harness.commands.verify",
     "gate": "harness.commands.gate",
 }

@@ -10,8 +10,10 @@ engines all go through these two functions.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
@@ -19,12 +21,13 @@ from omegaconf import DictConfig
 from harness.engine.engine import Engine
 from harness.engine.kv_cache import KVLayout, allocate_kv_cache
 from harness.engine.scheduling import SchedulerLimits
-from harness.models.load import Checkpoint, LoadedModel, load_model
+from harness.models.load import Checkpoint, LoadedModel, load_model, tokenizer_for
 from harness.models.model import LlamaModel
-from harness.models.weights_format import WeightsContext, WeightsFormat
+from harness.models.weights_format import CalibrationText, WeightsContext, WeightsFormat
 from harness.runner.settings import EngineSettings, cache_dir_of
 from kernels.attention import Attention, AttentionConfig
 from strategies.settings import StrategySettings
+from workloads.text import text_section
 
 
 @dataclass
@@ -33,10 +36,16 @@ class ServedModel:
 
     loaded: LoadedModel
     weights: WeightsFormat
+    checkpoint_id: str  # the dense checkpoint after the head layout's conversion
 
     @property
     def model(self) -> LlamaModel:
         return self.loaded.model
+
+    @property
+    def weights_id(self) -> str:
+        """Names the served weights: checkpoint, head layout and weights format settings."""
+        return f"{self.checkpoint_id}-{self.weights.settings_id()}"
 
     @property
     def weight_bytes(self) -> int:
@@ -50,14 +59,18 @@ def load_for_strategy(
     heads = strategy.heads.build()
     weights = strategy.weights.build()
     cache_dir = cache_dir_of(cfg)
+    served_id = ""  # the checkpoint's id with the head layout, set once it is read
 
     def transform(checkpoint: Checkpoint, checkpoint_id: str) -> Checkpoint:
+        nonlocal served_id
+        served_id = f"{checkpoint_id}-heads-{strategy.heads.value}"
         context = WeightsContext(
             dtype=settings.dtype,
             device=settings.device,
             cache_dir=cache_dir,
-            checkpoint_id=f"{checkpoint_id}-heads-{strategy.heads.value}",
+            checkpoint_id=served_id,
             progress=progress,
+            calibration=calibration_text(cfg, cache_dir),
         )
         return weights.prepare(heads.convert(checkpoint), context)
 
@@ -65,7 +78,19 @@ def load_for_strategy(
         cfg.model, settings.dtype, settings.device, cache_dir, transform, weights.linear
     )
     heads.apply(loaded.model)
-    return ServedModel(loaded, weights)
+    return ServedModel(loaded, weights, served_id)
+
+
+def calibration_text(cfg: DictConfig, cache_dir: Path) -> CalibrationText:
+    """The calibration section of the built-in prose, tokenised by the model's tokenizer when a
+    weights format asks (never used for prompts or perplexity)."""
+    text = text_section("calibration")
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return CalibrationText(
+        name="pydoc_data.topics: calibration section",
+        digest=digest,
+        token_ids=lambda: tokenizer_for(cfg.model, cache_dir).encode(text),
+    )
 
 
 def kv_budget_bytes(settings: EngineSettings) -> int:

@@ -29,6 +29,7 @@ from harness.measure.roofline import ModelShape, StepRoofline
 from harness.measure.rundir import SCHEMA_VERSION, RunWriter, read_requests, read_steps
 from harness.measure.slo import SLO
 from harness.measure.telemetry import TelemetryResult, TelemetrySampler
+from harness.measure.weights_quality import read_quality, weights_summary
 from harness.models.load import tokenizer_for
 from harness.records import StepRecord
 from harness.runner.build import ServedModel, build_engine, load_for_strategy
@@ -176,6 +177,7 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
     )
     meta["strategy"] = prepared.strategy.describe()
     meta["weight_bytes"] = prepared.served.weight_bytes
+    meta["weights"] = served_weights_summary(prepared, cache_dir_of(cfg))
     roofline = prepared.roofline
     peaks = roofline.peaks if roofline else None
     meta["peaks"] = peaks_record(peaks, cache_dir_of(cfg)) if peaks else None
@@ -208,9 +210,22 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         summary = summary_for(run_dir, cfg, prepared.workload, telemetry, error, meta["peaks"])
         if peaks is not None:
             summary["flags"] += check_peaks(peaks, read_steps(run_dir), settings, cfg)
+        summary["weights"] = meta["weights"]
         writer.json("summary.json", summary)
         write_report(run_dir)
     return summary
+
+
+def served_weights_summary(prepared: Prepared, cache_dir: Path) -> dict:
+    """The weights the run served: option, bytes, how made, recorded quality."""
+    served = prepared.served
+    return weights_summary(
+        prepared.strategy.weights.value,
+        served.weights_id,
+        served.weight_bytes,
+        served.weights.record(),
+        read_quality(cache_dir, served.weights_id),
+    )
 
 
 def write_report(run_dir: Path) -> None:
