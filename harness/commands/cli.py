@@ -23,6 +23,7 @@ VERBS = {
     "search": "harness.commands.search",
     "perplexity": "harness.commands.perplexity",
     "verify": "harness.commands.verify",
+    "serve": "harness.commands.serve",
 }
 HELP_FLAGS = ("-h", "--help")
 
