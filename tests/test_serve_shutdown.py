@@ -23,9 +23,13 @@ def test_sigterm_mid_stream_stops_cleanly() -> None:
     ]
     server = start_server(overrides, env={"OMP_NUM_THREADS": "1"})
     body = {
-        "model": "dummy-tiny", "prompt": [5, 6, 7], "max_tokens": 480, "ignore_eos": True,
-        "temperature": 0, "stream": True,
-    }  # fmt: skip
+        "model": "dummy-tiny",
+        "prompt": [5, 6, 7],
+        "max_tokens": 480,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
     with httpx.Client(base_url=server.url, timeout=60) as http:
         with http.stream("POST", "/v1/completions", json=body) as response:
             lines = response.iter_lines()
