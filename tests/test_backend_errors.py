@@ -36,7 +36,7 @@ def closed_port() -> int:
 
 def test_unknown_backend(monkeypatch, capsys, tmp_path) -> None:
     line = _fail(monkeypatch, capsys, tmp_path, "backend=tgi")
-    assert "backend: 'tgi' is not one of: inprocess, openai" in line
+    assert "backend: 'tgi' is not one of: inprocess, openai, hf_static, hf_continuous" in line
 
 
 @pytest.mark.parametrize(

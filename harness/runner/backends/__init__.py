@@ -2,7 +2,9 @@
 
 `inprocess` is servelab's engine under `strategy` (built in `harness.runner.run`). The peers
 live here, each with the same arrivals (the replay's `Client`), the same `RequestRecord`s and
-so the same summary and reports: `openai` drives any OpenAI-compatible server over HTTP.
+so the same summary and reports: `openai` drives any OpenAI-compatible server over HTTP,
+`hf_static` runs transformers' `generate` on padded batches and `hf_continuous` transformers'
+own continuous batching, both on the weights servelab loads for `model`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from omegaconf import DictConfig
 from harness.errors import ConfigError
 from harness.runner.backends.base import Backend
 
-BACKENDS = ("inprocess", "openai")
+BACKENDS = ("inprocess", "openai", "hf_static", "hf_continuous")
 
 
 def backend_of(cfg: DictConfig) -> str:
@@ -24,7 +26,10 @@ def backend_of(cfg: DictConfig) -> str:
 
 def peer_backend(kind: str, cfg: DictConfig, progress: bool) -> Backend:
     """A prepared peer backend: everything checked and loaded, nothing sent yet."""
-    del kind, progress  # openai is the only peer so far
-    from harness.runner.backends.endpoint import EndpointBackend
+    if kind == "openai":
+        from harness.runner.backends.endpoint import EndpointBackend
 
-    return EndpointBackend.prepare(cfg)
+        return EndpointBackend.prepare(cfg)
+    from harness.runner.backends.hf_backend import HFBackend
+
+    return HFBackend.prepare(cfg, continuous=kind == "hf_continuous", progress=progress)
