@@ -86,6 +86,7 @@ class ContinuousRunner:
     ) -> None:
         logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)  # not every step
         config: GenerationConfig = generation_config(first, eos, min(eos, default=0))
+        config.eos_token_id = list(eos)  # the default; each request passes its own (-1: none)
         self.manager = model.init_continuous_batching(
             generation_config=config, continuous_batching_config=limits.config()
         )
