@@ -69,6 +69,11 @@ def http(served: tuple[ServerProcess, Path]) -> Iterator[httpx.Client]:
         yield client
 
 
+def endpoint_of(server: ServerProcess) -> list[str]:
+    """The overrides that measure `server` through backend=openai, with the test's key."""
+    return ["backend=openai", f"endpoint.url={server.url}", f"endpoint.api_key_env={KEY_ENV}"]
+
+
 def metrics(http: httpx.Client) -> dict[str, float]:
     """Every sample of /metrics by name (labels appended as name{value})."""
     text = http.get("/metrics").text
@@ -317,8 +322,7 @@ def test_over_http_the_same_tokens_and_ttft_within_the_transport_overhead(
     monkeypatch.setenv(KEY_ENV, KEY)
     pinger = Pinger(server.url)
     pinger.start()
-    endpoint = ["backend=openai", f"endpoint.url={server.url}", f"endpoint.api_key_env={KEY_ENV}"]
-    summary = run(compose([*common, *endpoint]), tmp_path / "http", progress=False)
+    summary = run(compose([*common, *endpoint_of(server)]), tmp_path / "http", progress=False)
     pinger.done.set()
     pinger.join()
     assert summary["status"] == "complete" and summary["completed"] == 8
@@ -349,8 +353,7 @@ def test_over_http_the_same_tokens_and_ttft_within_the_transport_overhead(
 def test_endpoint_checks_model_and_key_before_any_work(
     served: tuple[ServerProcess, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = served[0].url
-    endpoint = ["backend=openai", f"endpoint.url={url}", f"endpoint.api_key_env={KEY_ENV}"]
+    endpoint = endpoint_of(served[0])
     monkeypatch.setenv(KEY_ENV, KEY)
     with pytest.raises(ConfigError, match=r"endpoint.model: .* serves \['smollm2-135m'\], not"):
         run(compose([*endpoint, "endpoint.model=gpt-9"]), tmp_path / "model", progress=False)
@@ -358,3 +361,29 @@ def test_endpoint_checks_model_and_key_before_any_work(
     with pytest.raises(ConfigError, match=r"endpoint.api_key_env: .* refused the key \(HTTP 401\)"):
         run(compose(endpoint), tmp_path / "key", progress=False)
     assert not (tmp_path / "model").exists() and not (tmp_path / "key").exists()
+
+
+def test_failed_requests_are_recorded_with_their_error(
+    served: tuple[ServerProcess, Path], http: httpx.Client, tmp_path: Path, monkeypatch
+) -> None:
+    """A request the server refuses, and one past endpoint.timeout_s (whose KV the server then
+    frees, its client gone), are recorded as failed with the reason; the run completes."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    endpoint = endpoint_of(served[0])
+    common = [*COMMON, "workload=smoke", "workload.num_requests=2", "telemetry.roofline=false"]
+    refused = run(
+        compose([*common, *endpoint, "+endpoint.extra_body.n=2"]), tmp_path / "n", progress=False
+    )
+    assert (refused["status"], refused["failed"]) == ("complete", 2)
+    errors = {r.error for r in read_requests(tmp_path / "n")}
+    assert errors == {"HTTP 400: n must be 1: servelab returns one choice per request"}
+    before = _cancelled(http)
+    late = run(
+        compose([*common, *endpoint, "endpoint.timeout_s=0.05"]), tmp_path / "late", progress=False
+    )
+    assert late["failed"] == 2 and "2 requests failed or were rejected" in late["flags"]
+    records = read_requests(tmp_path / "late")
+    assert {r.error for r in records} == {"no complete response within endpoint.timeout_s=0.05"}
+    assert all(r.finish_reason == "error" and r.t_done is not None for r in records)
+    wait_for(lambda: _cancelled(http) == before + 2)
+    assert metrics(http)["servelab_kv_slots_allocated"] == 0
