@@ -28,7 +28,7 @@ from transformers import PreTrainedTokenizerBase
 
 from harness.records import SUCCESS
 from harness.serving import errors
-from harness.serving.engine_loop import Done, EngineLoop, Stream, Tokens
+from harness.serving.engine_loop import Done, EngineLoop, Stream
 from harness.serving.errors import APIError
 from harness.serving.intake import Intake, ModelCard
 from harness.serving.metrics import Metrics
@@ -147,14 +147,13 @@ async def _whole(
 ) -> Response:
     """Wait for the delivered response; cancel it if the client hangs up meanwhile."""
     watcher = asyncio.create_task(_cancel_on_disconnect(state, stream, raw))
-    text = TextStream(state.tokenizer)
+    ids: list[int] = []
     try:
         while True:
             event = await stream.events.get()
-            if isinstance(event, Tokens):
-                text.ids += event.ids
-                continue
-            break
+            if isinstance(event, Done):
+                break
+            ids += event.ids
     finally:
         watcher.cancel()
     if event.finish_reason == "cancelled":
@@ -166,11 +165,11 @@ async def _whole(
         chat,
         request.id,
         state.card.name,
-        text.text(),
+        state.tokenizer.decode(ids, skip_special_tokens=True),
         event.finish_reason,
-        list(text.ids) if body.return_token_ids else None,
+        ids if body.return_token_ids else None,
         request.prompt_len,
-        len(text.ids),
+        len(ids),
     )
     return JSONResponse(payload)
 

@@ -40,7 +40,3 @@ class TextStream:
             return ""
         self._start, self._read = self._read, len(self.ids)
         return text[len(sent) :]
-
-    def text(self) -> str:
-        """The whole output's text (for a non-streaming response)."""
-        return self._decode(self.ids)

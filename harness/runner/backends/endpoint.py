@@ -78,7 +78,9 @@ class EndpointBackend(Backend):
         self.seeds = seeds
         self.device = torch.device("cpu")
         self.bodies = {  # encoded now, not while requests are due
-            spec.id: json.dumps(request_body(to_request(spec, i), model, settings.extra_body))
+            spec.id: json.dumps(
+                request_body(to_request(spec, i), model, settings.extra_body)
+            ).encode()
             for i, spec in enumerate(workload.requests)
         }
 
@@ -112,9 +114,8 @@ class EndpointBackend(Backend):
         return self.settings.label or f"openai:{self.model}"
 
     def describe(self) -> dict[str, Any]:
-        sample = request_body(to_request(self.workload.requests[0], 0), self.model, {})
+        sample = json.loads(self.bodies[self.workload.requests[0].id])  # what was sent
         sample["prompt"] = "<the request's prompt token ids>"
-        sample.update(self.settings.extra_body)
         return {
             "strategy": {"name": self.label, "backend": "openai", "model": self.model},
             "backend": {
