@@ -5,8 +5,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.servelab-installed
 RUN_ARGS ?=
+GATE ?= conf/gates/headline.yaml
+GATE_ARGS ?=
+# torch threads for the gate's runs. On the shared 2-core development machine two threads
+# stalled each other whenever other jobs ran (decode steps of the embedded model 20x slower and
+# erratic); one thread kept the headline gate to minutes. Recorded in the gate's fingerprint.
+GATE_THREADS ?= 1
+# `make bench BENCH_BASE=0001` fails when any benchmark's minimum time regressed by more than
+# BENCH_FAIL against saved run 0001 (`make bench-list` lists the saved runs).
+BENCH_BASE ?=
+BENCH_FAIL ?= min:25%
+BENCH_RUNS ?=
 
-.PHONY: run test lint bench browser clean
+.PHONY: run test lint gate bench bench-list bench-compare browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -24,6 +35,26 @@ test: $(STAMP) browser
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -p no:cacheprovider
 
+# The headline claims on the embedded model, each a ratio of strategies measured side by side
+# (repeated, interleaved); exit status 1 when a claim fails. Writes gate.json and gate.html.
+gate: $(STAMP)
+	OMP_NUM_THREADS=$(GATE_THREADS) $(VENV)/bin/servelab gate $(GATE) $(GATE_ARGS)
+
+# Microbenchmarks of the hot paths (benchmarks/, never collected by `make test`), saved as
+# JSON under .benchmarks/ with the commit; with BENCH_BASE, compared against that saved run.
+bench: $(STAMP)
+	$(PY) -m pytest benchmarks -q -p no:cacheprovider --benchmark-only --benchmark-autosave \
+	  --benchmark-columns=min,median,mean,stddev,rounds \
+	  $(if $(BENCH_BASE),--benchmark-compare=$(BENCH_BASE) --benchmark-compare-fail=$(BENCH_FAIL))
+
+bench-list: $(STAMP)
+	$(VENV)/bin/pytest-benchmark list
+
+# Side by side, e.g. `make bench-compare BENCH_RUNS="0001 0002"` (default: every saved run).
+bench-compare: $(STAMP)
+	$(VENV)/bin/pytest-benchmark compare $(BENCH_RUNS) --group-by=group,name \
+	  --columns=min,median,mean --sort=name
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
@@ -34,4 +65,4 @@ browser:
 	  || echo "chromium not installed: the browser test will be skipped"; }
 
 clean:
-	rm -rf $(VENV) runs outputs multirun
+	rm -rf $(VENV) runs outputs multirun .benchmarks

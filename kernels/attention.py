@@ -3,10 +3,13 @@
 `Attention` writes the step's new keys and values into one layer's cache at the batch's slot
 mapping, then computes causal attention of every new token over its sequence's context read
 back from the cache, contiguous (slabs) or paged (block tables), for any group size. It picks
-the implementation once: the Triton kernels on CUDA, the PyTorch path elsewhere, or what
-`AttentionConfig.impl` forces. Host-side preparation (plans, device copies of lengths, launch
-sizes) happens once per batch, on its first layer, and is reused by the other layers while
-the batch object and the cache geometry stay the same; a batch must not be mutated after use.
+the implementation once: the Triton kernels on CUDA; on a CPU the compiled operator and
+torch's flash kernel (`kernels.cpu_attention`), or the PyTorch reference path where the
+operator cannot be built; or what `AttentionConfig.impl` forces (tests compare them).
+
+Host-side preparation (plans, device copies of lengths, launch sizes) happens once per
+batch, on its first layer, and is reused by the other layers while the batch object and the
+cache geometry stay the same; a batch must not be mutated after use.
 """
 
 from __future__ import annotations
@@ -19,14 +22,16 @@ from harness.engine.batch import ForwardBatch
 from harness.errors import ConfigError
 from kernels import paged_attention_triton as tri
 from kernels.attention_plan import AttentionPlan
+from kernels.cpu_attention import CpuPlan, build_status, plan_cpu, run_cpu
 from kernels.paged_attention_ref import plan_for, run_plan
 
-IMPLS = ("auto", "torch", "triton")
+IMPLS = ("auto", "torch", "triton", "cpu")
 
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """`impl`: "auto" (triton on CUDA, torch elsewhere), "torch" or "triton"."""
+    """`impl`: "auto" (triton on CUDA, the compiled CPU path elsewhere when it builds, else
+    torch), "torch" (the reference), "cpu" or "triton"."""
 
     impl: str = "auto"
 
@@ -51,17 +56,19 @@ class Attention:
             raise ConfigError("attention.impl", f"unknown {config.impl!r}; use one of {IMPLS}")
         impl = config.impl
         if impl == "auto":
-            impl = "triton" if device.type == "cuda" else "torch"
+            impl = "triton" if device.type == "cuda" else _cpu_or_torch()
         if impl == "triton":
             tri.check_triton_usable(device, torch.float32)
+        if impl == "cpu":
+            _check_cpu_usable(device)
         self._impl = impl
         self._batch: ForwardBatch | None = None
         self._key: tuple[object, ...] | None = None
-        self._plan: AttentionPlan | _TritonPlan | None = None
+        self._plan: AttentionPlan | _TritonPlan | CpuPlan | None = None
 
     @property
     def impl(self) -> str:
-        """The resolved implementation: "torch" or "triton"."""
+        """The resolved implementation: "torch", "cpu" or "triton"."""
         return self._impl
 
     @torch.compiler.disable
@@ -82,6 +89,8 @@ class Attention:
         """
         plan = self._plan_for(q, k_cache, batch)
         write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        if isinstance(plan, CpuPlan):
+            return run_cpu(plan, q, k, v, k_cache, v_cache, scale)
         if isinstance(plan, AttentionPlan):
             return run_plan(plan, q, k_cache, v_cache, scale)
         if plan.decode is not None:
@@ -102,14 +111,16 @@ class Attention:
 
     def _plan_for(
         self, q: torch.Tensor, k_cache: torch.Tensor, batch: ForwardBatch
-    ) -> AttentionPlan | _TritonPlan:
+    ) -> AttentionPlan | _TritonPlan | CpuPlan:
         key = (k_cache.shape[1:], q.shape[1:], q.dtype, q.device)
         if batch is self._batch and key == self._key and self._plan is not None:
             return self._plan
         _check_batch(q, k_cache, batch)
         if self._impl == "triton":
             tri.check_triton_usable(q.device, q.dtype)
-            plan: AttentionPlan | _TritonPlan = _triton_plan(q, k_cache, batch)
+            plan: AttentionPlan | _TritonPlan | CpuPlan = _triton_plan(q, k_cache, batch)
+        elif self._impl == "cpu":
+            plan = plan_cpu(batch, k_cache.shape[1])
         else:
             plan = plan_for(
                 q,
@@ -121,6 +132,22 @@ class Attention:
             )
         self._batch, self._key, self._plan = batch, key, plan
         return plan
+
+
+def _cpu_or_torch() -> str:
+    """The compiled CPU path where it builds, else the PyTorch reference."""
+    return "cpu" if build_status() is None else "torch"
+
+
+def _check_cpu_usable(device: torch.device) -> None:
+    if device.type != "cpu":
+        raise ConfigError("engine.attention", f"cpu attention runs on the CPU, not {device}")
+    reason = build_status()
+    if reason is not None:
+        raise ConfigError(
+            "engine.attention",
+            f"the CPU attention operator could not be built ({reason}); use engine.attention=torch",
+        )
 
 
 def write_kv(

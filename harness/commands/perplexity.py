@@ -6,16 +6,8 @@ The head layout and weights format of `strategy` apply, so a conversion's qualit
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
-
 from harness.commands.config import compose, take_counts
-from harness.errors import ConfigError
-from harness.measure.perplexity import perplexity
-from harness.runner.build import load_for_strategy
-from harness.runner.settings import engine_settings
-from kernels.attention import Attention, AttentionConfig
-from strategies.settings import strategy_settings
-from workloads.text import text_section
+from harness.runner.perplexity import served_perplexity
 
 SUMMARY = "perplexity on held-out text of the model as a strategy serves it (heads, weights)"
 USAGE = """usage: servelab perplexity [windows=N] [strategy.heads=...] [strategy.weights=...]
@@ -26,22 +18,4 @@ calibration) and prints the perplexity."""
 
 def main(args: list[str]) -> None:
     numbers, rest = take_counts(args, {"windows": 16})
-    print(perplexity_main(compose(rest), numbers["windows"]))
-
-
-def perplexity_main(cfg: DictConfig, windows: int) -> str:
-    settings = engine_settings(cfg.engine)
-    strategy = strategy_settings(cfg.strategy)
-    served = load_for_strategy(cfg, settings, strategy)
-    loaded = served.loaded
-    if loaded.tokenizer is None:
-        raise ConfigError("model", "perplexity needs a model with a tokenizer, not dummy weights")
-    ids = loaded.tokenizer.encode(text_section("evaluation"))
-    attention = Attention(AttentionConfig(impl=settings.attention), settings.device)
-    value, scored = perplexity(loaded.model, ids, attention, max_windows=windows)
-    stored = loaded.model.kv_heads_stored
-    return (
-        f"{cfg.model.name} heads={strategy.heads.value} ({stored} KV heads stored) "
-        f"weights={strategy.weights.value} dtype={str(settings.dtype).removeprefix('torch.')}: "
-        f"perplexity {value:.3f} over {scored} tokens of held-out text"
-    )
+    print(served_perplexity(compose(rest), numbers["windows"]).describe())

@@ -168,7 +168,7 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.max_context, config.rope_theta)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = linear(config.hidden_size, config.vocab_size, "lm_head")
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 

@@ -39,6 +39,7 @@ from harness.runner.backends.base import Backend
 from harness.runner.build import ServedModel, build_engine, load_for_strategy
 from harness.runner.replay import replay, to_request
 from harness.runner.settings import EngineSettings, cache_dir_of, engine_settings
+from harness.runner.step_delay import StepDelay, delay_flag, step_delay_s
 from reports.run_report import build_run_report
 from strategies.settings import StrategySettings, strategy_settings
 from workloads.build import build_workload
@@ -63,6 +64,7 @@ def prepare(cfg: DictConfig, clock: Callable[[], float], progress: bool = True) 
     settings = engine_settings(cfg.engine)
     strategy = strategy_settings(cfg.strategy)
     slo_of(cfg)  # checked before any work
+    step_delay_s(cfg.engine)
     torch.manual_seed(settings.seed)
     served = load_for_strategy(cfg, settings, strategy, progress)
     tokenizer = served.loaded.tokenizer or tokenizer_for(cfg.model, cache_dir_of(cfg))
@@ -194,6 +196,9 @@ class InProcessBackend(Backend):
         )
         roofline = self.prepared.roofline
         hooks = [profiler] + ([RooflineHook(roofline)] if roofline else [])
+        delay = step_delay_s(self.cfg.engine)
+        if delay > 0:
+            hooks.append(StepDelay(delay))
         try:
             replay(self.prepared.engine, self.workload, clock, writer, hooks, progress)
         finally:
@@ -305,6 +310,8 @@ def run_flags(summary: dict) -> list[str]:
     lag = summary["send_lag"]["p99"]
     if lag is not None and lag > SEND_LAG_BOUND_S:
         flags.append(f"client send lag p99 {lag * 1000:.1f} ms > {SEND_LAG_BOUND_S * 1000:g} ms")
+    if summary.get("test_step_delay_s"):
+        flags.append(delay_flag(summary["test_step_delay_s"]))
     return flags
 
 
@@ -339,5 +346,8 @@ def summary_for(
     summary["energy_j"] = telemetry.energy_j
     tokens = summary["output_tokens"]
     summary["j_per_token"] = telemetry.energy_j / tokens if telemetry.energy_j and tokens else None
+    delay = step_delay_s(cfg.engine)
+    if delay > 0:
+        summary["test_step_delay_s"] = delay
     summary["flags"] = run_flags(summary)
     return summary

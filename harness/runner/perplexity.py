@@ -1,0 +1,60 @@
+"""Perplexity of the configured model as a strategy serves it, on the held-out evaluation text.
+
+The strategy's head layout and weights format apply (through `load_for_strategy`, as in a
+run), so a conversion's quality cost is measured on the same text for every option. Dummy
+weights borrow the embedded model's tokenizer, as their runs do. `servelab perplexity` and
+the gates' perplexity claims both measure through here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from harness.measure.perplexity import perplexity
+from harness.models.load import tokenizer_for
+from harness.runner.build import load_for_strategy
+from harness.runner.settings import cache_dir_of, engine_settings
+from kernels.attention import Attention, AttentionConfig
+from strategies.settings import strategy_settings
+from workloads.text import text_section
+
+
+@dataclass(frozen=True)
+class ServedPerplexity:
+    model: str
+    heads: str
+    weights: str
+    stored_kv_heads: int
+    dtype: str
+    perplexity: float
+    tokens: int  # tokens scored
+
+    def describe(self) -> str:
+        return (
+            f"{self.model} heads={self.heads} ({self.stored_kv_heads} KV heads stored) "
+            f"weights={self.weights} dtype={self.dtype}: perplexity {self.perplexity:.3f} "
+            f"over {self.tokens} tokens of held-out text"
+        )
+
+
+def served_perplexity(cfg: DictConfig, windows: int, progress: bool = True) -> ServedPerplexity:
+    """Score `windows` windows of 512 tokens of the evaluation text under `cfg`."""
+    settings = engine_settings(cfg.engine)
+    strategy = strategy_settings(cfg.strategy)
+    served = load_for_strategy(cfg, settings, strategy, progress)
+    loaded = served.loaded
+    tokenizer = loaded.tokenizer or tokenizer_for(cfg.model, cache_dir_of(cfg))
+    ids = tokenizer.encode(text_section("evaluation"))
+    attention = Attention(AttentionConfig(impl=settings.attention), settings.device)
+    value, scored = perplexity(loaded.model, ids, attention, max_windows=windows)
+    return ServedPerplexity(
+        model=str(cfg.model.name),
+        heads=strategy.heads.value,
+        weights=strategy.weights.value,
+        stored_kv_heads=loaded.model.kv_heads_stored,
+        dtype=str(settings.dtype).removeprefix("torch."),
+        perplexity=value,
+        tokens=scored,
+    )
