@@ -2,13 +2,13 @@
 # The measurements quoted in the issue notes, run one after another on one machine (strategy
 # comparisons are ratios within this one run of the script). Writes under runs/measure/.
 # Usage: scripts/measure.sh [section ...]
-#   sections: offline batch roofline prefix heads search verify awq
+#   sections: offline batch roofline prefix heads search verify awq peers
 set -euo pipefail
 cd "$(dirname "$0")/.."
-S=.venv/bin/servelab
+S=${SERVELAB:-.venv/bin/servelab}  # SERVELAB="python -m harness" runs from a checkout
 OUT=runs/measure
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(offline batch roofline prefix heads search verify awq)
+[ ${#sections[@]} -eq 0 ] && sections=(offline batch roofline prefix heads search verify awq peers)
 
 for section in "${sections[@]}"; do
   case "$section" in
@@ -58,6 +58,33 @@ for section in "${sections[@]}"; do
       $S -m strategy=orca strategy.weights=dense,int4-awq workload=offline \
         workload.num_requests=1 workload.input_len.dist=fixed workload.input_len.value=231 \
         workload.output_len.value=256 engine.dtype=bf16 hydra.sweep.dir=$OUT/awq/single ;;
+    peers)  # one workload served four ways, one report: servelab's vllm strategy in process and
+      # over HTTP (its own server on a loopback port, measured as any OpenAI endpoint), and
+      # transformers' generate (hf_static) and continuous batching (hf_continuous) in process;
+      # offline throughput, then Poisson arrivals. PEERS_PORT picks the port (default 8321).
+      P=$OUT/peers
+      port=${PEERS_PORT:-8321}
+      url=http://127.0.0.1:$port
+      for load in offline online; do
+        if [ "$load" = offline ]; then
+          common=(workload=offline engine.dtype=bf16)
+        else
+          common=(workload=comparison workload.arrival.rate=2 engine.dtype=bf16)
+        fi
+        mkdir -p "$P/$load"
+        $S strategy=vllm "${common[@]}" hydra.run.dir=$P/$load/inprocess-vllm
+        $S serve strategy=vllm "${common[@]}" serve.port=$port > "$P/$load/serve.log" 2>&1 &
+        server=$!
+        until grep -q "servelab: serving" "$P/$load/serve.log"; do kill -0 $server; sleep 1; done
+        $S backend=openai endpoint.url=$url endpoint.label=servelab-vllm-http "${common[@]}" \
+          hydra.run.dir=$P/$load/http-vllm
+        kill -INT $server && wait $server
+        for backend in hf_static hf_continuous; do
+          $S backend=$backend "${common[@]}" hydra.run.dir=$P/$load/$backend
+        done
+        $S report $P/$load/inprocess-vllm $P/$load/http-vllm $P/$load/hf_static \
+          $P/$load/hf_continuous --out $P/$load/report.html --baseline vllm
+      done ;;
     *) echo "unknown section $section" >&2; exit 2 ;;
   esac
 done

@@ -24,6 +24,7 @@ VERBS = {
     "perplexity": "harness.commands.perplexity",
     "quantize": "harness.commands.quantize",
     "verify": "harness.commands.verify",
+    "serve": "harness.commands.serve",
     "gate": "harness.commands.gate",
 }
 HELP_FLAGS = ("-h", "--help")

@@ -55,6 +55,9 @@ class ContiguousKVManager(KVManager):
     def truncate(self, request: Request, num_tokens: int) -> None:
         request.num_computed_tokens = num_tokens  # the slab stays reserved whole
 
+    def holds(self, request: Request) -> bool:
+        return request in self._slabs
+
     def free(self, request: Request) -> None:
         start, length = self._slabs.pop(request)
         index = bisect.bisect(self._free, (start, length))
