@@ -68,7 +68,11 @@ class RunData:
 
     @property
     def strategy(self) -> dict[str, Any]:
-        """The strategy section of the config (axes and name), possibly empty."""
+        """What served the run: the strategy section of the config (axes and name), or, for a
+        peer backend (an HTTP endpoint, transformers), what meta.json says it was; possibly
+        empty."""
+        if self.config.get("backend", "inprocess") != "inprocess":
+            return as_dict(self.meta.get("strategy"))
         return as_dict(self.config.get("strategy"))
 
     @property

@@ -172,6 +172,20 @@ def _throughput_rows(summary: dict[str, Any]) -> list[list[Cell]]:
     correctness = summary.get("correctness")
     if isinstance(correctness, dict):
         rows.append(["correctness", correctness_text(correctness), ""])
+    return rows + _weights_rows(as_dict(summary.get("weights")))
+
+
+def _weights_rows(weights: dict[str, Any]) -> list[list[Cell]]:
+    """The served weights: option, bytes read per step and their recorded quality."""
+    if not weights:
+        return []
+    rows: list[list[Cell]] = [["weights", str(weights.get("option")), ""]]
+    if isinstance(weights.get("weight_bytes"), int):
+        rows.append(["weights read per step", weights["weight_bytes"] / 2**20, "MiB"])
+    if isinstance(weights.get("perplexity_fp32"), int | float):
+        rows.append(["perplexity on held-out text (fp32)", weights["perplexity_fp32"], ""])
+    if isinstance(weights.get("greedy_agreement"), int | float):
+        rows.append(["greedy outputs identical to dense", weights["greedy_agreement"], "share"])
     return rows
 
 

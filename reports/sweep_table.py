@@ -1,9 +1,12 @@
 """One row per run of a sweep: its metrics, its ratios against the baseline, and `summary.csv`.
 
 The baseline is the strategy named by the user (a label or a strategy name), else the
-`fastertransformer` preset when present, else the alphabetically first strategy. A run's
-ratios divide its value by the baseline run's value in the same group at the same load;
-they are empty where the baseline has no such run.
+`fastertransformer` preset when present, else the alphabetically first strategy; where the
+candidates differ in weights, one serving `dense` weights first. A run's ratios divide its
+value by the baseline run's value in the same group at the same load; they are empty where
+the baseline has no such run. Quality columns come from the served weights' quality record
+that the run copied into its summary (`weights`): perplexity on held-out text (float32) and
+the share of greedy outputs identical to dense's, both measured by `servelab quantize`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ METRIC_COLUMNS = (
     ("kv_waste_mean", "KV waste mean"),
     ("mfu_mean", "MFU mean"),
     ("j_per_token", "J/token"),
+    ("weight_mib", "weights read per step (MiB)"),
+    ("perplexity", "perplexity (held-out, fp32)"),
+    ("greedy_agreement", "greedy = dense (share, quantize record)"),
     ("acceptance_rate", "acceptance rate"),
     ("mean_accepted_length", "tokens / target forward"),
     ("predicted_speedup", "predicted speedup ×"),
@@ -80,14 +86,20 @@ def choose_baseline(groups: list[Group], requested: str | None) -> str:
     if requested is not None:
         if requested in labels:
             return requested
-        named = sorted({r.label for r in runs if r.run.strategy_name == requested})
+        named = _dense_first([r for r in runs if r.run.strategy_name == requested])
         if named:
             return named[0]
         raise ConfigError("baseline", f"no run has strategy {requested!r}; use one of {labels}")
     if DEFAULT_BASELINE in labels:
         return DEFAULT_BASELINE
-    named = sorted({r.label for r in runs if r.run.strategy_name == DEFAULT_BASELINE})
-    return named[0] if named else labels[0]
+    named = _dense_first([r for r in runs if r.run.strategy_name == DEFAULT_BASELINE])
+    return named[0] if named else _dense_first(runs)[0]
+
+
+def _dense_first(runs: list[SweepRun]) -> list[str]:
+    """The runs' labels, sorted, those serving dense weights (or not saying) first."""
+    dense = {r.label for r in runs if r.run.strategy.get("weights", "dense") == "dense"}
+    return sorted({r.label for r in runs}, key=lambda label: (label not in dense, label))
 
 
 def _number(value: Any) -> float | None:
@@ -133,6 +145,11 @@ def run_values(group: Group, sweep_run: SweepRun) -> dict[str, Any]:
     if share is None and slo is not None and slo.configured and run.request_records:
         share = slo_attainment(run.request_records, slo)
     values["slo_met_share"] = share if slo is not None and slo.configured else None
+    weights = as_dict(summary.get("weights"))
+    weight_bytes = _number(weights.get("weight_bytes"))
+    values["weight_mib"] = None if weight_bytes is None else weight_bytes / 2**20
+    values["perplexity"] = _number(weights.get("perplexity_fp32"))
+    values["greedy_agreement"] = _number(weights.get("greedy_agreement"))
     correctness = summary.get("correctness")
     values["correctness"] = correctness_text(correctness) if isinstance(correctness, dict) else None
     share_identical = as_dict(correctness).get("identical_share")

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# GPU checks for the attention kernels, for a machine with CUDA: the kernel and entry-point
-# tests with the kernels compiled (no interpreter; bfloat16 included), then the decode
-# benchmark (Triton against the PyTorch path, batch 32/64 x context 512/2048, CUDA events).
+# GPU checks for the Triton kernels, for a machine with CUDA: the attention kernel and
+# entry-point tests and the int4 GEMM test with the kernels compiled (no interpreter;
+# bfloat16 included for attention), then the decode attention benchmark (Triton against the
+# PyTorch path, batch 32/64 x context 512/2048, CUDA events) and the int4 linear-layer
+# benchmark (dense fp16 against the int4 Triton GEMM, batch 1 and 32).
 # Run from anywhere; PYTHON picks the interpreter (default: the repo's .venv, else python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +24,11 @@ export PYTHONUNBUFFERED=1
 echo "== kernel tests (compiled Triton) =="
 "$PYTHON" -m pytest -q -p no:cacheprovider --noconftest \
   tests/test_kernels_paged_attention.py tests/test_attention_entry.py
+"$PYTHON" -m pytest -q -p no:cacheprovider --noconftest tests/test_int4_kernels.py -k triton
 
 echo "== decode benchmark =="
 "$PYTHON" -m benchmarks.bench_attention --dtype bf16 --batches 32 64 --contexts 512 2048
 "$PYTHON" -m benchmarks.bench_attention --dtype bf16 --batches 32 64 --contexts 512 2048 --contiguous
+
+echo "== int4 linear layers =="
+"$PYTHON" -m benchmarks.bench_int4 --device cuda --dtypes fp16 --batches 1 32

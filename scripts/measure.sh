@@ -2,14 +2,15 @@
 # The measurements quoted in the issue notes, run one after another on one machine (strategy
 # comparisons are ratios within this one run of the script). Writes under runs/measure/.
 # Usage: scripts/measure.sh [section ...]
-#   sections: offline batch roofline prefix heads search verify speculative
+#   sections: offline batch roofline prefix heads search verify awq peers speculative
 set -euo pipefail
 cd "$(dirname "$0")/.."
-S=${SERVELAB:-.venv/bin/servelab}  # SERVELAB="python -m harness" runs it from a checkout
+S=${SERVELAB:-.venv/bin/servelab}  # SERVELAB="python -m harness" runs from a checkout
 PY=${PYTHON:-.venv/bin/python}
 OUT=runs/measure
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(offline batch roofline prefix heads search verify speculative)
+[ ${#sections[@]} -eq 0 ] &&
+  sections=(offline batch roofline prefix heads search verify awq peers speculative)
 
 for section in "${sections[@]}"; do
   case "$section" in
@@ -43,6 +44,49 @@ for section in "${sections[@]}"; do
         $S verify workload=offline workload.num_requests=32 engine.dtype=$dtype \
           out=$OUT/verify-$dtype.json
       done ;;
+    awq)  # int4 weights: quality in fp32 (held-out perplexity, greedy agreement with dense on
+          # instructions), speed in bf16 (linears alone, decode steps, runs at batch 1 and 32)
+      mkdir -p $OUT/awq
+      rm -rf ~/.cache/servelab/quantized/*-int4-*  # remade here: calibration time and memory
+      for method in "method=rtn" "method=awq" "method=rtn strategy.group_size=32"; do
+        $S quantize $method workload=instruct workload.num_requests=16
+      done | tee $OUT/awq/quality.txt
+      .venv/bin/python -m benchmarks.bench_int4 | tee $OUT/awq/linears.txt
+      .venv/bin/python -m benchmarks.bench_int4_decode | tee $OUT/awq/decode.txt
+      $S -m strategy=vllm strategy.weights=dense,int4-rtn,int4-awq workload=offline \
+        workload.num_requests=32 engine.dtype=bf16 engine.max_batch_size=1,32 \
+        hydra.sweep.dir=$OUT/awq/sweep
+      # one request alone, as scripts/peers/llama_single.py times llama-server on the GGUF
+      $S -m strategy=orca strategy.weights=dense,int4-awq workload=offline \
+        workload.num_requests=1 workload.input_len.dist=fixed workload.input_len.value=231 \
+        workload.output_len.value=256 engine.dtype=bf16 hydra.sweep.dir=$OUT/awq/single ;;
+    peers)  # one workload served four ways, one report: servelab's vllm strategy in process and
+      # over HTTP (its own server on a loopback port, measured as any OpenAI endpoint), and
+      # transformers' generate (hf_static) and continuous batching (hf_continuous) in process;
+      # offline throughput, then Poisson arrivals. PEERS_PORT picks the port (default 8321).
+      P=$OUT/peers
+      port=${PEERS_PORT:-8321}
+      url=http://127.0.0.1:$port
+      for load in offline online; do
+        if [ "$load" = offline ]; then
+          common=(workload=offline engine.dtype=bf16)
+        else
+          common=(workload=comparison workload.arrival.rate=2 engine.dtype=bf16)
+        fi
+        mkdir -p "$P/$load"
+        $S strategy=vllm "${common[@]}" hydra.run.dir=$P/$load/inprocess-vllm
+        $S serve strategy=vllm "${common[@]}" serve.port=$port > "$P/$load/serve.log" 2>&1 &
+        server=$!
+        until grep -q "servelab: serving" "$P/$load/serve.log"; do kill -0 $server; sleep 1; done
+        $S backend=openai endpoint.url=$url endpoint.label=servelab-vllm-http "${common[@]}" \
+          hydra.run.dir=$P/$load/http-vllm
+        kill -INT $server && wait $server
+        for backend in hf_static hf_continuous; do
+          $S backend=$backend "${common[@]}" hydra.run.dir=$P/$load/$backend
+        done
+        $S report $P/$load/inprocess-vllm $P/$load/http-vllm $P/$load/hf_static \
+          $P/$load/hf_continuous --out $P/$load/report.html --baseline vllm
+      done ;;
     speculative)  # per proposer and gamma, at batch 1 and 8, on input-grounded prompts:
       # acceptance rate, tokens per target forward, the acceptance histogram and the speedup
       # predicted from alpha and c (each run's report; sweep reports give throughput x against
@@ -70,7 +114,8 @@ for section in "${sections[@]}"; do
       # the claims: at least 1.5x at batch 1 (interleaved repeats, bootstrap interval), exact
       $S gate conf/gates/speculative.yaml out=$OUT/speculative-gate
       $S verify strategies=orca-spec-ngram,vllm-spec-ngram,vllm-spec-layerskip,vllm-spec-draft \
-        workload=instruct workload.num_requests=16 engine.dtype=fp32 out=$OUT/verify-spec-fp32.json ;;
+        workload=instruct workload.num_requests=16 engine.dtype=fp32 \
+        out=$OUT/verify-spec-fp32.json ;;
     *) echo "unknown section $section" >&2; exit 2 ;;
   esac
 done

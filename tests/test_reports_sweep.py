@@ -327,3 +327,33 @@ def test_a_real_hydra_multirun_ends_with_a_sweep_report(tmp_path: Path) -> None:
     with (sweep / "summary.csv").open() as handle:
         rates = sorted(float(row["rate"]) for row in csv.DictReader(handle))
     assert rates == [1.0, 2.0]
+
+
+def test_weights_quality_columns_and_the_dense_baseline(tmp_path: Path) -> None:
+    figures = {"dense": (513.1, 15.9, None), "int4-awq": (162.6, 17.2, 0.75)}
+    for weights, (mib, perplexity, agreement) in figures.items():
+        summary = {
+            "weights": {
+                "option": weights,
+                "weight_bytes": int(mib * 2**20),
+                "perplexity_fp32": perplexity,
+                "greedy_agreement": agreement,
+            }
+        }
+        # the dense run's label sorts last: the baseline rule, not the alphabet, must pick it
+        heads = "mha" if weights == "dense" else "gqa"
+        axes = RunSpec().axes | {"weights": weights, "heads": heads}
+        write_run(tmp_path, RunSpec(name=weights, axes=axes, extra_summary=summary))
+    groups = group_runs([load_run(d) for d in find_run_dirs([tmp_path])])
+    dense = "vllm (heads=mha, weights=dense)"
+    assert choose_baseline(groups, None) == dense
+    build_sweep_report([tmp_path], tmp_path / "report.html", None)
+    with (tmp_path / "summary.csv").open() as handle:
+        rows = {r["strategy"]: r for r in csv.DictReader(handle)}
+    awq = rows["vllm (heads=gqa, weights=int4-awq)"]
+    assert float(awq["perplexity"]) == 17.2 and float(awq["greedy_agreement"]) == 0.75
+    assert float(awq["weight_mib"]) == pytest.approx(162.6, abs=1e-6)
+    assert float(rows[dense]["perplexity"]) == 15.9
+    assert rows[dense]["greedy_agreement"] == ""
+    html = (tmp_path / "report.html").read_text()
+    assert "perplexity (held-out, fp32)" in html

@@ -216,3 +216,26 @@ def test_sampled_outputs_do_not_depend_on_batch_composition(
     together = sampled(5)[0]
     assert together.output_ids == alone.output_ids
     assert together.counters["spec_proposed"] > 0
+
+
+def test_a_cancelled_request_gives_its_drafter_cache_back(
+    model: LlamaModel, draft_model: LlamaModel
+) -> None:
+    prompts = random_prompts(3, 5, 12, seed=7, vocab_size=VOCAB)
+    requests = make_requests(prompts, [20, 20, 20])
+    engine = make_engine(
+        model, _spec("iteration", "paged", "draft"), kv_slots=300, draft_model=draft_model
+    )
+    for request in requests:
+        engine.add_request(request)
+    while len(requests[1].output_ids) < 4:
+        engine.step()
+    drafter = engine.decoder.proposer
+    assert isinstance(drafter, ModelDrafter)
+    held = drafter.kv.pool.num_used
+    assert engine.cancel(requests[1])
+    assert drafter.kv.pool.num_used < held
+    while engine.has_unfinished():
+        engine.step()
+    _assert_greedy(model, requests[::2], prompts[::2], [20, 20])
+    assert drafter.kv.pool.num_used == 0

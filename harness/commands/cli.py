@@ -22,7 +22,9 @@ VERBS = {
     "kv-size": "harness.commands.kv_size",
     "search": "harness.commands.search",
     "perplexity": "harness.commands.perplexity",
+    "quantize": "harness.commands.quantize",
     "verify": "harness.commands.verify",
+    "serve": "harness.commands.serve",
     "gate": "harness.commands.gate",
 }
 HELP_FLAGS = ("-h", "--help")

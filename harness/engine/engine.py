@@ -118,6 +118,18 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def cancel(self, request: Request) -> bool:
+        """Drop a request whose client went away, between steps: the scheduler forgets it, its
+        KV returns to the cache, and it finishes as `cancelled` (even if it had finished and
+        its response was only held). False, and nothing changes, once it was delivered."""
+        if request.t_done is not None:
+            return False
+        self.scheduler.cancel(request)
+        self.decoder.release(request)
+        request.finish("cancelled")
+        request.t_done = self.clock()
+        return True
+
     def step(self) -> StepResult | None:
         """Run one step; None when the scheduler has nothing to run or deliver."""
         t_start = self.clock()

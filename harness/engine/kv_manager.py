@@ -59,6 +59,10 @@ class KVManager(ABC):
         """Return everything the request holds."""
 
     @abstractmethod
+    def holds(self, request: Request) -> bool:
+        """Does the request hold anything (slots, blocks, a swapped-out copy)?"""
+
+    @abstractmethod
     def truncate(self, request: Request, num_tokens: int) -> None:
         """Keep the first `num_tokens` computed positions and release what lies past them;
         `num_computed_tokens` becomes `num_tokens` (speculative rollback)."""

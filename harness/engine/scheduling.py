@@ -68,6 +68,10 @@ class Scheduler(ABC):
         return None
 
     @abstractmethod
+    def cancel(self, request: Request) -> None:
+        """Forget `request` wherever it is (waiting, running, held) and return its KV."""
+
+    @abstractmethod
     def has_unfinished(self) -> bool:
         """Anything waiting, running, or finished but not yet delivered?"""
 

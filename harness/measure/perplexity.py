@@ -10,6 +10,7 @@ is exponentiated.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +20,6 @@ from harness.engine.kv_cache import KVLayout, allocate_kv_cache
 from harness.models.model import AttentionFn, LlamaModel
 
 
-@torch.inference_mode()
 def perplexity(
     model: LlamaModel,
     token_ids: list[int],
@@ -28,12 +28,27 @@ def perplexity(
     max_windows: int | None = None,
 ) -> tuple[float, int]:
     """(perplexity, tokens scored) over consecutive windows of `token_ids`."""
+    total_nll, scored = 0.0, 0
+    for logits, targets in window_logits(model, token_ids, attention, window, max_windows):
+        total_nll += F.cross_entropy(logits, targets, reduction="sum").item()
+        scored += int(targets.shape[0])
+    return math.exp(total_nll / scored), scored
+
+
+@torch.inference_mode()
+def window_logits(
+    model: LlamaModel,
+    token_ids: list[int],
+    attention: AttentionFn,
+    window: int = 512,
+    max_windows: int | None = None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(next-token logits on the CPU, targets) of each consecutive window of `token_ids`."""
     config = model.config
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     layout = KVLayout(config.num_layers, model.kv_heads_stored, config.head_dim, dtype)
     cache = allocate_kv_cache(layout, layout.bytes_per_token * window, 1, device)
-    total_nll, scored = 0.0, 0
     starts = range(0, len(token_ids) - 1, window)
     for index, start in enumerate(starts):
         if max_windows is not None and index >= max_windows:
@@ -48,6 +63,4 @@ def perplexity(
             cache.v,
             attention,
         )
-        total_nll += F.cross_entropy(logits.cpu(), targets, reduction="sum").item()
-        scored += int(targets.shape[0])
-    return math.exp(total_nll / scored), scored
+        yield logits.cpu(), targets

@@ -17,10 +17,12 @@ def _num(value: float | None, digits: int = 2) -> str:
 def render_summary(summary: dict, run_dir: str, console: Console | None = None) -> None:
     console = console or Console(stderr=False)
     strategy = summary["strategy"]
-    title = (
-        f"{strategy['name']} ({strategy['batching']} + {strategy['kv']}, heads {strategy['heads']})"
-        f" on {summary['workload']}"
-    )
+    if "backend" in strategy:  # a peer: an HTTP endpoint or transformers
+        served = f"{strategy['name']} (backend {strategy['backend']})"
+    else:
+        axes = f"{strategy['batching']} + {strategy['kv']}, heads {strategy['heads']}"
+        served = f"{strategy['name']} ({axes})"
+    title = f"{served} on {summary['workload']}"
     head = Table(title=title, show_header=False, box=None)
     head.add_row(
         "status", summary["status"] + (f" ({summary['error']})" if summary["error"] else "")

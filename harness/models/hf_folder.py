@@ -1,9 +1,17 @@
-"""Read a Hugging Face Llama checkpoint folder (config.json + *.safetensors)."""
+"""Read (and write) a Hugging Face Llama checkpoint folder (config.json + *.safetensors).
+
+Dense checkpoints load as float32. AWQ checkpoints (`quantization_config.quant_method ==
+"awq"`, 4-bit, zero point, AutoAWQ's GEMM packing) keep each quantised linear as its
+`qweight`, `qzeros` and `scales` tensors, under the same names as ours
+(`layers.N.self_attn.q_proj.qweight`), for the int4 weight formats to load: published AWQ
+checkpoints and the ones servelab writes go through this one reader.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -11,14 +19,17 @@ from safetensors.torch import load_file
 from harness.errors import ConfigError
 from harness.models.model import ModelConfig
 
+AWQ_VERSIONS = ("gemm",)
+# our parameter names <-> Hugging Face Llama names, for the parts that differ
+_NORM_NAMES = (
+    ("input_norm", "input_layernorm"),
+    ("post_attention_norm", "post_attention_layernorm"),
+)
+
 
 def read_hf_config(folder: Path) -> ModelConfig:
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise ConfigError(
-            "model.path", f"{folder} has no config.json; point at a checkpoint folder"
-        )
-    raw = json.loads(config_file.read_text())
+    raw = _raw_config(folder)
+    check_quantization(raw)
     heads = int(raw["num_attention_heads"])
     eos = raw.get("eos_token_id", ())
     rope = raw.get("rope_parameters") or {}
@@ -38,14 +49,74 @@ def read_hf_config(folder: Path) -> ModelConfig:
     )
 
 
+def _raw_config(folder: Path) -> dict[str, Any]:
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(
+            "model.path", f"{folder} has no config.json; point at a checkpoint folder"
+        )
+    return json.loads(config_file.read_text())
+
+
+def check_quantization(raw: dict[str, Any]) -> None:
+    """Refuse, in one line, a quantised checkpoint this reader cannot load (AWQ GEMM loads)."""
+    quant = raw.get("quantization_config")
+    if not quant:
+        return
+    method = quant.get("quant_method")
+    bits = int(quant.get("bits", quant.get("w_bit", 4)))
+    version = str(quant.get("version", "gemm")).lower()
+    if method != "awq" or bits != 4 or not quant.get("zero_point", True):
+        raise ConfigError(
+            "model.path",
+            f"quantization {method!r} ({bits}-bit) is not supported; only 4-bit AWQ with zero "
+            "points loads (strategy.weights=int4-awq)",
+        )
+    if version not in AWQ_VERSIONS:
+        raise ConfigError(
+            "model.path", f"AWQ packing {version!r} is not supported; only GEMM checkpoints load"
+        )
+
+
 def _our_name(hf_name: str) -> str | None:
     name = hf_name.removeprefix("model.")
     if name.startswith("layers."):
-        name = name.replace("input_layernorm", "input_norm")
-        return name.replace("post_attention_layernorm", "post_attention_norm")
+        for ours, theirs in _NORM_NAMES:
+            name = name.replace(theirs, ours)
+        return name
     if name in ("embed_tokens.weight", "norm.weight", "lm_head.weight"):
         return name
     return None
+
+
+def hf_name(name: str) -> str:
+    """The Hugging Face name of one of our parameters (the inverse of reading)."""
+    if name == "lm_head.weight":
+        return name
+    for ours, theirs in _NORM_NAMES:
+        name = name.replace(f".{ours}.", f".{theirs}.")
+    return f"model.{name}"
+
+
+def hf_config_dict(config: ModelConfig) -> dict[str, Any]:
+    """A Hugging Face Llama `config.json` for `config` (what `read_hf_config` reads back)."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "rope_theta": config.rope_theta,
+        "rms_norm_eps": config.rms_norm_eps,
+        "max_position_embeddings": config.max_context,
+        "tie_word_embeddings": config.tie_embeddings,
+        "eos_token_id": list(config.eos_token_ids),
+    }
 
 
 def load_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -60,5 +131,5 @@ def load_hf_folder(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         for hf_name, tensor in load_file(str(file)).items():
             name = _our_name(hf_name)
             if name is not None:
-                state[name] = tensor.float()
+                state[name] = tensor.float() if tensor.is_floating_point() else tensor
     return config, state

@@ -12,6 +12,7 @@ engines all go through these two functions.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,15 +24,16 @@ from harness.engine.engine import Engine
 from harness.engine.kv_cache import KVCache, KVLayout, allocate_kv_cache
 from harness.engine.scheduling import SchedulerLimits
 from harness.models.head_layout import HeadLayout
-from harness.models.load import Checkpoint, LoadedModel, load_model
+from harness.models.load import Checkpoint, LoadedModel, load_model, tokenizer_for
 from harness.models.model import LlamaModel
-from harness.models.weights_format import WeightsContext, WeightsFormat
+from harness.models.weights_format import CalibrationText, WeightsContext, WeightsFormat
 from harness.runner.settings import EngineSettings, cache_dir_of
 from kernels.attention import Attention, AttentionConfig
 from strategies.decoding.context import DecoderContext
 from strategies.decoding.speculative import drafter_network
 from strategies.registry import Choice
 from strategies.settings import StrategySettings
+from workloads.text import text_section
 
 
 @dataclass
@@ -40,10 +42,16 @@ class ServedModel:
 
     loaded: LoadedModel
     weights: WeightsFormat
+    checkpoint_id: str  # the dense checkpoint after the head layout's conversion
 
     @property
     def model(self) -> LlamaModel:
         return self.loaded.model
+
+    @property
+    def weights_id(self) -> str:
+        """Names the served weights: checkpoint, head layout and weights format settings."""
+        return f"{self.checkpoint_id}-{self.weights.settings_id()}"
 
     @property
     def weight_bytes(self) -> int:
@@ -70,14 +78,18 @@ def load_served(
     """The model `model_node` describes, with a head layout and a weights format."""
     heads = heads_choice.build()
     weights = weights_choice.build()
+    served_id = ""  # the checkpoint's id with the head layout, set once it is read
 
     def transform(checkpoint: Checkpoint, checkpoint_id: str) -> Checkpoint:
+        nonlocal served_id
+        served_id = f"{checkpoint_id}-heads-{heads_choice.value}"
         context = WeightsContext(
             dtype=settings.dtype,
             device=settings.device,
             cache_dir=cache_dir,
-            checkpoint_id=f"{checkpoint_id}-heads-{heads_choice.value}",
+            checkpoint_id=served_id,
             progress=progress,
+            calibration=calibration_text(model_node, cache_dir),
         )
         return weights.prepare(heads.convert(checkpoint), context)
 
@@ -85,7 +97,19 @@ def load_served(
         model_node, settings.dtype, settings.device, cache_dir, transform, weights.linear
     )
     heads.apply(loaded.model)
-    return ServedModel(loaded, weights)
+    return ServedModel(loaded, weights, served_id)
+
+
+def calibration_text(model_node: DictConfig, cache_dir: Path) -> CalibrationText:
+    """The calibration section of the built-in prose, tokenised by the model's tokenizer when a
+    weights format asks (never used for prompts or perplexity)."""
+    text = text_section("calibration")
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return CalibrationText(
+        name="pydoc_data.topics: calibration section",
+        digest=digest,
+        token_ids=lambda: tokenizer_for(model_node, cache_dir).encode(text),
+    )
 
 
 def kv_budget_bytes(settings: EngineSettings) -> int:

@@ -3,7 +3,9 @@
 The strategy's head layout and weights format apply (through `load_for_strategy`, as in a
 run), so a conversion's quality cost is measured on the same text for every option. Dummy
 weights borrow the embedded model's tokenizer, as their runs do. `servelab perplexity` and
-the gates' perplexity claims both measure through here.
+the gates' perplexity claims both measure through here, and every figure is kept in the
+served weights' quality record (`harness.measure.weights_quality`), by dtype, where runs and
+reports find it.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from harness.measure.perplexity import perplexity
+from harness.measure.weights_quality import perplexity_entry, record_quality
 from harness.models.load import tokenizer_for
 from harness.runner.build import load_for_strategy
-from harness.runner.settings import cache_dir_of, engine_settings
+from harness.runner.settings import DTYPES, cache_dir_of, engine_settings
 from kernels.attention import Attention, AttentionConfig
 from strategies.settings import strategy_settings
 from workloads.text import text_section
+
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,9 @@ def served_perplexity(cfg: DictConfig, windows: int, progress: bool = True) -> S
     ids = tokenizer.encode(text_section("evaluation"))
     attention = Attention(AttentionConfig(impl=settings.attention), settings.device)
     value, scored = perplexity(loaded.model, ids, attention, max_windows=windows)
+    dtype = DTYPE_NAMES[settings.dtype]
+    entry = {dtype: perplexity_entry(value, scored, windows)}
+    record_quality(cache_dir_of(cfg), served.weights_id, {"perplexity": entry})
     return ServedPerplexity(
         model=str(cfg.model.name),
         heads=strategy.heads.value,

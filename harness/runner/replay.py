@@ -56,6 +56,12 @@ class StepHook(Protocol):
     def step_finished(self, result: StepResult) -> None: ...
 
 
+class Inbox(Protocol):
+    """Where a client hands requests over: the engine loop's queue, or a peer backend's sender."""
+
+    def put(self, request: Request) -> None: ...
+
+
 class Client(threading.Thread):
     """Sends requests into `inbox` at their arrival times; stamps `t_send` as it does."""
 
@@ -63,7 +69,7 @@ class Client(threading.Thread):
         self,
         requests: list[Request],
         clock: Callable[[], float],
-        inbox: queue.SimpleQueue[Request],
+        inbox: Inbox,
         concurrency: int | None,
         think_s: float,
     ) -> None:

@@ -1,5 +1,8 @@
 """One run, end to end: validate, load, build the workload and engine, replay, record, summarise.
 
+The `backend` decides what serves the workload: servelab's engine in this process (built
+here), or a peer (`harness.runner.backends`); every backend is measured the same way here.
+
 Every check of the input happens before the model is placed or the clock starts, so bad
 input costs seconds and a clear line. Once the run starts, everything measured is written
 as it happens; a failure mid-run still leaves the records, every request in flight written
@@ -29,8 +32,11 @@ from harness.measure.roofline import ModelShape, StepRoofline
 from harness.measure.rundir import SCHEMA_VERSION, RunWriter, read_requests, read_steps
 from harness.measure.slo import SLO
 from harness.measure.telemetry import TelemetryResult, TelemetrySampler
+from harness.measure.weights_quality import read_quality, weights_summary
 from harness.models.load import tokenizer_for
 from harness.records import StepRecord
+from harness.runner.backends import backend_of, peer_backend
+from harness.runner.backends.base import Backend
 from harness.runner.build import ServedModel, build_engine, load_for_strategy
 from harness.runner.draft import check_drafting, load_draft
 from harness.runner.replay import replay, to_request
@@ -158,6 +164,57 @@ def completed_summary(cfg: DictConfig, run_dir: Path) -> dict | None:
     return summary if same and summary.get("status") == "complete" else None
 
 
+class InProcessBackend(Backend):
+    """servelab's own engine under the configured strategy, replayed in this process."""
+
+    def __init__(self, prepared: Prepared, cfg: DictConfig) -> None:
+        self.prepared = prepared
+        self.cfg = cfg
+        self.workload = prepared.workload
+        self.device = prepared.engine_cfg.device
+        self.model_file = prepared.served.loaded.path
+        self.model_sha256 = prepared.served.loaded.sha256
+        self.seeds = {
+            "engine": prepared.engine_cfg.seed,
+            "workload": int(cfg.workload.get("seed", 0)),
+        }
+        roofline = prepared.roofline
+        self.peaks = roofline.peaks if roofline else None
+
+    def describe(self) -> dict:
+        return {
+            "strategy": self.prepared.strategy.describe(),
+            "weight_bytes": self.prepared.served.weight_bytes,
+            "weights": served_weights_summary(self.prepared, cache_dir_of(self.cfg)),
+            "peaks": peaks_record(self.peaks, cache_dir_of(self.cfg)) if self.peaks else None,
+        }
+
+    def replay(
+        self, clock: Callable[[], float], writer: RunWriter, run_dir: Path, progress: bool
+    ) -> None:
+        profile = self.cfg.profile
+        profiler = StepProfiler(
+            enabled=bool(profile.enabled),
+            first_step=int(profile.first_step),
+            num_steps=int(profile.num_steps),
+            out_dir=run_dir,
+        )
+        roofline = self.prepared.roofline
+        hooks = [profiler] + ([RooflineHook(roofline)] if roofline else [])
+        delay = step_delay_s(self.cfg.engine)
+        if delay > 0:
+            hooks.append(StepDelay(delay))
+        try:
+            replay(self.prepared.engine, self.workload, clock, writer, hooks, progress)
+        finally:
+            profiler.close()
+
+    def flags(self, run_dir: Path) -> list[str]:
+        if self.peaks is None:
+            return []
+        return check_peaks(self.peaks, read_steps(run_dir), self.prepared.engine_cfg, self.cfg)
+
+
 def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
     """Execute one configured run into `run_dir`; returns the summary."""
     start = time.perf_counter()
@@ -165,55 +222,62 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
     def clock() -> float:
         return time.perf_counter() - start
 
-    prepared = prepare(cfg, clock, progress)
-    settings = prepared.engine_cfg
+    kind = backend_of(cfg)
+    if kind == "inprocess":
+        backend: Backend = InProcessBackend(prepare(cfg, clock, progress), cfg)
+    else:
+        slo_of(cfg)  # checked before any work
+        backend = peer_backend(kind, cfg, progress)
     writer = RunWriter(run_dir)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     meta = collect_meta(
         OmegaConf.to_container(cfg, resolve=True),
-        prepared.served.loaded.path,
-        prepared.served.loaded.sha256,
-        prepared.workload.hash,
-        {"engine": settings.seed, "workload": int(cfg.workload.get("seed", 0))},
-        settings.device,
+        backend.model_file,
+        backend.model_sha256,
+        backend.workload.hash,
+        backend.seeds,
+        backend.device,
     )
-    meta["strategy"] = prepared.strategy.describe()
-    meta["weight_bytes"] = prepared.served.weight_bytes
-    roofline = prepared.roofline
-    peaks = roofline.peaks if roofline else None
-    meta["peaks"] = peaks_record(peaks, cache_dir_of(cfg)) if peaks else None
+    meta.update(backend.describe())
     writer.json("meta.json", meta)
-    profiler = StepProfiler(
-        enabled=bool(cfg.profile.enabled),
-        first_step=int(cfg.profile.first_step),
-        num_steps=int(cfg.profile.num_steps),
-        out_dir=run_dir,
-    )
-    hooks = [profiler] + ([RooflineHook(roofline)] if roofline else [])
-    delay = step_delay_s(cfg.engine)
-    if delay > 0:
-        hooks.append(StepDelay(delay))
     sampler = TelemetrySampler(
-        run_dir / "telemetry.csv", float(cfg.telemetry.period_s), clock, settings.device
+        run_dir / "telemetry.csv", float(cfg.telemetry.period_s), clock, backend.device
     )
     start = time.perf_counter()
     sampler.start()
     error: str | None = None
     try:
-        replay(prepared.engine, prepared.workload, clock, writer, hooks, progress)
+        backend.replay(clock, writer, run_dir, progress)
     except Exception as exc:  # the records so far are kept; the summary says what happened
         error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
         telemetry = sampler.stop()
-        profiler.close()
         writer.close()
-        summary = summary_for(run_dir, cfg, prepared.workload, telemetry, error, meta["peaks"])
-        if peaks is not None:
-            summary["flags"] += check_peaks(peaks, read_steps(run_dir), settings, cfg)
+        served = meta["strategy"]
+        if kind == "inprocess":  # the strategy node as configured, every key
+            served = OmegaConf.to_container(cfg.strategy, resolve=True)
+        summary = summary_for(
+            run_dir, cfg, backend.workload, telemetry, error, meta.get("peaks"), served
+        )
+        summary["flags"] += backend.flags(run_dir)
+        if "weights" in meta:
+            summary["weights"] = meta["weights"]
         writer.json("summary.json", summary)
         write_report(run_dir)
     return summary
+
+
+def served_weights_summary(prepared: Prepared, cache_dir: Path) -> dict:
+    """The weights the run served: option, bytes, how made, recorded quality."""
+    served = prepared.served
+    return weights_summary(
+        prepared.strategy.weights.value,
+        served.weights_id,
+        served.weight_bytes,
+        served.weights.record(),
+        read_quality(cache_dir, served.weights_id),
+    )
 
 
 def write_report(run_dir: Path) -> None:
@@ -277,12 +341,13 @@ def summary_for(
     telemetry: TelemetryResult,
     error: str | None,
     peaks: dict | None,
+    strategy: dict,
 ) -> dict:
     requests = read_requests(run_dir)
     steps = read_steps(run_dir)
     summary = {
         "schema": SCHEMA_VERSION,
-        "strategy": OmegaConf.to_container(cfg.strategy, resolve=True),
+        "strategy": strategy,
         "workload": workload.name,
         "workload_hash": workload.hash,
         "model": str(cfg.model.get("name")),

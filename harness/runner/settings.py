@@ -7,6 +7,7 @@ strategy registries: `strategies.settings`.)
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,17 @@ def _positive_int(node: DictConfig, key: str, prefix: str) -> int:
     value = node.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{prefix}.{key}", f"{value!r} must be a positive integer")
+    return value
+
+
+def api_key_from_env(name: object, field: str) -> str | None:
+    """The secret environment variable `name` holds (None when no name is given); the config
+    names the variable, so the key itself is never written with a run."""
+    if name is None:
+        return None
+    value = os.environ.get(str(name))
+    if not value:
+        raise ConfigError(field, f"environment variable {name} is not set; export it or use null")
     return value
 
 

@@ -4,7 +4,8 @@ order, and preemption when the KV manager has no room.
 Requests wait in arrival order. Preempted requests go back to the head of the queue and are
 offered a place before anything new; new requests are offered places in the order of the
 strategy's admission policy. When a running request cannot grow, the most recently admitted
-unfinished request is preempted (recompute, or swap where the KV manager supports it).
+unfinished request is preempted (recompute, or swap where the KV manager supports it). A
+cancelled request leaves the queue or the running set at once and returns its KV.
 Speculative drafts are fed only where room is left (`add_drafts`): they never preempt.
 """
 
@@ -37,6 +38,14 @@ class QueueScheduler(Scheduler):
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def cancel(self, request: Request) -> None:
+        if request in self.waiting:
+            self.waiting.remove(request)
+        elif request in self.running:
+            self.running.remove(request)
+        if self.kv.holds(request):
+            self.kv.free(request)
 
     def num_waiting(self) -> int:
         return len(self.waiting)

@@ -105,6 +105,10 @@ class StaticScheduler(QueueScheduler):
         delivered = self._end_batch()
         return delivered if self.config.return_at == "batch_end" else [request]
 
+    def cancel(self, request: Request) -> None:
+        super().cancel(request)
+        self._released.discard(request)
+
     def _end_batch(self) -> list[Request]:
         """Free every member still holding KV; the members whose responses were held."""
         members, self.running = self.running, []

@@ -57,6 +57,9 @@ class ContiguousKVManager(KVManager):
             raise ValueError(f"request {request.id}: cannot truncate forward to {num_tokens}")
         request.num_computed_tokens = num_tokens  # the slab stays reserved whole
 
+    def holds(self, request: Request) -> bool:
+        return request in self._slabs
+
     def free(self, request: Request) -> None:
         start, length = self._slabs.pop(request)
         index = bisect.bisect(self._free, (start, length))

@@ -249,6 +249,9 @@ class PagedKVManager(KVManager):
         start = index * self.block_size
         return tuple(request.token_slice(start, start + self.block_size))
 
+    def holds(self, request: Request) -> bool:
+        return request in self._tables or request in self._swapped
+
     def free(self, request: Request) -> None:
         """Release everything, last block first; undo an admission that never ran a step."""
         if self._swapped.pop(request, None) is not None:

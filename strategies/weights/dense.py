@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from harness.models.weights_format import WeightsFormat
+from harness.errors import ConfigError
+from harness.models.load import Checkpoint
+from harness.models.weights_format import WeightsContext, WeightsFormat
 from kernels.linear import packed_linear
 from strategies.registry import NoConfig, Option
 
@@ -18,6 +20,14 @@ class DenseWeights(WeightsFormat):
 
     def linear(self, in_features: int, out_features: int, name: str) -> nn.Module:
         return packed_linear(in_features, out_features, name)
+
+    def prepare(self, checkpoint: Checkpoint, context: WeightsContext) -> Checkpoint:
+        _, state = checkpoint
+        if state is not None and any(name.endswith(".qweight") for name in state):
+            raise ConfigError(
+                "strategy.weights", "the checkpoint is AWQ-quantised; serve it with int4-awq"
+            )
+        return super().prepare(checkpoint, context)
 
 
 DENSE = Option(

@@ -1,0 +1,182 @@
+"""Time the linear layers of a decode step: dense weights against the int4 kernels.
+
+One call multiplies a batch of `M` rows through every linear of the model (SmolLM2-135M: 30
+layers x q, k, v, o, gate, up, down; distinct weights per layer, so that they stream from
+memory as in a real step rather than sit in cache). Candidates, each in its own dtype:
+
+- `dense`: `x @ W.T` with float weights (the `dense` weights option);
+- `torch-packed`: torch's CPU int4 kernel after repacking (what `auto` serves on a CPU in
+  bf16/fp16);
+- `reference`: unpack AutoAWQ's layout, dequantise, multiply, every call;
+- `cached-dense`: int4 weights dequantised once and kept as a float copy. As fast as
+  `dense`, and as big: it gives up the memory saving, so the int4 formats do not use it;
+- `triton` (CUDA only): the Triton int4 GEMM.
+
+The table gives the median milliseconds per call, the weight bytes one call reads, the rate
+at which it reads them, and the speed-up over dense weights in the first dtype listed (bf16
+by default) at the same batch.
+
+    python -m benchmarks.bench_int4                        # CPU: batches 1 and 32, bf16 and fp32
+    python -m benchmarks.bench_int4 --batches 1 8 32 --dtypes bf16 --threads 1
+    python -m benchmarks.bench_int4 --device cuda --dtypes fp16
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from harness.errors import ConfigError
+from kernels.int4_layout import num_groups, pack_int4
+from kernels.int4_matmul import choose_kernel
+from strategies.weights.int4_linear import Int4Linear
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# (in, out) of SmolLM2-135M's seven linears per layer
+LAYER_SHAPES = ((576, 576), (576, 192), (576, 192), (576, 576), (576, 1536), (576, 1536),
+                (1536, 576))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    batches: tuple[int, ...] = (1, 32)
+    dtypes: tuple[str, ...] = ("bf16", "fp32")
+    layers: int = 30
+    group_size: int = 128
+    device: str = "cpu"
+    iters: int = 20
+    threads: int | None = None
+
+
+def time_call(fn: Callable[[], object], device: torch.device, iters: int) -> float:
+    """Median seconds per call after warm-up (CUDA synchronised, else the wall clock)."""
+    for _ in range(3):
+        fn()
+    samples = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def int4_layer(in_features: int, out_features: int, kernel: str, config: BenchConfig, dtype):
+    """An `Int4Linear` with random int4 weights, loaded as a checkpoint would load it."""
+    device = torch.device(config.device)
+    chosen = choose_kernel(kernel, device, dtype, in_features, out_features, config.group_size)
+    groups = num_groups(in_features, config.group_size)
+    state = {
+        "qweight": pack_int4(torch.randint(0, 16, (in_features, out_features))),
+        "qzeros": pack_int4(torch.randint(0, 16, (groups, out_features))),
+        "scales": (torch.rand(groups, out_features) * 0.01 + 1e-3).half(),
+    }
+    layer = Int4Linear(chosen).to(device)
+    layer.load_state_dict(state)
+    return layer
+
+
+def candidates(config: BenchConfig, dtype: torch.dtype) -> dict[str, list[torch.nn.Module]]:
+    """Every candidate's linears for the whole model (distinct per layer)."""
+    device = torch.device(config.device)
+    shapes = [shape for _ in range(config.layers) for shape in LAYER_SHAPES]
+
+    def dense(shape: tuple[int, int]) -> torch.nn.Module:
+        return torch.nn.Linear(*shape, bias=False).to(device, dtype)
+
+    kernels = ["triton"] if device.type == "cuda" else ["torch-packed", "reference"]
+    out = {"dense": [dense(s) for s in shapes]}
+    for kernel in kernels:
+        out[kernel] = [int4_layer(*s, kernel, config, dtype) for s in shapes]
+    out["cached-dense"] = out["dense"]  # a dequantised copy is a dense layer of the same size
+    return out
+
+
+def weight_bytes(layers: list[torch.nn.Module]) -> int:
+    return sum(
+        t.numel() * t.element_size() for layer in layers for t in layer.state_dict().values()
+    )
+
+
+def bench(config: BenchConfig) -> Iterator[str]:
+    device = torch.device(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", "no CUDA device here; use --device cpu")
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    yield (
+        f"linear layers of one decode step: {config.layers} layers x 7 linears, int4 group "
+        f"{config.group_size}, {device.type}, {torch.get_num_threads()} threads"
+    )
+    yardstick = config.dtypes[0]
+    yield (
+        f"{'dtype':>5} {'batch':>5} {'candidate':>13} {'ms':>8} {'MiB read':>9} {'GB/s':>6} "
+        f"{'vs dense ' + yardstick:>13}"
+    )
+    dense_ms: dict[int, float] = {}
+    for name in config.dtypes:
+        dtype = DTYPES[name]
+        layers = candidates(config, dtype)
+        for batch in config.batches:
+            inputs = {width: torch.randn(batch, width, device=device, dtype=dtype)
+                      for width in (576, 1536)}  # fmt: skip
+            for candidate, modules in layers.items():
+                if candidate == "cached-dense" and name == "fp32":
+                    continue
+
+                def step(
+                    modules: list[torch.nn.Module] = modules,
+                    inputs: dict[int, torch.Tensor] = inputs,
+                ) -> None:
+                    with torch.inference_mode():
+                        for module in modules:
+                            module(inputs[module.in_features])
+
+                seconds = time_call(step, device, config.iters)
+                if name == yardstick and candidate == "dense":
+                    dense_ms[batch] = seconds
+                size = weight_bytes(modules)
+                yield (
+                    f"{name:>5} {batch:5d} {candidate:>13} {seconds * 1e3:8.2f} "
+                    f"{size / 2**20:9.1f} {size / seconds / 1e9:6.1f} "
+                    f"{dense_ms[batch] / seconds:13.2f}"
+                )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    defaults = BenchConfig()
+    parser.add_argument("--batches", type=int, nargs="+", default=list(defaults.batches))
+    parser.add_argument("--dtypes", nargs="+", default=list(defaults.dtypes), choices=DTYPES)
+    parser.add_argument("--layers", type=int, default=defaults.layers)
+    parser.add_argument("--group-size", type=int, default=defaults.group_size)
+    parser.add_argument("--device", default=defaults.device)
+    parser.add_argument("--iters", type=int, default=defaults.iters)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    config = BenchConfig(
+        batches=tuple(args.batches),
+        dtypes=tuple(args.dtypes),
+        layers=args.layers,
+        group_size=args.group_size,
+        device=args.device,
+        iters=args.iters,
+        threads=args.threads,
+    )
+    try:
+        for line in bench(config):
+            print(line, flush=True)
+    except ConfigError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""What serves a run's workload (`backend`): servelab's engine, or a peer measured the same way.
+
+`inprocess` is servelab's engine under `strategy` (built in `harness.runner.run`). The peers
+live here, each with the same arrivals (the replay's `Client`), the same `RequestRecord`s and
+so the same summary and reports: `openai` drives any OpenAI-compatible server over HTTP,
+`hf_static` runs transformers' `generate` on padded batches and `hf_continuous` transformers'
+own continuous batching, both on the weights servelab loads for `model`.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from harness.errors import ConfigError
+from harness.runner.backends.base import Backend
+
+BACKENDS = ("inprocess", "openai", "hf_static", "hf_continuous")
+
+
+def backend_of(cfg: DictConfig) -> str:
+    kind = str(cfg.get("backend", "inprocess"))
+    if kind not in BACKENDS:
+        raise ConfigError("backend", f"{kind!r} is not one of: {', '.join(BACKENDS)}")
+    return kind
+
+
+def peer_backend(kind: str, cfg: DictConfig, progress: bool) -> Backend:
+    """A prepared peer backend: everything checked and loaded, nothing sent yet."""
+    if kind == "openai":
+        from harness.runner.backends.endpoint import EndpointBackend
+
+        return EndpointBackend.prepare(cfg)
+    from harness.runner.backends.hf_backend import HFBackend
+
+    return HFBackend.prepare(cfg, continuous=kind == "hf_continuous", progress=progress)

@@ -1,0 +1,79 @@
+"""The interface `run()` measures every backend through, and what the peers share.
+
+A backend is prepared before the clock starts (every input checked, the model loaded or the
+endpoint reached), then replays its workload in real time, writing one `RequestRecord` per
+request through the run writer; `run()` does the rest identically for all of them: config,
+meta.json, telemetry, summary, report.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from transformers import PreTrainedTokenizerBase
+
+from harness.measure.rundir import RunWriter
+from harness.models.load import (
+    checkpoint_id,
+    model_config_of,
+    resolve_model_path,
+    tokenizer_for,
+)
+from harness.runner.settings import cache_dir_of
+from workloads.build import build_workload
+from workloads.spec import Workload
+
+
+class Backend(ABC):
+    workload: Workload
+    device: torch.device  # where telemetry samples
+    model_file: Path | None  # the model file behind the tokenizer (and weights, in process)
+    model_sha256: str | None
+    seeds: dict[str, int]
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """meta.json entries: `strategy` (a `name` for reports, and what it stands for), and
+        whatever else says what was measured."""
+
+    @abstractmethod
+    def replay(
+        self, clock: Callable[[], float], writer: RunWriter, run_dir: Path, progress: bool
+    ) -> None:
+        """Serve every request of the workload at its arrival, writing each record."""
+
+    def flags(self, run_dir: Path) -> list[str]:
+        """After the run: what makes its figures doubtful, beyond the generic flags."""
+        del run_dir
+        return []
+
+
+@dataclass
+class PeerInputs:
+    """What every peer backend starts from: the same workload an in-process run would send."""
+
+    workload: Workload
+    tokenizer: PreTrainedTokenizerBase
+    model_file: Path | None
+    model_sha256: str | None
+
+
+def peer_inputs(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase | None = None) -> PeerInputs:
+    """The workload, tokenised by `model`'s tokenizer within its context, and its model file."""
+    cache_dir = cache_dir_of(cfg)
+    path = resolve_model_path(cfg.model, cache_dir)
+    tokenizer = tokenizer or tokenizer_for(cfg.model, cache_dir)
+    max_context = model_config_of(cfg.model, cache_dir).max_context
+    workload = build_workload(cfg.workload, tokenizer, max_context)
+    sha = checkpoint_id(cfg.model, path) if path is not None and path.is_file() else None
+    return PeerInputs(workload, tokenizer, path, sha)
+
+
+def seeds_of(cfg: DictConfig) -> dict[str, int]:
+    return {"engine": int(cfg.engine.get("seed", 0)), "workload": int(cfg.workload.get("seed", 0))}

@@ -1,0 +1,253 @@
+"""`backend=openai`: drive any OpenAI-compatible server with the workload, over HTTP.
+
+Before the clock starts the endpoint is checked (`endpoint_settings`: its URL, the API key's
+environment variable; then the server's model list, which must hold `endpoint.model`, or
+exactly one model when none is named), the HTTP session is opened (`http_session`) and every
+request body encoded. The replay
+then uses the in-process replay's own `Client` thread, so arrivals are identical: open loop
+at the workload's times, closed loop when the same user's previous response was delivered,
+plus think time; `t_scheduled` is that arrival, whatever the sender is doing. Each arrival
+starts an async streaming request to `/v1/completions` with the prompt as token ids (every
+backend sees the identical prompt); `t_send` is when its request headers were written to the
+socket. Tokens are stamped as their chunks arrive (`stream_tally`), `t_done` when the stream
+ends. A request that fails (an HTTP error status, a broken connection, `endpoint.timeout_s`
+passed) is recorded with `finish_reason: error` and its error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from transformers import PreTrainedTokenizerBase
+
+from harness.engine.request import Request
+from harness.measure.rundir import RunWriter, read_requests
+from harness.runner.backends.base import Backend, peer_inputs, seeds_of
+from harness.runner.backends.endpoint_settings import (
+    EndpointSettings,
+    choose_model,
+    endpoint_settings,
+    request_body,
+)
+from harness.runner.backends.http_session import HTTPSession, SendStamp
+from harness.runner.backends.stream_tally import ESTIMATED_COUNT, ESTIMATED_TIMES, StreamTally
+from harness.runner.replay import Client, fail_in_flight, progress_bar, to_request
+from workloads.spec import Workload
+
+Clock = Callable[[], float]
+
+
+class _LoopInbox:
+    """The `Client` thread's inbox: each arrival starts a request on the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, start: Callable[[Request], None]) -> None:
+        self.loop = loop
+        self.start = start
+
+    def put(self, request: Request) -> None:
+        self.loop.call_soon_threadsafe(self.start, request)
+
+
+class EndpointBackend(Backend):
+    def __init__(
+        self,
+        settings: EndpointSettings,
+        session: HTTPSession,
+        model: str,
+        models: list[str],
+        workload: Workload,
+        tokenizer: PreTrainedTokenizerBase,
+        model_file: Path | None,
+        model_sha256: str | None,
+        seeds: dict[str, int],
+    ) -> None:
+        self.settings = settings
+        self.session = session
+        self.model = model
+        self.models = models
+        self.workload = workload
+        self.tokenizer = tokenizer
+        self.model_file = model_file
+        self.model_sha256 = model_sha256
+        self.seeds = seeds
+        self.device = torch.device("cpu")
+        self.bodies = {  # encoded now, not while requests are due
+            spec.id: json.dumps(
+                request_body(to_request(spec, i), model, settings.extra_body)
+            ).encode()
+            for i, spec in enumerate(workload.requests)
+        }
+
+    @classmethod
+    def prepare(cls, cfg: DictConfig) -> EndpointBackend:
+        settings = endpoint_settings(cfg.endpoint)
+        session = HTTPSession(settings)
+        try:
+            models = session.models()
+            model = choose_model(settings, models)
+            inputs = peer_inputs(cfg)
+            workload = inputs.workload
+            session.open_connections(workload.concurrency or burst(workload))
+        except BaseException:
+            session.close()
+            raise
+        return cls(
+            settings,
+            session,
+            model,
+            models,
+            workload,
+            inputs.tokenizer,
+            inputs.model_file,
+            inputs.model_sha256,
+            seeds_of(cfg),
+        )
+
+    @property
+    def label(self) -> str:
+        return self.settings.label or f"openai:{self.model}"
+
+    def describe(self) -> dict[str, Any]:
+        sample = json.loads(self.bodies[self.workload.requests[0].id])  # what was sent
+        sample["prompt"] = "<the request's prompt token ids>"
+        return {
+            "strategy": {"name": self.label, "backend": "openai", "model": self.model},
+            "backend": {
+                "kind": "openai",
+                "url": self.settings.url,
+                "model": self.model,
+                "server_models": self.models,
+                "api_key_env": self.settings.api_key_env,
+                "request_body": sample,
+                "timeout_s": self.settings.timeout_s,
+                "max_connections": self.settings.max_connections,
+            },
+        }
+
+    def replay(
+        self, clock: Callable[[], float], writer: RunWriter, run_dir: Path, progress: bool
+    ) -> None:
+        del run_dir
+        try:
+            self.session.run(self._replay(clock, writer, progress))
+        finally:
+            self.session.close()
+
+    async def _replay(self, clock: Callable[[], float], writer: RunWriter, progress: bool) -> None:
+        requests = [to_request(spec, i) for i, spec in enumerate(self.workload.requests)]
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Queue[Request] = asyncio.Queue()
+        in_flight: dict[Request, asyncio.Task[None]] = {}
+
+        def start(request: Request) -> None:
+            task = loop.create_task(self._serve(request, clock))
+            task.add_done_callback(lambda _: finished.put_nowait(request))
+            in_flight[request] = task
+
+        inbox, workload = _LoopInbox(loop, start), self.workload
+        client = Client(requests, clock, inbox, workload.concurrency, workload.think_s)
+        bar = progress_bar(len(requests), progress)
+        client.start()
+        try:
+            for _ in requests:
+                request = await finished.get()
+                del in_flight[request]
+                record = request.record()
+                record.output_len = len(record.token_times)
+                writer.request(record)
+                client.completed(request)
+                bar.update(1)
+        except BaseException as exc:
+            for task in in_flight.values():
+                task.cancel()
+            fail_in_flight(list(in_flight), f"{type(exc).__name__}: {exc}", clock, writer)
+            raise
+        finally:
+            client.stop()
+            bar.close()
+
+    async def _serve(self, request: Request, clock: Clock) -> None:
+        """Send one request and read its stream into the request; never raises."""
+        try:
+            await asyncio.wait_for(self._stream(request, clock), self.settings.timeout_s)
+        except asyncio.TimeoutError:
+            limit = self.settings.timeout_s
+            request.finish("error", f"no complete response within endpoint.timeout_s={limit:g}")
+        except Exception as exc:  # noqa: BLE001  (recorded with the request, the run goes on)
+            request.finish("error", f"{type(exc).__name__}: {exc}")
+        if request.t_done is None:
+            request.t_done = clock()
+
+    async def _stream(self, request: Request, clock: Clock) -> None:
+        tally = StreamTally()
+        headers = {"X-Request-Id": request.id, "Content-Type": "application/json"}
+        async with self.session.client.post(
+            self.session.url("/v1/completions"),
+            data=self.bodies[request.id],
+            headers=headers,
+            trace_request_ctx=SendStamp(request, clock),
+        ) as response:
+            if response.status != 200:
+                message = _message(await response.text())
+                request.finish("error", f"HTTP {response.status}: {message}")
+                return
+            async for raw in response.content:
+                now = clock()
+                line = raw.decode().strip()
+                data = line.removeprefix("data:").strip() if line.startswith("data:") else ""
+                if not data:
+                    continue
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    request.finish("error", f"the stream reported: {chunk['error']}")
+                    return
+                tally.add(chunk, now)
+        request.t_done = clock()
+        settled = tally.settle(self.tokenizer)
+        request.output_ids = settled.output_ids
+        request.token_times = settled.token_times
+        request.counters.update(settled.counters)
+        reason = settled.finish_reason
+        if reason in ("stop", "length"):
+            request.finish(reason)
+        else:
+            request.finish("error", f"the stream ended with finish_reason {reason!r}")
+
+    def flags(self, run_dir: Path) -> list[str]:
+        counters = [record.counters for record in read_requests(run_dir)]
+        flags = []
+        estimated_times = sum(ESTIMATED_TIMES in str(c.get("token_times_from")) for c in counters)
+        if estimated_times:
+            flags.append(
+                f"{estimated_times} requests: tokens per chunk not reported by the server, "
+                "counted as one per chunk"
+            )
+        retokenised = sum(c.get("token_count_from") == ESTIMATED_COUNT for c in counters)
+        if retokenised:
+            flags.append(f"{retokenised} requests: no usage from the server, output re-tokenised")
+        return flags
+
+
+def burst(workload: Workload) -> int:
+    """How many requests arrive at the replay's first instant (open loop)."""
+    first = workload.requests[0].arrival
+    return sum(1 for spec in workload.requests if spec.arrival == first)
+
+
+def _message(body: str) -> str:
+    """The `error.message` of an error body, else its start."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return body[:300]
+    if isinstance(error, dict):
+        return str(error.get("message"))
+    return str(error)

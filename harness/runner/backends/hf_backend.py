@@ -1,0 +1,132 @@
+"""`backend=hf_static` and `backend=hf_continuous`: transformers in this process, prepared.
+
+Both load `model` through servelab's loader and run it as transformers' LlamaForCausalLM on
+the same tensors (`hf_model`), in `engine.dtype` on `engine.device`, with `engine.seed`.
+transformers samples a whole batch with one generator, so both need one sampling setting for
+every request of the workload (greedy, as the presets are, or one temperature for all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from omegaconf import DictConfig
+
+from harness.errors import ConfigError
+from harness.measure.rundir import RunWriter
+from harness.models.load import load_model
+from harness.runner.backends.base import Backend, PeerInputs, peer_inputs, seeds_of
+from harness.runner.backends.hf_continuous import ContinuousLimits, ContinuousRunner
+from harness.runner.backends.hf_model import transformers_model
+from harness.runner.backends.hf_static import replay_static
+from harness.runner.build import kv_budget_bytes
+from harness.runner.replay import to_request
+from harness.runner.settings import EngineSettings, cache_dir_of, engine_settings
+from workloads.spec import Workload
+
+PAGE_SIZE = 256  # transformers' default page (block) size, in tokens
+
+
+def check_one_sampling(workload: Workload, kind: str) -> None:
+    def setting(index: int) -> tuple:
+        spec = workload.requests[index]
+        return (spec.temperature, spec.top_k, spec.top_p, spec.ignore_eos)
+
+    first = setting(0)
+    for index in range(1, len(workload.requests)):
+        if setting(index) != first:
+            raise ConfigError(
+                "backend",
+                f"{kind} samples a batch one way, but request {workload.requests[index].id} "
+                "differs in temperature, top_k, top_p or ignore_eos; use one setting for all",
+            )
+
+
+def continuous_limits(settings: EngineSettings, config: Any) -> ContinuousLimits:
+    element = torch.empty((), dtype=settings.dtype).element_size()
+    per_token = config.num_layers * config.num_kv_heads * config.head_dim * 2 * element
+    blocks = kv_budget_bytes(settings) // (per_token * PAGE_SIZE)
+    if blocks < 1:
+        raise ConfigError(
+            "engine.kv_budget", f"holds less than one page of {PAGE_SIZE} tokens; raise it"
+        )
+    return ContinuousLimits(
+        num_blocks=blocks,
+        page_size=PAGE_SIZE,
+        max_batch_tokens=settings.max_num_batched_tokens,
+        max_requests_per_batch=settings.max_batch_size,
+    )
+
+
+class HFBackend(Backend):
+    def __init__(
+        self,
+        kind: str,
+        model: transformers.LlamaForCausalLM,
+        settings: EngineSettings,
+        limits: ContinuousLimits | None,
+        runner: ContinuousRunner | None,
+        eos: tuple[int, ...],
+        inputs: PeerInputs,
+        seeds: dict[str, int],
+    ) -> None:
+        self.kind = kind
+        self.model = model
+        self.settings = settings
+        self.limits = limits
+        self.runner = runner
+        self.eos = eos
+        self.workload = inputs.workload
+        self.model_file = inputs.model_file
+        self.model_sha256 = inputs.model_sha256
+        self.device = settings.device
+        self.seeds = seeds
+
+    @classmethod
+    def prepare(cls, cfg: DictConfig, continuous: bool, progress: bool) -> HFBackend:
+        del progress
+        kind = "hf_continuous" if continuous else "hf_static"
+        settings = engine_settings(cfg.engine)
+        torch.manual_seed(settings.seed)
+        loaded = load_model(cfg.model, settings.dtype, settings.device, cache_dir_of(cfg))
+        inputs = peer_inputs(cfg, loaded.tokenizer)
+        check_one_sampling(inputs.workload, kind)
+        model = transformers_model(loaded)
+        eos = loaded.config.eos_token_ids
+        limits = runner = None
+        if continuous:
+            limits = continuous_limits(settings, loaded.config)
+            first = to_request(inputs.workload.requests[0], 0)
+            runner = ContinuousRunner(model, limits, eos, first)
+            runner.start()
+        return cls(kind, model, settings, limits, runner, eos, inputs, seeds_of(cfg))
+
+    def describe(self) -> dict[str, Any]:
+        limits = asdict(self.limits) if self.limits else {"batch": self.settings.max_batch_size}
+        return {
+            "strategy": {"name": self.kind, "backend": self.kind},
+            "backend": {
+                "kind": self.kind,
+                "transformers": transformers.__version__,
+                "attention": self.model.config._attn_implementation,
+                "dtype": str(self.settings.dtype).removeprefix("torch."),
+                "weights": "the tensors servelab's loader made for `model`",
+                "limits": limits,
+                "sampling_seed": "one generator per batch; per-request seeds are not honoured",
+            },
+        }
+
+    def replay(
+        self, clock: Callable[[], float], writer: RunWriter, run_dir: Path, progress: bool
+    ) -> None:
+        del run_dir
+        if self.runner is not None:
+            self.runner.replay(self.workload, clock, writer, progress)
+            return
+        batch = self.settings.max_batch_size
+        replay_static(self.model, self.workload, clock, writer, batch, self.eos, progress)

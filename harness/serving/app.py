@@ -1,0 +1,228 @@
+"""The HTTP routes: OpenAI's completions, chat completions and models, plus /health and
+/metrics, on FastAPI.
+
+A request's arrival is stamped when its headers reach the app, before the body is read, so
+the server's own records (and its TTFT) start where a client's transport ends. Each
+completion is checked (`intake`), handed to the engine loop, and answered either as server-
+sent events, one chunk per engine step that produced tokens (with the step's token ids when
+asked), or as one body when the response is delivered. A client that goes away (a closed
+stream, or a dropped connection while waiting for a whole body) cancels its request, which
+frees its KV before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+from transformers import PreTrainedTokenizerBase
+
+from harness.records import SUCCESS
+from harness.serving import errors
+from harness.serving.engine_loop import Done, EngineLoop, Stream
+from harness.serving.errors import APIError
+from harness.serving.intake import Intake, ModelCard
+from harness.serving.metrics import Metrics
+from harness.serving.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    Sampling,
+    chunk_body,
+    response_body,
+    usage,
+)
+from harness.serving.text import TextStream
+
+ARRIVAL = "servelab.arrival"
+
+
+@dataclass
+class ServerState:
+    loop: EngineLoop
+    intake: Intake
+    tokenizer: PreTrainedTokenizerBase
+    card: ModelCard
+    clock: Callable[[], float]
+    api_key: str | None
+
+
+class ArrivalStamp:
+    """ASGI middleware: the time a request's headers arrived, before anything else runs."""
+
+    def __init__(self, app: ASGIApp, clock: Callable[[], float]) -> None:
+        self.app = app
+        self.clock = clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope[ARRIVAL] = self.clock()
+        await self.app(scope, receive, send)
+
+
+def create_app(state: ServerState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        del app
+        state.loop.start(asyncio.get_running_loop())
+        yield
+        await asyncio.to_thread(state.loop.stop)
+
+    app = FastAPI(
+        title="servelab", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.add_middleware(ArrivalStamp, clock=state.clock)
+    errors.install(app)
+    metrics = Metrics(state.loop)
+
+    def authorize(raw: Request) -> None:
+        if state.api_key is None:
+            return
+        given = raw.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), state.api_key.encode()):
+            raise APIError(401, "Incorrect API key provided", code="invalid_api_key")
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.loop.alive:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "failed", "error": state.loop.error}, status_code=503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/v1/models", dependencies=[Depends(authorize)])
+    async def models() -> dict[str, Any]:
+        card = state.card
+        entry = {
+            "id": card.name,
+            "object": "model",
+            "created": card.created,
+            "owned_by": "servelab",
+            "max_model_len": card.max_context,
+        }
+        return {"object": "list", "data": [entry]}
+
+    @app.post("/v1/completions", dependencies=[Depends(authorize)])
+    async def completions(body: CompletionRequest, raw: Request) -> Response:
+        return await _respond(state, body, raw, chat=False)
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
+    async def chat_completions(body: ChatRequest, raw: Request) -> Response:
+        return await _respond(state, body, raw, chat=True)
+
+    return app
+
+
+async def _respond(state: ServerState, body: Sampling, raw: Request, chat: bool) -> Response:
+    if not state.loop.alive:
+        raise APIError(503, f"the engine loop stopped: {state.loop.error}", kind="server_error")
+    rid = raw.headers.get("x-request-id") or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    arrival = raw.scope.get(ARRIVAL, state.clock())
+    if chat:
+        assert isinstance(body, ChatRequest)
+        request = state.intake.chat(body, rid, arrival)
+    else:
+        assert isinstance(body, CompletionRequest)
+        request = state.intake.completion(body, rid, arrival)
+    stream = state.loop.submit(request)
+    if body.stream:
+        events = _sse(state, stream, body, chat)
+        headers = {"x-request-id": rid}
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+    return await _whole(state, stream, body, chat, raw)
+
+
+async def _whole(
+    state: ServerState, stream: Stream, body: Sampling, chat: bool, raw: Request
+) -> Response:
+    """Wait for the delivered response; cancel it if the client hangs up meanwhile."""
+    watcher = asyncio.create_task(_cancel_on_disconnect(state, stream, raw))
+    ids: list[int] = []
+    try:
+        while True:
+            event = await stream.events.get()
+            if isinstance(event, Done):
+                break
+            ids += event.ids
+    finally:
+        watcher.cancel()
+    if event.finish_reason == "cancelled":
+        return Response(status_code=499)  # nobody is listening any more
+    if event.finish_reason not in SUCCESS:
+        raise APIError(500, f"the request failed: {event.error}", kind="server_error")
+    request = stream.request
+    payload = response_body(
+        chat,
+        request.id,
+        state.card.name,
+        state.tokenizer.decode(ids, skip_special_tokens=True),
+        event.finish_reason,
+        ids if body.return_token_ids else None,
+        request.prompt_len,
+        len(ids),
+    )
+    return JSONResponse(payload)
+
+
+async def _cancel_on_disconnect(state: ServerState, stream: Stream, raw: Request) -> None:
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
+    state.loop.cancel(stream)
+
+
+def _event(payload: dict[str, Any] | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+async def _sse(
+    state: ServerState, stream: Stream, body: Sampling, chat: bool
+) -> AsyncIterator[str]:
+    """Server-sent events: a chunk per step's tokens, the finish, usage, `[DONE]`. Closing
+    the generator early (the client went away) cancels the request."""
+    rid, model, prompt_len = stream.request.id, state.card.name, stream.request.prompt_len
+    text = TextStream(state.tokenizer)
+    every = body.usage_every_chunk()
+    finished = False
+
+    def running() -> dict[str, int] | None:
+        return usage(prompt_len, len(text.ids)) if every else None
+
+    try:
+        if chat:
+            role = {"role": "assistant", "content": ""}
+            yield _event(chunk_body(chat, rid, model, role, None, running()))
+        while True:
+            event = await stream.events.get()
+            if isinstance(event, Done):
+                break
+            delta: dict[str, Any] = {"content": text.add(event.ids)}
+            if body.return_token_ids:
+                delta["token_ids"] = event.ids
+            yield _event(chunk_body(chat, rid, model, delta, None, running()))
+        finished = True
+        if event.finish_reason not in SUCCESS:
+            refused = APIError(500, f"the request failed: {event.error}", kind="server_error")
+            yield _event(refused.body())
+        else:
+            last: dict[str, Any] = {"content": text.flush()}
+            if body.return_token_ids:
+                last["token_ids"] = []
+            yield _event(chunk_body(chat, rid, model, last, event.finish_reason, running()))
+            if body.usage_at_end():
+                total = usage(prompt_len, len(text.ids))
+                yield _event(chunk_body(chat, rid, model, None, None, total))
+        yield _event("[DONE]")
+    finally:
+        if not finished:
+            state.loop.cancel(stream)

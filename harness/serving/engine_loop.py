@@ -1,0 +1,237 @@
+"""One engine loop in its own thread, behind the async front end.
+
+The front end never touches the engine: it puts a `Stream` (an engine request plus the
+asyncio queue its events go to) into the loop's inbox, or asks for a cancel, and wakes the
+loop. Before every step the loop adds what arrived and cancels what was abandoned (freeing
+its KV at once); after every step it hands the front end, in one thread-safe call, each
+request's new tokens and each delivered response. So the front end never waits for a step,
+and the loop never waits for a client: a slow reader only fills its own queue.
+
+With a `RunWriter`, the loop records what it served exactly as an in-process run does
+(`steps.jsonl`, and a `requests.jsonl` line per delivered, rejected or cancelled request,
+arrival being when the server received the request), on its own clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from harness.engine.engine import Engine
+from harness.engine.request import Request
+from harness.measure.rundir import RunWriter
+
+IDLE_WAIT_S = 0.5  # the longest an idle loop sleeps before looking at its inbox again
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """New output tokens of a request, with the times they were computed."""
+
+    ids: list[int]
+    times: list[float]
+
+
+@dataclass(frozen=True)
+class Done:
+    """The response is delivered (or refused, or failed): no more events follow."""
+
+    finish_reason: str
+    error: str | None
+
+
+Event = Tokens | Done
+
+
+@dataclass(eq=False)
+class Stream:
+    """One request as the front end follows it."""
+
+    request: Request
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    sent: int = 0  # output tokens already handed to the front end (loop thread only)
+
+
+@dataclass(frozen=True)
+class LoopStats:
+    """What /metrics shows: the state after the loop's last step, and running totals."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_total_slots: int = 0
+    kv_allocated_slots: int = 0
+    kv_live_slots: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    steps: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+
+
+class EngineLoop:
+    def __init__(
+        self, engine: Engine, writer: RunWriter | None = None, wait_s: float = IDLE_WAIT_S
+    ) -> None:
+        self.engine = engine
+        self.writer = writer
+        self.wait_s = wait_s
+        self.stats = LoopStats(kv_total_slots=engine.scheduler.kv.total_slots)
+        self.error: str | None = None  # why the loop stopped, if it failed
+        self._inbox: queue.SimpleQueue[Stream] = queue.SimpleQueue()
+        self._cancels: queue.SimpleQueue[Stream] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._streams: dict[Request, Stream] = {}
+        self._finished: dict[str, int] = {}
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, name="servelab-engine", daemon=True)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Finish the current step, fail whatever is still in flight, end the thread."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def submit(self, request: Request) -> Stream:
+        """Queue a validated request (front-end thread); its events arrive on the stream."""
+        stream = Stream(request)
+        self._inbox.put(stream)
+        self._wake.set()
+        return stream
+
+    def cancel(self, stream: Stream) -> None:
+        """Its client went away (front-end thread): free its KV before the next step."""
+        self._cancels.put(stream)
+        self._wake.set()
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._wake.clear()
+                self._take_arrivals()
+                self._take_cancels()
+                if not self.engine.has_unfinished():
+                    self._publish()
+                    self._wake.wait(self.wait_s)
+                    continue
+                self._step()
+        except Exception as exc:  # noqa: BLE001  (every client is told; /health turns 503)
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.exception("engine loop failed")
+        finally:
+            self._fail_remaining(self.error or "the server is shutting down")
+
+    def _take_arrivals(self) -> None:
+        events: list[tuple[Stream, Event]] = []
+        while True:
+            try:
+                stream = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            request = stream.request
+            if self.engine.add_request(request):
+                self._streams[request] = stream
+                self._prompt_tokens += request.prompt_len
+            else:
+                events.append((stream, self._close(request)))
+        self._dispatch(events)
+
+    def _take_cancels(self) -> None:
+        events: list[tuple[Stream, Event]] = []
+        while True:
+            try:
+                stream = self._cancels.get_nowait()
+            except queue.Empty:
+                break
+            request = stream.request
+            if self._streams.pop(request, None) is not None and self.engine.cancel(request):
+                events.append((stream, self._close(request)))
+        self._dispatch(events)
+
+    def _step(self) -> None:
+        result = self.engine.step()
+        if result is None:
+            raise RuntimeError("the scheduler has unfinished requests but scheduled none")
+        if self.writer is not None:
+            self.writer.step(result.record)
+        events: list[tuple[Stream, Event]] = []
+        for request, stream in self._streams.items():
+            count = len(request.output_ids)
+            if count > stream.sent:
+                new = Tokens(request.output_ids[stream.sent :], request.token_times[stream.sent :])
+                events.append((stream, new))
+                self._generation_tokens += count - stream.sent
+                stream.sent = count
+        for request in result.delivered:
+            stream = self._streams.pop(request)
+            events.append((stream, self._close(request)))
+        self._dispatch(events)
+        self._publish()
+
+    def _close(self, request: Request) -> Done:
+        """Count and record a request that left the engine; its last event."""
+        reason = request.finish_reason or "error"
+        self._finished[reason] = self._finished.get(reason, 0) + 1
+        if self.writer is not None:
+            self.writer.request(request.record())
+        return Done(reason, request.error)
+
+    def _dispatch(self, events: list[tuple[Stream, Event]]) -> None:
+        """Hand a step's events to the front end in one call on its event loop."""
+        if not events or self._loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the event loop closed: nobody listens
+            self._loop.call_soon_threadsafe(_deliver, events)
+
+    def _publish(self) -> None:
+        kv = self.engine.scheduler.kv.stats()
+        self.stats = LoopStats(
+            running=self.engine.scheduler.num_running(),
+            waiting=self.engine.scheduler.num_waiting(),
+            kv_total_slots=kv.total_slots,
+            kv_allocated_slots=kv.allocated_slots,
+            kv_live_slots=kv.live_slots,
+            prompt_tokens=self._prompt_tokens,
+            generation_tokens=self._generation_tokens,
+            steps=self.engine.step_index,
+            finished=dict(self._finished),
+        )
+
+    def _fail_remaining(self, error: str) -> None:
+        """Every request still queued or in flight ends with `error` (the loop is over)."""
+        pending = list(self._streams.values())
+        self._streams.clear()
+        while True:
+            try:
+                pending.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        events: list[tuple[Stream, Event]] = []
+        now = self.engine.clock()
+        for stream in pending:
+            request = stream.request
+            request.finish("error", error)
+            request.t_done = now
+            events.append((stream, self._close(request)))
+        self._dispatch(events)
+        self._publish()
+
+
+def _deliver(events: list[tuple[Stream, Event]]) -> None:
+    for stream, event in events:
+        stream.events.put_nowait(event)

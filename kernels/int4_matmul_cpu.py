@@ -1,0 +1,60 @@
+"""The int4 matrix product on a CPU through torch's own packed int4 kernel.
+
+torch ships a CPU kernel for 4-bit weights (`aten._weight_int4pack_mm_for_cpu`) that reads
+its own packing (`aten._convert_weight_to_int4pack_for_cpu`: uint8 `[out, in / 2]`) and one
+`[in / g, out, 2]` tensor of (scale, offset) pairs, dequantising `(q - 8) * scale + offset`.
+AutoAWQ's integer zero point `z` becomes the offset `(8 - z) * scale`, so the product is the
+same weight. Its group `g` must be 32, 64, 128 or 256 and divide `in`: a group size that does
+not divide `in` (128 on a 576-wide input) is served with `g = gcd(in, group_size)`, each
+group's scale and offset repeated. Measured fastest on the development CPU in bfloat16 (see
+`benchmarks/bench_int4.py`); in float16 and float32 it is slower than the reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels.int4_layout import unpack_int4
+
+CPU_GROUP_SIZES = (32, 64, 128, 256)
+
+
+def cpu_group_size(in_features: int, group_size: int) -> int | None:
+    """The group the CPU kernel serves this shape with, or None when it cannot."""
+    group = math.gcd(in_features, group_size)
+    return group if group in CPU_GROUP_SIZES else None
+
+
+def cpu_packed_available() -> bool:
+    """Whether this torch build has the CPU int4 kernel."""
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+def to_cpu_packed(
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """AutoAWQ tensors -> (packed weight, scales and offsets) for the CPU kernel in `dtype`."""
+    in_features = qweight.shape[0]
+    group = cpu_group_size(in_features, group_size)
+    if group is None:
+        raise ValueError(f"no CPU int4 group for in={in_features}, group_size={group_size}")
+    values = unpack_int4(qweight).t().contiguous().to(torch.int32)  # [out, in]
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, 2)
+    source = torch.arange(in_features // group) * group // group_size
+    step = scales.to(torch.float32)[source]
+    zeros = unpack_int4(qzeros).to(torch.float32)[source]
+    pairs = torch.stack((step, (8.0 - zeros) * step), dim=-1)
+    return packed, pairs.to(dtype).contiguous()
+
+
+def int4_matmul_cpu(
+    x: torch.Tensor, packed: torch.Tensor, scales_and_offsets: torch.Tensor, group: int
+) -> torch.Tensor:
+    """`x` `[M, in]` times the packed weight -> `[M, out]` in `x`'s dtype."""
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_offsets)

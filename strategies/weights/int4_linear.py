@@ -1,0 +1,83 @@
+"""The linear layer of the int4 weight formats: AutoAWQ tensors in, its kernel's operands kept.
+
+A checkpoint gives each quantised linear AutoAWQ's `qweight`, `qzeros` and `scales` (the same
+names for checkpoints servelab writes and for published AWQ ones). While the state dict
+loads, the layer converts them into the operands of the kernel chosen for it
+(`kernels.int4_matmul`) and keeps only those, as buffers: one copy, in the form the forward
+reads, so the default `weight_bytes` (every state-dict tensor) counts what is served.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from kernels.int4_layout import PACK, num_groups
+from kernels.int4_matmul import Int4Kernel
+
+AWQ_TENSORS = ("qweight", "qzeros", "scales")
+
+
+class Int4Linear(nn.Module):
+    """`y = x @ W` (no bias) with `W` `[in, out]` int4, multiplied by its kernel."""
+
+    def __init__(self, kernel: Int4Kernel) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.in_features = kernel.in_features
+        self.out_features = kernel.out_features
+        for name, (shape, dtype) in kernel.operand_shapes().items():
+            self.register_buffer(name, torch.empty(shape, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        out = self.kernel.matmul(rows, self._buffers)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The AutoAWQ tensor shapes a checkpoint must give this layer."""
+        groups = num_groups(self.in_features, self.kernel.group_size)
+        words = self.out_features // PACK
+        return {
+            "qweight": (self.in_features, words),
+            "qzeros": (groups, words),
+            "scales": (groups, self.out_features),
+        }
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        del local_metadata, strict
+        mine = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        unexpected_keys.extend(prefix + k for k in mine if k not in AWQ_TENSORS)
+        absent = [name for name in AWQ_TENSORS if name not in mine]
+        if absent:
+            missing_keys.extend(prefix + name for name in absent)
+            return
+        for name, shape in self.expected_shapes().items():
+            if tuple(mine[name].shape) != shape:
+                error_msgs.append(
+                    f"{prefix}{name}: shape {tuple(mine[name].shape)} in the checkpoint, "
+                    f"{shape} expected (group size {self.kernel.group_size})"
+                )
+                return
+        device = next(self.buffers()).device
+        awq = {name: mine[name].to(device) for name in AWQ_TENSORS}
+        with torch.no_grad():
+            for name, tensor in self.kernel.from_awq(**awq).items():
+                self.get_buffer(name).copy_(tensor)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in={self.in_features}, out={self.out_features}, "
+            f"group={self.kernel.group_size}, kernel={self.kernel.name}"
+        )

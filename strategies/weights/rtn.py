@@ -1,0 +1,48 @@
+"""`int4-rtn`: round to nearest, group-wise with zero points: the baseline AWQ improves on.
+
+Every linear's weight is quantised on its own (`strategies.weights.int4_quant`), no data
+involved, and packed in AutoAWQ's layout, so it is served by the same layers and kernels as
+`int4-awq`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tqdm import tqdm
+
+from harness.models.load import Checkpoint, StateDict
+from harness.models.weights_format import WeightsContext
+from strategies.registry import Option
+from strategies.weights.int4_format import LINEARS, Int4Config, Int4Weights, quantize_layers
+from strategies.weights.int4_quant import quantize
+
+
+class RtnWeights(Int4Weights):
+    method = "rtn"
+
+    def quantize(
+        self, checkpoint: Checkpoint, context: WeightsContext
+    ) -> tuple[StateDict, dict[str, Any]]:
+        config, state = checkpoint
+        assert state is not None
+        group = self.config.group_size
+
+        def per_layer(layer: int) -> dict:
+            return {
+                name: quantize(state[f"layers.{layer}.{name}.weight"].float(), group)
+                for name in LINEARS
+            }
+
+        def progress(layers: range) -> Any:
+            return tqdm(layers, desc="int4-rtn: quantising layers", disable=not context.progress)
+
+        return quantize_layers(config, state, per_layer, progress), {}
+
+
+INT4_RTN = Option(
+    name="int4-rtn",
+    summary="int4 weights, round to nearest per group (zero points; AutoAWQ packing)",
+    config=Int4Config,
+    build=RtnWeights,
+)

@@ -1,0 +1,96 @@
+"""Int4 matrix products: AutoAWQ's nibble order, the Triton kernel (interpreted) and torch's CPU
+kernel against the unpack-then-matmul reference, and the kernel choice."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.errors import ConfigError
+from kernels.int4_layout import num_groups, pack_int4, unpack_int4
+from kernels.int4_matmul import choose_kernel
+from kernels.int4_matmul_cpu import int4_matmul_cpu, to_cpu_packed
+from kernels.int4_matmul_ref import int4_matmul_ref
+from kernels.int4_matmul_triton import int4_matmul_triton
+
+CPU = torch.device("cpu")
+# the Triton kernel runs compiled where CUDA is (scripts/gpu_check.sh), else interpreted
+KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def random_int4(in_features: int, out_features: int, group: int, seed: int):
+    """Fresh random packed tensors and the weight `[in, out]` they stand for, dequantised here
+    without the layout module (each value from its own nibble, by the format's order)."""
+    generator = torch.Generator().manual_seed(seed)
+    groups = num_groups(in_features, group)
+    values = torch.randint(0, 16, (in_features, out_features), generator=generator)
+    zeros = torch.randint(0, 16, (groups, out_features), generator=generator)
+    scales = (torch.rand(groups, out_features, generator=generator) * 0.02 + 0.001).half()
+    rows = torch.arange(in_features) // group
+    weight = (values - zeros[rows]).float() * scales.float()[rows]
+    return pack_int4(values), pack_int4(zeros), scales, weight
+
+
+def test_nibble_order_is_autoawqs():
+    # channels 0..7 with values 1..8: AutoAWQ puts channel order[i] in nibble i, order
+    # 0 2 4 6 1 3 5 7, so the word reads (nibble 7 first) 8 6 4 2 7 5 3 1 in hex
+    packed = pack_int4(torch.arange(1, 9).view(1, 8))
+    assert packed.item() == 0x86427531 - (1 << 32)  # int32: the top bit is the sign
+    assert unpack_int4(packed).tolist() == [[1, 2, 3, 4, 5, 6, 7, 8]]
+
+
+def test_pack_unpack_round_trip():
+    values = torch.randint(0, 16, (5, 24), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(unpack_int4(pack_int4(values)).long(), values)
+
+
+def test_reference_matches_the_weight_it_stands_for():
+    qweight, qzeros, scales, weight = random_int4(200, 72, 64, seed=2)
+    x = torch.randn(3, 200, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(int4_matmul_ref(x, qweight, qzeros, scales, 64), x @ weight)
+
+
+@pytest.mark.parametrize(
+    ("rows", "in_features", "out_features", "group"),
+    [(1, 200, 72, 64), (7, 576, 192, 128), (33, 130, 24, 32), (64, 64, 8, 128), (256, 96, 136, 32)],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_matches_reference(rows, in_features, out_features, group, dtype):
+    qweight, qzeros, scales, _ = random_int4(in_features, out_features, group, seed=rows)
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(4)).to(dtype)
+    expected = int4_matmul_ref(x.float(), qweight, qzeros, scales, group)
+    on = [t.to(KERNEL_DEVICE) for t in (x, qweight, qzeros, scales)]
+    got = int4_matmul_triton(*on, group).cpu()
+    assert got.dtype == dtype and got.shape == (rows, out_features)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(("rows", "in_features", "group"), [(1, 576, 128), (32, 1536, 128)])
+def test_cpu_packed_matches_reference(rows, in_features, group, dtype):
+    qweight, qzeros, scales, _ = random_int4(in_features, 192, group, seed=5)
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(6))
+    packed, pairs = to_cpu_packed(qweight, qzeros, scales, group, dtype)
+    cpu_group = 64 if in_features == 576 else 128  # 128 does not divide 576: groups of 64
+    got = int4_matmul_cpu(x.to(dtype), packed, pairs, cpu_group)
+    expected = int4_matmul_ref(x, qweight, qzeros, scales, group)
+    tolerance = {torch.bfloat16: 3e-2, torch.float16: 3e-3, torch.float32: 1e-5}[dtype]
+    torch.testing.assert_close(got.float(), expected, atol=tolerance * 4, rtol=tolerance)
+
+
+def test_kernel_choice():
+    def chosen(dtype, in_features=576, impl="auto", device=CPU):
+        return choose_kernel(impl, device, dtype, in_features, 192, 128).name
+
+    assert chosen(torch.bfloat16) == "torch-packed"
+    assert chosen(torch.float16) == "reference"  # measured faster there than torch-packed
+    assert chosen(torch.float32) == "reference"  # exact, for quality measurements
+    assert chosen(torch.bfloat16, in_features=200) == "reference"  # gcd(200, 128) = 8
+    assert chosen(torch.float32, impl="triton") == "triton"  # interpreted in tests
+    with pytest.raises(ConfigError, match="strategy.int4_kernel"):
+        chosen(torch.bfloat16, in_features=200, impl="torch-packed")
+    with pytest.raises(ConfigError, match="strategy.int4_kernel"):
+        chosen(torch.bfloat16, impl="triton")  # the interpreter gets bfloat16 wrong
+    with pytest.raises(ConfigError, match="divisible by 8"):
+        choose_kernel("auto", CPU, torch.bfloat16, 576, 196, 128)
