@@ -100,14 +100,15 @@ for section in "${sections[@]}"; do
           hydra.sweep.dir=$dir/ngram
         $S -m strategy=vllm-spec-layerskip strategy.layerskip_layers=8,24 strategy.gamma=2 $spec \
           engine.max_batch_size=$batch hydra.sweep.dir=$dir/layerskip
-        $S -m strategy=vllm-spec-draft strategy.gamma=2,4 $spec engine.max_batch_size=$batch \
-          hydra.sweep.dir=$dir/draft
+        $S -m strategy=vllm-spec-draft strategy.draft_weights=int4-awq strategy.gamma=2,4 $spec \
+          engine.max_batch_size=$batch hydra.sweep.dir=$dir/draft
         $S report $dir/standard $dir/ngram $dir/layerskip $dir/draft --baseline vllm
         $PY -m benchmarks.bench_speculative --batch $batch --variants \
           "strategy=vllm-spec-ngram strategy.gamma=2" "strategy=vllm-spec-ngram strategy.gamma=4" \
           "strategy=vllm-spec-ngram strategy.gamma=8" \
           "strategy=vllm-spec-ngram strategy.gamma=8 strategy.gamma_rule=adaptive" \
           "strategy=vllm-spec-layerskip strategy.gamma=2" \
+          "strategy=vllm-spec-draft strategy.draft_weights=int4-awq strategy.gamma=2" \
           -- workload=instruct workload.num_requests=$((batch == 1 ? 8 : 32)) \
           engine.kv_budget=128MiB | tee $dir/paired.txt
       done
