@@ -11,9 +11,10 @@ and sampled greedily with EOS ignored (`temperature=0`, `ignore_eos=True`, `max_
 the file). All requests go to one `LLM.generate` call. Output throughput = output tokens / wall
 time of that call; model load and a warm-up generate (a few prompts that share no prefix with
 the workload, so the prefix cache gives the timed run nothing) are timed separately and left
-out. The JSON written holds the figures, the engine settings, the VLLM_*/OMP_* environment,
-the load average before and after, and every request's output ids (for greedy agreement with
-servelab's runs).
+out. --repeats N times the whole workload N times (prefix cache emptied before each) and
+reports the median, with every run listed. The JSON written holds the figures, the engine
+settings, the VLLM_*/OMP_* environment, the load average before and after each run, and every
+request's output ids (for greedy agreement with servelab's runs).
 
 VLLM_CPU_KVCACHE_SPACE (GiB of KV cache) defaults to 4 here; vLLM's own default sizes it from
 the machine's total memory, which is a poor fit for a shared machine.
@@ -82,10 +83,13 @@ def main() -> int:
     parser.add_argument("--workload", type=Path, default=DEFAULT_WORKLOAD, help="requests JSONL")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="result JSON")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up prompts (default 2)")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs (median reported)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
+    if args.repeats < 1 or args.warmup < 0:
+        return fail("--repeats must be at least 1 and --warmup at least 0")
     if not (args.model / "config.json").is_file():
         return fail(f"no config.json in {args.model}; run scripts/peers/export_hf.py")
     if not args.workload.is_file():
@@ -128,11 +132,27 @@ def main() -> int:
 
     prompts = [TokensPrompt(prompt_token_ids=r["prompt_ids"]) for r in requests]
     sampling = [params(r) for r in requests]
-    load_mid = os.getloadavg()
-    gen_start = time.perf_counter()
-    outputs = llm.generate(prompts, sampling, use_tqdm=False)
-    generate_s = time.perf_counter() - gen_start
-    load_after = os.getloadavg()
+    runs, first = [], None
+    for _ in range(args.repeats):
+        llm.reset_prefix_cache()  # each timed run starts with an empty prefix cache
+        load_start = os.getloadavg()
+        gen_start = time.perf_counter()
+        outputs = llm.generate(prompts, sampling, use_tqdm=False)
+        generate_s = time.perf_counter() - gen_start
+        ids = [list(output.outputs[0].token_ids) for output in outputs]
+        first = first or (outputs, ids)
+        runs.append(
+            {
+                "repeats": len(runs),
+                "generate_s": round(generate_s, 3),
+                "output_throughput": round(sum(map(len, ids)) / generate_s, 2),
+                "same_outputs_as_first": ids == first[1],
+                "loadavg_before": load_start,
+                "loadavg_after": os.getloadavg(),
+            }
+        )
+    outputs = first[0]
+    generate_s = sorted(run["generate_s"] for run in runs)[len(runs) // 2]
 
     records = []
     for request, output in zip(requests, outputs, strict=True):
@@ -166,13 +186,14 @@ def main() -> int:
         "load_s": round(load_s, 3),
         "warmup_s": round(warmup_s, 3),
         "warmup_requests": len(warm),
+        "repeats": len(runs),
         "generate_s": round(generate_s, 3),
         "total_s": round(time.perf_counter() - started, 3),
         "output_throughput": round(output_tokens / generate_s, 2),
         "total_throughput": round((prompt_tokens + output_tokens) / generate_s, 2),
         "loadavg_before": load_before,
-        "loadavg_before_generate": load_mid,
-        "loadavg_after": load_after,
+        "loadavg_after": os.getloadavg(),
+        "runs": runs,
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
         "settings": engine_settings(llm),
         "requests": records,
@@ -181,10 +202,12 @@ def main() -> int:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     shown = {k: v for k, v in result.items() if k not in ("requests", "cpus_allowed")}
     print(json.dumps(shown, indent=1))
+    each = ", ".join(f"{run['output_throughput']:.1f}" for run in runs)
     print(
         f"vllm_offline: {len(records)} requests, {output_tokens} output tokens in "
         f"{generate_s:.2f} s = {output_tokens / generate_s:.1f} output tok/s "
-        f"(load {load_s:.1f} s, warm-up {warmup_s:.1f} s) -> {args.out}"
+        f"(median of {len(runs)}: {each}; load {load_s:.1f} s, warm-up {warmup_s:.1f} s) "
+        f"-> {args.out}"
     )
     return 0
 
