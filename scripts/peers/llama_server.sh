@@ -93,7 +93,8 @@ build() {
         -DGGML_AVX512_VNNI="$AVX512" -DGGML_AVX512_BF16="$AVX512" \
         -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
         -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_CCACHE=OFF >"$LLAMA_ROOT/cmake-configure.log" 2>&1 ||
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_CCACHE=OFF \
+        >"$LLAMA_ROOT/cmake-configure.log" 2>&1 ||
         die "cmake configure failed; see $LLAMA_ROOT/cmake-configure.log"
     echo "llama_server: building llama-server with $JOBS jobs (log: $LLAMA_ROOT/cmake-build.log)"
     cmake --build "$BUILD" --target llama-server -j "$JOBS" >"$LLAMA_ROOT/cmake-build.log" 2>&1 ||
