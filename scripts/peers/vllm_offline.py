@@ -12,9 +12,12 @@ the file). All requests go to one `LLM.generate` call. Output throughput = outpu
 time of that call; model load and a warm-up generate (a few prompts that share no prefix with
 the workload, so the prefix cache gives the timed run nothing) are timed separately and left
 out. --repeats N times the whole workload N times (prefix cache emptied before each) and
-reports the median, with every run listed. The JSON written holds the figures, the engine
-settings, the VLLM_*/OMP_* environment, the load average before and after each run, and every
-request's output ids (for greedy agreement with servelab's runs).
+reports the median, with every run listed. On a shared machine, --quiet-wait S holds each timed
+run until the machine has been idle for a moment (up to S seconds), and each run records the CPU
+seconds other processes used while it ran; runs where they used over 5% of one core are marked
+unclean and left out of the median when clean ones exist. The JSON written holds the figures,
+the engine settings, the VLLM_*/OMP_* environment, the load average before and after each run,
+and every request's output ids (for greedy agreement with servelab's runs).
 
 VLLM_CPU_KVCACHE_SPACE (GiB of KV cache) defaults to 4 here; vLLM's own default sizes it from
 the machine's total memory, which is a poor fit for a shared machine.
@@ -31,9 +34,12 @@ import sys
 import time
 from pathlib import Path
 
+from hostload import ForeignCpu, wait_for_idle
+
 DEFAULT_MODEL = Path("/work/peers/smollm2-hf")
 DEFAULT_WORKLOAD = Path("/work/peers/workload-offline.jsonl")
 DEFAULT_OUT = Path("/work/peers/vllm-offline.json")
+CLEAN_SHARE = 0.05  # a run is clean if other processes used under 5% of one core meanwhile
 ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "GOMP_", "LD_PRELOAD", "HF_HUB_OFFLINE")
 
 
@@ -84,6 +90,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="result JSON")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up prompts (default 2)")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs (median reported)")
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=0.0,
+        help="before each timed run, wait up to this many seconds for the machine to be idle",
+    )
+    parser.add_argument("--max-busy", type=float, default=0.1, help="idle means below this share")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -135,24 +148,37 @@ def main() -> int:
     runs, first = [], None
     for _ in range(args.repeats):
         llm.reset_prefix_cache()  # each timed run starts with an empty prefix cache
+        try:
+            waited_s = (
+                wait_for_idle(args.max_busy, timeout=args.quiet_wait) if args.quiet_wait else 0
+            )
+        except TimeoutError as error:
+            print(f"vllm_offline: warning: {error}; timing anyway", file=sys.stderr)
+            waited_s = args.quiet_wait
+        others = ForeignCpu()
         load_start = os.getloadavg()
+        others.start()
         gen_start = time.perf_counter()
         outputs = llm.generate(prompts, sampling, use_tqdm=False)
         generate_s = time.perf_counter() - gen_start
+        foreign_s = others.stop()
         ids = [list(output.outputs[0].token_ids) for output in outputs]
         first = first or (outputs, ids)
         runs.append(
             {
-                "repeats": len(runs),
                 "generate_s": round(generate_s, 3),
                 "output_throughput": round(sum(map(len, ids)) / generate_s, 2),
                 "same_outputs_as_first": ids == first[1],
+                "waited_for_idle_s": round(waited_s, 1),
+                "foreign_cpu_s": round(foreign_s, 2),
+                "clean": foreign_s <= CLEAN_SHARE * generate_s,
                 "loadavg_before": load_start,
                 "loadavg_after": os.getloadavg(),
             }
         )
     outputs = first[0]
-    generate_s = sorted(run["generate_s"] for run in runs)[len(runs) // 2]
+    counted = [run for run in runs if run["clean"]] or runs
+    generate_s = sorted(run["generate_s"] for run in counted)[len(counted) // 2]
 
     records = []
     for request, output in zip(requests, outputs, strict=True):
@@ -187,6 +213,7 @@ def main() -> int:
         "warmup_s": round(warmup_s, 3),
         "warmup_requests": len(warm),
         "repeats": len(runs),
+        "clean_repeats": sum(run["clean"] for run in runs),
         "generate_s": round(generate_s, 3),
         "total_s": round(time.perf_counter() - started, 3),
         "output_throughput": round(output_tokens / generate_s, 2),
@@ -202,7 +229,9 @@ def main() -> int:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     shown = {k: v for k, v in result.items() if k not in ("requests", "cpus_allowed")}
     print(json.dumps(shown, indent=1))
-    each = ", ".join(f"{run['output_throughput']:.1f}" for run in runs)
+    each = ", ".join(
+        f"{run['output_throughput']:.1f}{'' if run['clean'] else ' (unclean)'}" for run in runs
+    )
     print(
         f"vllm_offline: {len(records)} requests, {output_tokens} output tokens in "
         f"{generate_s:.2f} s = {output_tokens / generate_s:.1f} output tok/s "
