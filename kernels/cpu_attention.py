@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -30,6 +32,9 @@ from harness.engine.batch import ForwardBatch
 
 SOURCE = Path(__file__).resolve().parent / "cpu" / "paged_attention.cpp"
 FLASH_ROWS = 16  # sequences with at least this many new tokens take the flash path
+# A build takes about a minute here; a lock older than this was left by a killed build, and
+# torch would wait on it forever.
+STALE_BUILD_LOCK_S = 600.0
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +45,20 @@ def build_status() -> str | None:
     None when it is available, else why not."""
     from torch.utils.cpp_extension import load
 
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    # the ISA, not the clock: a line such as "cpu MHz" changes between runs on most hosts
+    flags = "".join(sorted({line for line in cpuinfo.splitlines() if line.startswith("flags")}))
     isa = hashlib.sha256((flags + SOURCE.read_text()).encode()).hexdigest()[:12]
+    name = f"servelab_cpu_attention_{isa}"
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache/torch_extensions"))
+    build_dir = root / "servelab" / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_lock(build_dir / "lock")
     try:
         load(
-            name=f"servelab_cpu_attention_{isa}",
+            name=name,
             sources=[str(SOURCE)],
+            build_directory=str(build_dir),
             extra_cflags=["-O3", "-march=native", "-fno-math-errno", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
@@ -55,6 +68,16 @@ def build_status() -> str | None:
         log.warning("the CPU attention operator could not be built: %s", exc)
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def _remove_stale_lock(lock: Path) -> None:
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_BUILD_LOCK_S:
+        log.warning("removing %s, left %.0f s ago by a build that did not finish", lock, age)
+        lock.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)

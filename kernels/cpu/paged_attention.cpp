@@ -6,7 +6,8 @@
 // step. Scores and accumulation are fp32 whatever the cache dtype; a row at position
 // `seq_len - n + i` attends causally to positions 0 .. that position. The inner loops run
 // over the head dimension and are written to be vectorised by the compiler (-O3, the
-// host's vector ISA; exp through the C library's vector math, which -fno-math-errno allows).
+// host's vector ISA; exp by a polynomial); a bfloat16 cache on an AVX-512 host takes
+// explicit AVX-512 loops that widen each key and value row once in registers.
 // Registered as the operator `servelab::cpu_paged_attention`.
 
 #include <ATen/ATen.h>
@@ -15,11 +16,16 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -93,64 +99,176 @@ struct SlotMap {
   }
 };
 
+// exp(x) for the x <= 0 of a softmax after its maximum is subtracted, branch-free so that
+// the loop calling it vectorises: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by the classic
+// minimax polynomial (Cephes' expf coefficients, about 1 ulp), 2^n built in the exponent
+// bits. Below -87, where 2^n leaves the normal range, it returns exp(-87) ~ 1.6e-38.
+inline float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const int32_t n = static_cast<int32_t>(x * 1.44269504088896341f - 0.5f);  // nearest, x <= 0
+  const float nf = static_cast<float>(n);
+  const float r = (x - nf * 0.693359375f) + nf * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  union {
+    int32_t bits;
+    float value;
+  } two_to_n;
+  two_to_n.bits = (n + 127) << 23;
+  return p * two_to_n.value;
+}
+
+// One work item's geometry: `rows` new tokens ending a context of `seq_len` positions, each
+// row with `group` query heads on KV head `kv_head`; lane = row * group + head.
+struct Item {
+  int64_t first_row, rows, seq_len, kv_head, group, num_kv_heads, dim;
+  SlotMap slot;
+
+  int64_t lanes() const { return rows * group; }
+  int64_t first_pos() const { return seq_len - rows; }
+  int64_t token_stride() const { return num_kv_heads * dim; }
+  // The first lane that sees position `pos` (causal: row r sees 0 .. first_pos + r).
+  int64_t first_lane(int64_t pos) const {
+    return std::max<int64_t>(0, pos - first_pos()) * group;
+  }
+  int64_t cache_offset(int64_t pos) const { return slot(pos) * token_stride() + kv_head * dim; }
+};
+
+// scores[lane][pos] = query[lane] . key[pos], portable loops.
 template <typename scalar_t>
-void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
-                 scalar_t* out, int64_t first_row, int64_t rows, int64_t seq_len,
-                 int64_t kv_head, int64_t group, int64_t num_kv_heads, int64_t dim,
-                 float scale, const SlotMap& slot, std::vector<float>& scores,
-                 std::vector<float>& acc, std::vector<float>& query) {
-  const int64_t num_heads = num_kv_heads * group;
-  const int64_t first_pos = seq_len - rows;
-  const int64_t lanes = rows * group;  // one (row, head) pair per lane
-  query.assign(lanes * dim, 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t g = 0; g < group; ++g) {
-      const scalar_t* src = q + ((first_row + r) * num_heads + kv_head * group + g) * dim;
-      float* dst = query.data() + (r * group + g) * dim;
-      for (int64_t d = 0; d < dim; ++d) dst[d] = to_float(src[d]) * scale;
+void score_portable(const Item& it, const float* query, const scalar_t* k_cache, float* scores) {
+  for (int64_t pos = 0; pos < it.seq_len; ++pos) {
+    const scalar_t* key = k_cache + it.cache_offset(pos);
+    float key_f[512];
+    for (int64_t d = 0; d < it.dim; ++d) key_f[d] = to_float(key[d]);
+    for (int64_t lane = it.first_lane(pos); lane < it.lanes(); ++lane) {
+      scores[lane * it.seq_len + pos] = dot(query + lane * it.dim, key_f, it.dim);
     }
   }
-  scores.assign(lanes * seq_len, -std::numeric_limits<float>::infinity());
-  const int64_t token_stride = num_kv_heads * dim;
-  for (int64_t pos = 0; pos < seq_len; ++pos) {
-    const scalar_t* key = k_cache + slot(pos) * token_stride + kv_head * dim;
-    float key_f[512];
-    for (int64_t d = 0; d < dim; ++d) key_f[d] = to_float(key[d]);
-    const int64_t first_visible = std::max<int64_t>(0, pos - first_pos);  // earliest row seeing pos
-    for (int64_t r = first_visible; r < rows; ++r) {
-      for (int64_t g = 0; g < group; ++g) {
-        const float* qv = query.data() + (r * group + g) * dim;
-        scores[(r * group + g) * seq_len + pos] = dot(qv, key_f, dim);
+}
+
+// acc[lane] += weight[lane][pos] * value[pos], portable loops.
+template <typename scalar_t>
+void accumulate_portable(const Item& it, const float* weights, const scalar_t* v_cache,
+                         float* acc) {
+  for (int64_t pos = 0; pos < it.seq_len; ++pos) {
+    const scalar_t* value = v_cache + it.cache_offset(pos);
+    float value_f[512];
+    for (int64_t d = 0; d < it.dim; ++d) value_f[d] = to_float(value[d]);
+    for (int64_t lane = it.first_lane(pos); lane < it.lanes(); ++lane) {
+      const float weight = weights[lane * it.seq_len + pos];
+      float* a = acc + lane * it.dim;
+      for (int64_t d = 0; d < it.dim; ++d) a[d] += weight * value_f[d];
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+// The same two loops for a bfloat16 cache with AVX-512: each key and value row is widened
+// to fp32 in registers once (a bfloat16 is the top half of a float) and used by every lane,
+// and each dot product ends in one in-register reduction. Head dims that are multiples of
+// 16 up to 256.
+constexpr int64_t kMaxChunks = 16;
+
+inline __m512 load_bf16(const c10::BFloat16* src) {
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+inline bool avx512_fits(const Item& it) {
+  return it.dim % 16 == 0 && it.dim / 16 <= kMaxChunks;
+}
+
+void score_avx512(const Item& it, const float* query, const c10::BFloat16* k_cache,
+                  float* scores) {
+  const int64_t chunks = it.dim / 16;
+  __m512 key[kMaxChunks];
+  for (int64_t pos = 0; pos < it.seq_len; ++pos) {
+    const c10::BFloat16* src = k_cache + it.cache_offset(pos);
+    for (int64_t c = 0; c < chunks; ++c) key[c] = load_bf16(src + 16 * c);
+    for (int64_t lane = it.first_lane(pos); lane < it.lanes(); ++lane) {
+      const float* q = query + lane * it.dim;
+      __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(q), key[0]);
+      for (int64_t c = 1; c < chunks; ++c) {
+        sum = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), key[c], sum);
+      }
+      scores[lane * it.seq_len + pos] = _mm512_reduce_add_ps(sum);
+    }
+  }
+}
+
+void accumulate_avx512(const Item& it, const float* weights, const c10::BFloat16* v_cache,
+                       float* acc) {
+  const int64_t chunks = it.dim / 16;
+  __m512 value[kMaxChunks];
+  for (int64_t pos = 0; pos < it.seq_len; ++pos) {
+    const c10::BFloat16* src = v_cache + it.cache_offset(pos);
+    for (int64_t c = 0; c < chunks; ++c) value[c] = load_bf16(src + 16 * c);
+    for (int64_t lane = it.first_lane(pos); lane < it.lanes(); ++lane) {
+      const __m512 weight = _mm512_set1_ps(weights[lane * it.seq_len + pos]);
+      float* a = acc + lane * it.dim;
+      for (int64_t c = 0; c < chunks; ++c) {
+        _mm512_storeu_ps(a + 16 * c,
+                         _mm512_fmadd_ps(weight, value[c], _mm512_loadu_ps(a + 16 * c)));
       }
     }
   }
-  acc.assign(lanes * dim, 0.0f);
-  std::vector<float> denom(lanes, 0.0f);
+}
+#endif
+
+template <typename scalar_t>
+void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
+                 scalar_t* out, const Item& it, float scale, std::vector<float>& scores,
+                 std::vector<float>& acc, std::vector<float>& query) {
+  const int64_t num_heads = it.num_kv_heads * it.group;
+  const int64_t lanes = it.lanes();
+  const int64_t dim = it.dim;
+  query.assign(lanes * dim, 0.0f);
   for (int64_t lane = 0; lane < lanes; ++lane) {
-    float* row = scores.data() + lane * seq_len;
-    const int64_t visible = first_pos + lane / group + 1;
-    const float peak = max_of(row, visible);
-    for (int64_t pos = 0; pos < visible; ++pos) row[pos] = std::exp(row[pos] - peak);
-    denom[lane] = sum_of(row, visible);
+    const int64_t head = (it.first_row + lane / it.group) * num_heads + it.kv_head * it.group +
+                         lane % it.group;
+    const scalar_t* src = q + head * dim;
+    float* dst = query.data() + lane * dim;
+    for (int64_t d = 0; d < dim; ++d) dst[d] = to_float(src[d]) * scale;
   }
-  for (int64_t pos = 0; pos < seq_len; ++pos) {
-    const scalar_t* value = v_cache + slot(pos) * token_stride + kv_head * dim;
-    float value_f[512];
-    for (int64_t d = 0; d < dim; ++d) value_f[d] = to_float(value[d]);
-    const int64_t first_visible = std::max<int64_t>(0, pos - first_pos);
-    for (int64_t lane = first_visible * group; lane < lanes; ++lane) {
-      const float weight = scores[lane * seq_len + pos];
-      float* a = acc.data() + lane * dim;
-      for (int64_t d = 0; d < dim; ++d) a[d] += weight * value_f[d];
+  scores.assign(lanes * it.seq_len, -std::numeric_limits<float>::infinity());
+  acc.assign(lanes * dim, 0.0f);
+  bool vectorised = false;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (avx512_fits(it)) {
+      score_avx512(it, query.data(), k_cache, scores.data());
+      vectorised = true;
     }
   }
+#endif
+  if (!vectorised) score_portable(it, query.data(), k_cache, scores.data());
+  std::vector<float> denom(lanes, 0.0f);
   for (int64_t lane = 0; lane < lanes; ++lane) {
-    const int64_t r = lane / group;
-    const int64_t g = lane % group;
+    float* row = scores.data() + lane * it.seq_len;
+    const int64_t visible = it.first_pos() + lane / it.group + 1;
+    const float peak = max_of(row, visible);
+    for (int64_t pos = 0; pos < visible; ++pos) row[pos] = exp_nonpositive(row[pos] - peak);
+    denom[lane] = sum_of(row, visible);
+  }
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (vectorised) accumulate_avx512(it, scores.data(), v_cache, acc.data());
+  }
+#endif
+  if (!vectorised) accumulate_portable(it, scores.data(), v_cache, acc.data());
+  for (int64_t lane = 0; lane < lanes; ++lane) {
+    const int64_t head = (it.first_row + lane / it.group) * num_heads + it.kv_head * it.group +
+                         lane % it.group;
     float* a = acc.data() + lane * dim;
     const float inv = 1.0f / denom[lane];
     for (int64_t d = 0; d < dim; ++d) a[d] *= inv;
-    store(out + ((first_row + r) * num_heads + kv_head * group + g) * dim, a, dim);
+    store(out + head * dim, a, dim);
   }
 }
 
@@ -175,15 +293,15 @@ void attend_all(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor
   const float fscale = static_cast<float>(scale);
   at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, acc, query;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / num_kv_heads;
-      const int64_t kv_head = item % num_kv_heads;
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t b = index / num_kv_heads;
+      const int64_t kv_head = index % num_kv_heads;
       const int64_t rows = starts[b + 1] - starts[b];
       if (rows == 0) continue;
-      SlotMap slot{paged, block_size, paged ? tables + b * table_width : nullptr,
-                   paged ? 0 : slabs[b]};
-      attend_item<scalar_t>(q_ptr, k_ptr, v_ptr, out_ptr, starts[b], rows, lens[b], kv_head,
-                            group, num_kv_heads, dim, fscale, slot, scores, acc, query);
+      const SlotMap slot{paged, block_size, paged ? tables + b * table_width : nullptr,
+                         paged ? 0 : slabs[b]};
+      const Item item{starts[b], rows, lens[b], kv_head, group, num_kv_heads, dim, slot};
+      attend_item<scalar_t>(q_ptr, k_ptr, v_ptr, out_ptr, item, fscale, scores, acc, query);
     }
   });
 }
