@@ -98,7 +98,7 @@ for section in "${sections[@]}"; do
         "strategy=vllm-spec-ngram strategy.gamma=2" "strategy=vllm-spec-ngram strategy.gamma=4" \
         "strategy=vllm-spec-ngram strategy.gamma=8" \
         "strategy=vllm-spec-ngram strategy.gamma=8 strategy.gamma_rule=adaptive" \
-        -- $spec workload.num_requests=4 | tee $D/b1-ngram.txt
+        -- $spec workload.num_requests=8 | tee $D/b1-ngram.txt
       $PY -m benchmarks.bench_speculative --batch 1 --variants \
         "strategy=vllm-spec-layerskip strategy.layerskip_layers=8 strategy.gamma=2" \
         "strategy=vllm-spec-layerskip strategy.layerskip_layers=16 strategy.gamma=2" \
