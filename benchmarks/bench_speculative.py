@@ -7,8 +7,12 @@ every variant one after another, in an order that rotates from round to round, a
 variant's output tokens per second in that round is divided by the baseline's in the same
 round. The table gives, per variant, the median and geometric mean of those ratios, the
 acceptance rate, tokens emitted per target forward and the speedup predicted from them (the
-harness's own definitions over all its steps). A shared machine slows whole stretches of time;
-neighbouring turns see nearly the same slowdown, so the ratio keeps what the strategy changes.
+harness's own definitions over all its steps), then where a decode step's time goes: over
+the steps that prefill nothing, the mean step, its target forward with the acceptance rule
+(`model_s`: gamma + 1 tokens per request verified and sampled), its proposing
+(`spec_draft_s`) and the rest (scheduling, batch packing, KV bookkeeping). A shared machine
+slows whole stretches of time; neighbouring turns see nearly the same slowdown, so the ratio
+keeps what the strategy changes.
 
     python -m benchmarks.bench_speculative --batch 1 --variants \\
         "strategy=vllm-spec-ngram strategy.gamma=8" "strategy=vllm-spec-layerskip" \\
@@ -94,6 +98,21 @@ def print_table(variants: list[Variant], batch: int, rounds: int) -> None:
             _fmt(figures.get("mean_accepted_length")),
             _fmt(figures.get("draft_cost_ratio")),
             _fmt(figures.get("predicted_speedup")),
+        )
+        print(" | ".join(row))
+    print("\ndecode steps (no prefill), mean ms: forward and acceptance + proposing + rest")
+    print(" | ".join(("variant", "steps", "step", "forward", "proposing", "rest")))
+    for variant in variants:
+        decode = [s for s in variant.steps if s.prefill_tokens == 0]
+        if not decode:
+            continue
+        step = statistics.fmean(s.t_end - s.t_start for s in decode)
+        forward = statistics.fmean(s.model_s for s in decode)
+        proposing = statistics.fmean(s.counters.get("spec_draft_s", 0.0) for s in decode)
+        row = (
+            variant.label,
+            str(len(decode)),
+            *(f"{1000 * v:.1f}" for v in (step, forward, proposing, step - forward - proposing)),
         )
         print(" | ".join(row))
 

@@ -9,14 +9,21 @@ output comes from the target's own next-token distributions (cache-free), and a 
 test over the outputs (cells expecting fewer than 5 pooled) must not reject it at level
 0.001.
 
+Power. The outputs the target can produce number 275 (draft model's prompt) and 545 (prompt
+lookup's); pooled, the test has 66 and 80 degrees of freedom. At N = 2000 and level 0.001 it
+detects with probability 0.9 any served distribution whose effect size w =
+sqrt(Σ (served − target)² / target) over those cells is at least 0.19 (non-centrality
+N w² of about 70); `test_power_statement` recomputes that bound.
+
 The same test must reject a deliberately wrong rule that, after rejecting a draft, draws
-from p instead of norm(max(0, p − q)) (so drafted tokens come out too often). For the draft
-model the wrong rule's exact distribution is known: each drafted position becomes
-min(p, q) + (1 − Σ min(p, q)) p. Its non-centrality at N = 2000 is about 110 on ~35
-degrees of freedom, so the test's power at level 0.001 is above 0.999 (computed below and
-asserted, so a change of model or N that weakens the test fails it). Prompt lookup's wrong
-distribution follows its deterministic drafts; it is computed by walking every path the
-engine can take.
+from p instead of norm(max(0, p − q)) (so drafted tokens come out too often). Its exact
+distribution is computed and the test's power against it asserted, so a change of model,
+prompt or N that weakens the test fails it: with the draft model each drafted position
+becomes min(p, q) + (1 − Σ min(p, q)) p, w = 0.35 (total variation 0.14 from the target,
+non-centrality 244); prompt lookup's wrong distribution follows its deterministic drafts and
+is computed by walking every path the engine can take, w = 0.38 (total variation 0.14,
+non-centrality 286); power above 0.9999 against either. The test then serves the
+wrong rule and requires the chi-square test to reject it.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ VOCAB = 16
 PROMPTS = {"draft": (3, 1, 4, 1, 5), "ngram": (14, 7, 5, 1, 8, 7, 8, 2, 9, 10)}
 OUTPUT = 4
 GAMMA = 2
-SAMPLES = 1000
+SAMPLES = 2000
 LEVEL = 0.001
 PARAMS = {"temperature": 0.9, "top_k": 6, "top_p": 0.95}
 
@@ -143,26 +150,37 @@ def _survival(statistic: float, df: int) -> float:
     return float(torch.special.gammaincc(half, torch.tensor(statistic / 2, dtype=torch.float64)))
 
 
-def power(expected: Distribution, wrong: Distribution) -> float:
-    """The test's power against `wrong`: P(noncentral chi-square > the level's critical value)."""
+def noncentrality(expected: Distribution, wrong: Distribution) -> tuple[float, int]:
+    """N w² of `wrong` against `expected` over the test's cells, and their degrees of freedom."""
     cells = [(SAMPLES * prob, SAMPLES * wrong.get(seq, 0.0)) for seq, prob in expected.items()]
     big = [(e, w) for e, w in cells if e >= 5]
     wanted = np.array([e for e, _ in big] + [SAMPLES - sum(e for e, _ in big)])
     shifted = np.array([w for _, w in big] + [SAMPLES - sum(w for _, w in big)])
-    noncentrality = float(((shifted - wanted) ** 2 / wanted).sum())
-    df = len(wanted) - 1
+    return float(((shifted - wanted) ** 2 / wanted).sum()), len(wanted) - 1
+
+
+def critical(df: int) -> float:
+    """The statistic above which the test rejects: survival(x) = LEVEL."""
     low, high = 0.0, 10.0 * (df + 10)
-    for _ in range(100):  # the critical value: survival(x) = LEVEL
-        low, high = (
-            ((low + high) / 2, high)
-            if _survival((low + high) / 2, df) > LEVEL
-            else (
-                low,
-                (low + high) / 2,
-            )
-        )
-    draws = np.random.default_rng(0).noncentral_chisquare(df, noncentrality, 200_000)
-    return float((draws > high).mean())
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if _survival(middle, df) > LEVEL else (low, middle)
+    return high
+
+
+def power(shift: float, df: int) -> float:
+    """P(non-centrality `shift` chi-square with df degrees of freedom > the critical value)."""
+    draws = np.random.default_rng(0).noncentral_chisquare(df, shift, 200_000)
+    return float((draws > critical(df)).mean())
+
+
+def smallest_detected(df: int, wanted_power: float = 0.9) -> float:
+    """The effect size w = sqrt(non-centrality / N) the test detects with `wanted_power`."""
+    low, high = 0.0, 10.0 * (df + 10)
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if power(middle, df) < wanted_power else (low, middle)
+    return float(np.sqrt(high / SAMPLES))
 
 
 def served_outputs(
@@ -214,7 +232,9 @@ def test_speculative_sampling_matches_the_target_distribution(
         wrong = wrong_draft_distribution(p, Exact(draft), prompt)
     else:
         wrong = wrong_lookup_distribution(p, prompt)
-    assert power(expected, wrong) > 0.99
+    shift, df = noncentrality(expected, wrong)
+    assert df == {"draft": 66, "ngram": 80}[proposer]  # the power statement's cells
+    assert power(shift, df) > 0.999
     drafter = draft if proposer == "draft" else None
 
     statistic, df, p_value = chi_square(served_outputs(target, proposer, drafter, prompt), expected)
@@ -223,3 +243,9 @@ def test_speculative_sampling_matches_the_target_distribution(
     monkeypatch.setattr(acceptance, "residual", _wrong_residual)
     statistic, df, p_value = chi_square(served_outputs(target, proposer, drafter, prompt), expected)
     assert p_value < LEVEL, (statistic, df)
+
+
+@pytest.mark.parametrize("df", [66, 80])
+def test_power_statement(df: int) -> None:
+    """The module docstring's bound: at N = 2000, level 0.001, power 0.9 from w = 0.19."""
+    assert 0.17 < smallest_detected(df) <= 0.19
