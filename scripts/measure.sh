@@ -3,6 +3,7 @@
 # comparisons are ratios within this one run of the script). Writes under runs/measure/.
 # Usage: scripts/measure.sh [section ...]
 #   sections: offline batch roofline prefix heads search verify awq peers speculative
+#             cpu-speed fidelity policy
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=${SERVELAB:-.venv/bin/servelab}  # SERVELAB="python -m harness" runs from a checkout
@@ -14,6 +15,59 @@ sections=("$@")
 
 for section in "${sections[@]}"; do
   case "$section" in
+    cpu-speed)  # the speed yardstick side by side: servelab's vllm strategy (bf16, batch 64) and
+      # vLLM's CPU build offline on the same 64 prompts (scripts/peers/ installs and exports it),
+      # servelab before and after vLLM so drift shows; then the step shapes against the floor
+      $S calibrate --refresh
+      PYTHONPATH=. $PY scripts/peers/dump_workload.py
+      for turn in 1 2; do
+        $S strategy=vllm workload=offline engine.dtype=bf16 engine.max_batch_size=64 \
+          engine.kv_budget=512MiB hydra.run.dir=$OUT/cpu-speed/servelab-$turn
+      done
+      /work/peers/vllm-venv/bin/python scripts/peers/vllm_offline.py --repeats 3 \
+        --out $OUT/cpu-speed/vllm.json
+      $S strategy=vllm workload=offline engine.dtype=bf16 engine.max_batch_size=64 \
+        engine.kv_budget=512MiB hydra.run.dir=$OUT/cpu-speed/servelab-3
+      $PY -m benchmarks.bench_steps --repeats 3 | tee $OUT/cpu-speed/steps.txt ;;
+    fidelity)  # what the measurement fixes moved, at one load (Poisson 2 req/s, 32 MiB): the code
+      # before them (FIDELITY_BEFORE, default cfb4d7e, run from a git worktree) beside this code;
+      # then static batching's switches added one by one, each run against the same orca run
+      F=$PWD/$OUT/fidelity
+      common=(workload=comparison workload.arrival.rate=2 engine.kv_budget=32MiB engine.dtype=bf16)
+      before=$F/code-before
+      [ -d "$before" ] || git worktree add --detach "$before" "${FIDELITY_BEFORE:-cfb4d7e}"
+      for strategy in fastertransformer orca; do
+        (cd "$before" && PYTHONPATH=. "$OLDPWD/$PY" -m harness strategy=$strategy "${common[@]}" \
+          hydra.run.dir=$F/before-$strategy)
+      done
+      $S strategy=orca "${common[@]}" hydra.run.dir=$F/orca
+      static=(strategy=fastertransformer "${common[@]}")
+      $S "${static[@]}" strategy.return_at=own_finish strategy.pad_finished=false \
+        strategy.pad_prompts=false hydra.run.dir=$F/ft-none
+      $S "${static[@]}" strategy.pad_finished=false strategy.pad_prompts=false \
+        hydra.run.dir=$F/ft-batch-end
+      $S "${static[@]}" strategy.pad_prompts=false hydra.run.dir=$F/ft-pad-finished
+      $S "${static[@]}" hydra.run.dir=$F/ft
+      $PY -m scripts.fidelity_table "before the fixes=$F/before-fastertransformer,$F/before-orca,old" \
+        "before the fixes, from arrival=$F/before-fastertransformer,$F/before-orca" \
+        "this code, static switches off=$F/ft-none,$F/orca" \
+        "this code, as FasterTransformer served=$F/ft,$F/orca" | tee $F/fidelity.md
+      $PY -m scripts.ablation_table $F/orca "own finish, nothing padded=$F/ft-none" \
+        "+ responses held to the batch end=$F/ft-batch-end" \
+        "+ finished rows padded=$F/ft-pad-finished" \
+        "+ prompts padded (fastertransformer)=$F/ft" | tee $F/ablation.md ;;
+    policy)  # admission policies: on shared system prompts (prefix hits, TTFT, throughput) and on
+      # the default comparison workload at 4 req/s (median against tail normalized latency)
+      for policy in fcfs shortest_first prefix_first; do
+        $S strategy=vllm strategy.policy=$policy workload=shared_prefix engine.kv_budget=64MiB \
+          engine.dtype=bf16 hydra.run.dir=$OUT/policy/shared-prefix-$policy
+        $S strategy=vllm strategy.policy=$policy workload=comparison workload.arrival.rate=4 \
+          engine.kv_budget=32MiB engine.dtype=bf16 hydra.run.dir=$OUT/policy/comparison-$policy
+      done
+      for load in shared-prefix comparison; do
+        $PY -m scripts.policy_table $OUT/policy/$load-{fcfs,shortest_first,prefix_first} |
+          tee $OUT/policy/$load.md
+      done ;;
     offline)  # throughput yardstick: 64 real-text prompts of 32-256 tokens, 64 outputs, bf16
       $S -m strategy=fastertransformer,orca,vllm workload=offline engine.dtype=bf16 \
         hydra.sweep.dir=$OUT/offline ;;
