@@ -116,7 +116,7 @@ serve() {
         die "something already answers on 127.0.0.1:$port; pick another port"
     fi
     echo "llama_server: $BIN ${args[*]}"
-    local start pid
+    local start
     start=$(date +%s%N)
     "$BIN" "${args[@]}" &
     pid=$!
