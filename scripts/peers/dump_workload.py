@@ -29,7 +29,7 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", default=["workload=offline"])
     args = parser.parse_args()
 
-    from harness.commands.cli import compose
+    from harness.commands.config import compose
     from harness.errors import ConfigError
     from harness.models.load import model_config_of, tokenizer_for
     from harness.runner.settings import cache_dir_of
