@@ -121,7 +121,8 @@ def run_values(group: Group, sweep_run: SweepRun) -> dict[str, Any]:
         "strategy": sweep_run.label,
         "strategy_name": run.strategy_name,
         "backend": str(run.config.get("backend") or "inprocess"),
-        "rate": _number(run.arrival.get("rate")),
+        # an offline run's workload may still carry its preset's rate: not its load
+        "rate": _number(run.arrival.get("rate")) if group.x_kind == "rate" else None,
         "concurrency": _number(run.arrival.get("concurrency")),
         "status": run.status,
     }

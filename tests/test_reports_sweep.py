@@ -380,3 +380,12 @@ def test_peers_are_told_apart_by_label_and_backend(tmp_path: Path) -> None:
         summary = json.loads((tmp_path / name / "summary.json").read_text())
         for metric in ("ttft", "tpot"):
             assert float(row[f"{metric}_p50"]) == summary[metric]["p50"]
+
+
+def test_an_offline_run_shows_no_rate_even_if_its_preset_has_one(tmp_path: Path) -> None:
+    write_run(tmp_path, RunSpec(name="offline", process="offline", rate=2.0))
+    write_run(tmp_path, RunSpec(name="poisson", process="poisson", rate=2.0))
+    build_sweep_report([tmp_path], tmp_path / "report.html", None)
+    with (tmp_path / "summary.csv").open() as handle:
+        rows = {Path(r["run_dir"]).name: r for r in csv.DictReader(handle)}
+    assert (rows["offline"]["rate"], rows["poisson"]["rate"]) == ("", "2.0")
