@@ -195,9 +195,10 @@ for path in sorted(root.glob("*/startup.json")):
     print(f"{path.parent.name}: start-up {json.loads(path.read_text())['startup_s']:.1f} s")
 for path in sorted(root.glob("host-*.json")):
     h = json.loads(path.read_text())
+    busy = h["foreign_cpu_s"] - h["foreign_niced_cpu_s"]
     print(f"{path.stem[5:]}: {h['wall_s']:.0f} s, waited {h['waited_for_idle_s']:.0f} s for idle "
-          f"(reached: {h['idle_reached']}); other processes {h['foreign_cpu_s']:.0f} CPU s "
-          f"({h['foreign_niced_cpu_s']:.0f} niced) = {h['foreign_cpu_s'] / h['wall_s']:.2f} "
-          f"of {h['cpus']} cores")
+          f"(reached: {h['idle_reached']}); other processes {h['foreign_cpu_s']:.0f} CPU s, "
+          f"{h['foreign_niced_cpu_s']:.0f} of them niced; outside niced work "
+          f"{busy / h['wall_s']:.2f} of {h['cpus']} cores")
 EOF
 [[ ${#failed[@]} -eq 0 ]] || die "failed: ${failed[*]} (their logs are under $SWEEP_DIR)"
