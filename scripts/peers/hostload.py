@@ -17,12 +17,14 @@ waits up to --quiet-wait seconds (default 0: no wait) for the machine to be at m
 the command, its exit status, wall seconds, seconds waited and whether idle was reached, the
 CPU seconds processes outside CMD's tree used meanwhile (`foreign_cpu_s`, of which
 `foreign_niced_cpu_s` at a positive nice value) and the load average before and after. It
-exits with CMD's status.
+exits with CMD's status. It adopts CMD's orphaned descendants (a server still stopping after
+its script has exited), so their CPU is not counted as another process's.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import subprocess
@@ -31,6 +33,7 @@ import time
 from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
 def _busy_and_total() -> tuple[int, int]:
@@ -130,6 +133,15 @@ class ForeignCpu:
         return ticks / TICK
 
 
+def adopt_orphans() -> None:
+    """Make this process the subreaper of its descendants: a server that outlives the script
+    that started it (stopping in the background) stays in this tree instead of passing to
+    init, where `ForeignCpu` would count its CPU as another process's."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Run CMD as one timed unit; record the load.")
     parser.add_argument("--out", type=Path, required=True, help="JSON written here")
@@ -147,6 +159,7 @@ def main() -> int:
         except TimeoutError as error:
             print(f"hostload: warning: {error}; running anyway", file=sys.stderr)
             waited_s, idle = args.quiet_wait, False
+    adopt_orphans()
     others = ForeignCpu()
     load_before = os.getloadavg()
     others.start()
