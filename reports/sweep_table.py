@@ -36,7 +36,9 @@ METRIC_COLUMNS = (
     ("slo_met_share", "SLO met (share of all requests)"),
     ("normalized_latency_mean", "norm. latency mean (s/token)"),
     ("normalized_latency_p99", "norm. latency p99 (s/token)"),
+    ("ttft_p50", "TTFT p50 (s)"),
     ("ttft_p99", "TTFT p99 (s)"),
+    ("tpot_p50", "TPOT p50 (s)"),
     ("tpot_p99", "TPOT p99 (s)"),
     ("e2e_p99", "E2E p99 (s)"),
     ("kv_waste_mean", "KV waste mean"),
@@ -60,6 +62,7 @@ CSV_COLUMNS = (
     "group",
     "strategy",
     "strategy_name",
+    "backend",
     "rate",
     "concurrency",
     "status",
@@ -117,7 +120,9 @@ def run_values(group: Group, sweep_run: SweepRun) -> dict[str, Any]:
         "group": group.title,
         "strategy": sweep_run.label,
         "strategy_name": run.strategy_name,
-        "rate": _number(run.arrival.get("rate")),
+        "backend": str(run.config.get("backend") or "inprocess"),
+        # an offline run's workload may still carry its preset's rate: not its load
+        "rate": _number(run.arrival.get("rate")) if group.x_kind == "rate" else None,
         "concurrency": _number(run.arrival.get("concurrency")),
         "status": run.status,
     }
@@ -140,6 +145,8 @@ def run_values(group: Group, sweep_run: SweepRun) -> dict[str, Any]:
     )
     for metric in ("normalized_latency", "ttft", "tpot", "e2e"):
         values[f"{metric}_p99"] = _number(as_dict(summary.get(metric)).get("p99"))
+    for metric in ("ttft", "tpot"):
+        values[f"{metric}_p50"] = _number(as_dict(summary.get(metric)).get("p50"))
     slo = slo_of(run.slo)
     share = run.summary.get("slo_attainment") if run.summary else None
     if share is None and slo is not None and slo.configured and run.request_records:

@@ -114,33 +114,11 @@ for section in "${sections[@]}"; do
       $S -m strategy=orca strategy.weights=dense,int4-awq workload=offline \
         workload.num_requests=1 workload.input_len.dist=fixed workload.input_len.value=231 \
         workload.output_len.value=256 engine.dtype=bf16 hydra.sweep.dir=$OUT/awq/single ;;
-    peers)  # one workload served four ways, one report: servelab's vllm strategy in process and
-      # over HTTP (its own server on a loopback port, measured as any OpenAI endpoint), and
-      # transformers' generate (hf_static) and continuous batching (hf_continuous) in process;
-      # offline throughput, then Poisson arrivals. PEERS_PORT picks the port (default 8321).
-      P=$OUT/peers
-      port=${PEERS_PORT:-8321}
-      url=http://127.0.0.1:$port
-      for load in offline online; do
-        if [ "$load" = offline ]; then
-          common=(workload=offline engine.dtype=bf16)
-        else
-          common=(workload=comparison workload.arrival.rate=2 engine.dtype=bf16)
-        fi
-        mkdir -p "$P/$load"
-        $S strategy=vllm "${common[@]}" hydra.run.dir=$P/$load/inprocess-vllm
-        $S serve strategy=vllm "${common[@]}" serve.port=$port > "$P/$load/serve.log" 2>&1 &
-        server=$!
-        until grep -q "servelab: serving" "$P/$load/serve.log"; do kill -0 $server; sleep 1; done
-        $S backend=openai endpoint.url=$url endpoint.label=servelab-vllm-http "${common[@]}" \
-          hydra.run.dir=$P/$load/http-vllm
-        kill -INT $server && wait $server
-        for backend in hf_static hf_continuous; do
-          $S backend=$backend "${common[@]}" hydra.run.dir=$P/$load/$backend
-        done
-        $S report $P/$load/inprocess-vllm $P/$load/http-vllm $P/$load/hf_static \
-          $P/$load/hf_continuous --out $P/$load/report.html --baseline vllm
-      done ;;
+    peers)  # one workload at the same loads through servelab's strategies in process and over
+      # HTTP (its own server on a loopback port, measured as any OpenAI endpoint), vLLM CPU's
+      # server, llama.cpp's server, and transformers (hf_static, hf_continuous); one report.
+      # The recipe and its options: scripts/peers/sweep.sh
+      SWEEP_DIR=$OUT/peers SERVELAB="$S" scripts/peers/sweep.sh ;;
     speculative)  # docs/speculative.md: per proposer and gamma, at batch 1 and 8, on
       # input-grounded prompts, in bf16, paired round by round against plain decoding (which
       # keeps the ratio through a shared machine's drifting load): acceptance rate, tokens

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from omegaconf import OmegaConf
 from reports_rundirs import RunSpec, page_text, write_run
 
@@ -357,3 +358,34 @@ def test_weights_quality_columns_and_the_dense_baseline(tmp_path: Path) -> None:
     assert rows[dense]["greedy_agreement"] == ""
     html = (tmp_path / "report.html").read_text()
     assert "perplexity (held-out, fp32)" in html
+
+
+def test_peers_are_told_apart_by_label_and_backend(tmp_path: Path) -> None:
+    """A peer server's run sits beside the engine's with its own label, its backend and the
+    p50 as well as the p99 of TTFT and TPOT."""
+    write_run(tmp_path, RunSpec(name="engine", strategy="vllm"))
+    peer = write_run(tmp_path, RunSpec(name="peer", strategy="vllm", ttft=0.2))
+    config = yaml.safe_load((peer / "config.yaml").read_text())
+    (peer / "config.yaml").write_text(yaml.safe_dump({**config, "backend": "openai"}))
+    meta = json.loads((peer / "meta.json").read_text())
+    meta["strategy"] = {"name": "vllm-cpu", "backend": "openai", "model": "smollm2-135m"}
+    (peer / "meta.json").write_text(json.dumps(meta))
+    html = page_text(build_sweep_report([tmp_path], tmp_path / "report.html", "vllm"))
+    assert "TTFT p50 (s)" in html and "TPOT p50 (s)" in html and "openai" in html
+    with (tmp_path / "summary.csv").open() as handle:
+        rows = {Path(r["run_dir"]).name: r for r in csv.DictReader(handle)}
+    assert (rows["engine"]["strategy"], rows["engine"]["backend"]) == ("vllm", "inprocess")
+    assert (rows["peer"]["strategy"], rows["peer"]["backend"]) == ("vllm-cpu", "openai")
+    for name, row in rows.items():
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        for metric in ("ttft", "tpot"):
+            assert float(row[f"{metric}_p50"]) == summary[metric]["p50"]
+
+
+def test_an_offline_run_shows_no_rate_even_if_its_preset_has_one(tmp_path: Path) -> None:
+    write_run(tmp_path, RunSpec(name="offline", process="offline", rate=2.0))
+    write_run(tmp_path, RunSpec(name="poisson", process="poisson", rate=2.0))
+    build_sweep_report([tmp_path], tmp_path / "report.html", None)
+    with (tmp_path / "summary.csv").open() as handle:
+        rows = {Path(r["run_dir"]).name: r for r in csv.DictReader(handle)}
+    assert (rows["offline"]["rate"], rows["poisson"]["rate"]) == ("", "2.0")

@@ -90,6 +90,32 @@ def test_one_per_chunk_reconciled_with_the_final_usage(words) -> None:
     assert settled.counters["token_count_from"] == "usage"
 
 
+def test_usage_only_on_the_last_chunk_is_a_total_not_a_growth(words) -> None:
+    """llama.cpp's shape: one token per text chunk, `usage` only on the chunk that finishes;
+    a token whose text the server held back is stamped at that chunk."""
+    tally = _tally(
+        [
+            (_text("a"), 1.0),
+            (_text(" b"), 2.0),
+            ({**_text("", "length"), "usage": {"completion_tokens": 3}}, 3.0),
+        ]
+    )
+    settled = tally.settle(words)
+    assert settled.token_times == [1.0, 2.0, 3.0]
+    assert settled.counters["token_times_from"] == "chunks+usage"
+    assert "tokens_unaccounted" not in settled.counters
+    whole = _tally(
+        [
+            (_text("a"), 1.0),
+            (_text(" b"), 2.0),
+            ({**_text("", "length"), "usage": {"completion_tokens": 2}}, 3.0),
+        ]
+    ).settle(words)
+    assert whole.token_times == [1.0, 2.0]
+    assert whole.counters["token_times_from"] == "chunks"
+    assert "tokens_unaccounted" not in whole.counters
+
+
 def test_no_usage_at_all_retokenises_the_text(words) -> None:
     settled = _tally([(_text("a b"), 1.0), (_text(" c", "length"), 2.0)]).settle(words)
     assert (settled.output_ids, settled.token_times) == ([1, 2, 3], [1.0, 2.0, 2.0])

@@ -116,11 +116,11 @@ serve() {
         die "something already answers on 127.0.0.1:$port; pick another port"
     fi
     echo "llama_server: $BIN ${args[*]}"
-    local start pid
+    local start
     start=$(date +%s%N)
     "$BIN" "${args[@]}" &
     pid=$!
-    trap 'kill "$pid" 2>/dev/null || true' EXIT INT TERM
+    trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true' EXIT INT TERM
     until [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")" == 200 ]]; do
         kill -0 "$pid" 2>/dev/null || die "llama-server exited before /health answered"
         sleep 0.2

@@ -3,7 +3,9 @@
 A chunk's receipt time is the time of every token it carries. How many it carries is read,
 in order of preference, from the chunk's `token_ids` (servelab; vLLM with
 `return_token_ids`), from the growth of its running `usage.completion_tokens` (vLLM's
-`continuous_usage_stats`), or, where a server says neither, as one per chunk with text. The
+`continuous_usage_stats`) over the tokens already stamped, or, where a server says neither,
+as one per chunk with text (llama.cpp, which sends one token per chunk and `usage` only with
+the last). The
 response's total comes from the server's `usage`, else from the token ids, else from
 re-tokenising the text (only then). Where the per-chunk counts and the total disagree, the
 tokens not accounted for are stamped at the last chunk and the record says how many. Every
@@ -59,7 +61,10 @@ class StreamTally:
             self.ids = (self.ids or []) + [int(t) for t in ids]
             count, source = len(ids), "token_ids"
         elif total is not None:
-            count, source = int(total) - (self.reported or 0), "usage"
+            # the tokens this usage adds to those already stamped: a running usage's growth,
+            # or, where usage comes only with the last chunk (llama.cpp) after chunks were
+            # counted one each, just the tokens those chunks left out
+            count, source = int(total) - len(self.times), "usage"
         else:
             count, source = (1 if piece else 0), ESTIMATED_TIMES
         if count > 0:
