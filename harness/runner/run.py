@@ -248,6 +248,8 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         backend.device,
     )
     meta.update(backend.describe())
+    meta["workload_name"] = backend.workload.name
+    meta["workload_requests"] = len(backend.workload.requests)  # `summarize` counts the missing
     writer.json("meta.json", meta)
     sampler = TelemetrySampler(
         run_dir / "telemetry.csv", float(cfg.telemetry.period_s), clock, backend.device
@@ -266,8 +268,15 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         served = meta["strategy"]
         if kind == "inprocess":  # the strategy node as configured, every key
             served = OmegaConf.to_container(cfg.strategy, resolve=True)
+        workload = backend.workload
         summary = summary_for(
-            run_dir, cfg, backend.workload, telemetry, error, meta.get("peaks"), served
+            run_dir,
+            cfg,
+            (workload.name, workload.hash, len(workload.requests)),
+            telemetry,
+            error,
+            meta.get("peaks"),
+            served,
         )
         add_flags(summary, backend.flags(run_dir))
         if "weights" in meta:
@@ -333,26 +342,29 @@ def check_peaks(
 def summary_for(
     run_dir: Path,
     cfg: DictConfig,
-    workload: Workload,
+    workload: tuple[str, str, int | None],
     telemetry: TelemetryResult,
     error: str | None,
     peaks: dict | None,
     strategy: dict,
 ) -> dict:
+    """The summary of the records in `run_dir`; `workload` is its name, hash and how many
+    requests it planned (None: not known)."""
     requests = read_requests(run_dir)
     steps = read_steps(run_dir)
+    name, workload_hash, planned = workload
     summary = {
         "schema": SCHEMA_VERSION,
         "strategy": strategy,
-        "workload": workload.name,
-        "workload_hash": workload.hash,
+        "workload": name,
+        "workload_hash": workload_hash,
         "model": str(cfg.model.get("name")),
         "config_hash": config_hash(cfg),
         "status": "failed" if error else "complete",
         "error": error,
     }
     summary.update(summarize(requests, steps, slo_of(cfg), peaks))
-    summary["not_recorded"] = len(workload.requests) - len(requests)
+    summary["not_recorded"] = None if planned is None else planned - len(requests)
     summary["telemetry"] = {
         "source": telemetry.source,
         "samples": telemetry.samples,
