@@ -64,7 +64,7 @@ def one_torch_thread():
 # boundedly (the suite stays under ten minutes); HYPOTHESIS_PROFILE=explore searches wider.
 settings.register_profile(
     "servelab",
-    max_examples=30,
+    max_examples=100,
     deadline=None,
     derandomize=True,
     database=None,
