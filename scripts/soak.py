@@ -40,6 +40,7 @@ import httpx
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's servelab, not another install
 MODEL = "dummy-tiny"
 VOCAB_LOW, VOCAB_HIGH = 17, 49151  # above the special ids of the tiny model's vocabulary
 MIB = 1 << 20
