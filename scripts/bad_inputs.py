@@ -49,6 +49,9 @@ def servelab(args: list[str]) -> str:
 
 def files(root: Path) -> dict[str, Path]:
     """Bad workload, trace and checkpoint files."""
+    from harness.models.dummy import DUMMY_SHAPES
+    from harness.models.hf_folder import hf_config_dict
+
     made = {}
 
     def write(name: str, text: str | bytes) -> Path:
@@ -73,7 +76,7 @@ def files(root: Path) -> dict[str, Path]:
     write("random.gguf", os.urandom(512))
     pickled = root / "pickled"
     pickled.mkdir()
-    (pickled / "config.json").write_text('{"model_type": "llama"}')
+    (pickled / "config.json").write_text(json.dumps(hf_config_dict(DUMMY_SHAPES["tiny"])))
     (pickled / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle.")
     made["pickled"] = pickled
     broken = root / "broken"
@@ -108,6 +111,7 @@ def command_line_rows(root: Path) -> list[tuple[str, str, str]]:
         ("config", "engine.kv_budget=0.5 (a fraction, no GPU)", [*TINY, "engine.kv_budget=0.5"]),
         ("config", "serve.port=99999", ["serve", *TINY, "serve.port=99999"]),
         ("config", "serve.max_body=huge", ["serve", *TINY, "serve.max_body=huge"]),
+        ("config", "serve.max_body=0.9", ["serve", *TINY, "serve.max_body=0.9"]),
         (
             "config",
             "serve.max_concurrent_requests=0",

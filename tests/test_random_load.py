@@ -1,11 +1,12 @@
 """Property tests: every scheduler and both KV managers under random load on the tiny model.
 
 Hypothesis draws strategies (speculative decoding among them), limits and timelines of
-arrivals, cancellations and rollbacks (`tests/random_load.py`); the driver checks after every event and step that KV is conserved,
-no request is lost or duplicated, nothing ended holds KV, and every delivered response has
-exactly the reference's greedy tokens; at the end the cache is whole. Examples are drawn
-deterministically (the `servelab` profile in conftest.py) so a failure reproduces; shrunk
-failures found here are kept as explicit regression tests below.
+arrivals, cancellations and rollbacks (`tests/random_load.py`); the driver checks after every
+event and step that KV is conserved, no request is lost or duplicated, nothing ended holds
+KV, and every delivered response has exactly the reference's greedy tokens; at the end the
+cache is whole. Examples are drawn deterministically (the `servelab` profile in
+conftest.py) so a failure reproduces; shrunk failures found here are kept as explicit
+regression tests below.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from harness.commands.config import compose
+from harness.errors import ConfigError
 from harness.serving.app import ServerState, create_app
 from harness.serving.engine_loop import EngineLoop
 from harness.serving.intake import Intake, ModelCard
@@ -73,6 +74,20 @@ def _error(response, status: int, param: str | None, code: str | None) -> None:
 
 def test_binds_loopback_unless_told() -> None:
     assert serve_settings(compose([]).serve).host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("serve.max_body=huge", "serve.max_body: 'huge' is not a size; write e.g. 256MiB, 2GB"),
+        ("serve.max_body=0.9", "serve.max_body: 0.9 is below 1024 bytes"),
+        ("serve.max_concurrent_requests=0", "serve.max_concurrent_requests: 0 must be a positive"),
+    ],
+)
+def test_bounds_are_checked_before_any_work(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        serve_settings(compose([override]).serve)
+    assert str(refused.value).startswith(message)
 
 
 def test_body_over_the_limit_is_refused_whole_or_chunked(

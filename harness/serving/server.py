@@ -34,6 +34,7 @@ from harness.serving.engine_loop import EngineLoop
 from harness.serving.intake import Intake, ModelCard
 from strategies.settings import strategy_settings
 
+MIN_BODY_BYTES = 1024  # the smallest body bound that still takes an ordinary request
 CUT_AFTER_S = 5.0  # after the grace: how long ended responses may flush before a cut
 
 
@@ -70,9 +71,18 @@ def serve_settings(node: DictConfig) -> ServeSettings:
         api_key=api_key_from_env(node.get("api_key_env"), "serve.api_key_env"),
         record_dir=None if record is None else Path(str(record)),
         shutdown_grace_s=float(grace),
-        max_body_bytes=parse_bytes(node.get("max_body"), "serve.max_body"),
+        max_body_bytes=_max_body(node.get("max_body")),
         max_concurrent=concurrent,
     )
+
+
+def _max_body(value: object) -> int:
+    limit = parse_bytes(value, "serve.max_body")  # type: ignore[arg-type]
+    if limit < MIN_BODY_BYTES:
+        raise ConfigError(
+            "serve.max_body", f"{value!r} is below {MIN_BODY_BYTES} bytes; give a size like 1MiB"
+        )
+    return limit
 
 
 def bind(host: str, port: int) -> socket.socket:
