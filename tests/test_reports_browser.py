@@ -110,23 +110,22 @@ PAYLOADS = (
 def test_markup_in_prompts_and_config_strings_stays_inert(tmp_path: Path) -> None:
     """A prompt, a strategy name, a workload and model name and an error holding markup that
     would mark the page if it ever ran: the page renders, shows the text, and stays unmarked."""
-    for index, payload in enumerate(PAYLOADS):
-        spec = RunSpec(
-            name=f"run-{index}",
-            strategy=f"vllm{payload}",
-            workload=f"chat{payload}",
-            model=f"m{payload}",
-            prompt=f"Summarise {payload}",
-            error=f"boom {payload}",
-            failed=1,
-            preempted=1,
-        )
-        page = build_run_report(write_run(tmp_path / "runs", spec))
-        attributes = body_attributes(page, tmp_path / f"profile-{index}")
-        assert "data-injected" not in attributes, payload
-        assert json.loads(attributes["data-errors"]) == []
-        assert html.escape(f"boom {payload}") in page.read_text()
+    payload = "".join(PAYLOADS)
+    spec = RunSpec(
+        strategy=f"vllm{payload}",
+        workload=f"chat{payload}",
+        model=f"m{payload}",
+        prompt=f"Summarise {payload}",
+        error=f"boom {payload}",
+        failed=1,
+        preempted=1,
+    )
+    run_dir = write_run(tmp_path / "runs", spec)
+    write_run(tmp_path / "runs", RunSpec(name="other", strategy=f"orca{payload}"))
+    page = build_run_report(run_dir)
     sweep = build_sweep_report([tmp_path / "runs"], tmp_path / "sweep.html", None)
-    attributes = body_attributes(sweep, tmp_path / "profile-sweep")
-    assert "data-injected" not in attributes
-    assert json.loads(attributes["data-errors"]) == []
+    for shown, profile in ((page, "profile-run"), (sweep, "profile-sweep")):
+        attributes = body_attributes(shown, tmp_path / profile)
+        assert "data-injected" not in attributes, shown
+        assert json.loads(attributes["data-errors"]) == []
+    assert html.escape(f"boom {payload}") in page.read_text()
