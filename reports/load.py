@@ -56,10 +56,12 @@ class RunData:
 
     @property
     def status(self) -> str:
-        """`complete`; `failed` (summary written after an error); `incomplete` (no summary)."""
+        """`complete`; `failed` (summary written after an error); `incomplete` (no summary,
+        or one rebuilt from the records of a run that stopped before writing its own)."""
         if self.summary is None:
             return "incomplete"
-        return "failed" if self.summary.get("status") == "failed" else "complete"
+        status = self.summary.get("status")
+        return status if status in ("failed", "incomplete") else "complete"
 
     @property
     def complete(self) -> bool:

@@ -77,6 +77,11 @@ def _group_section(page: Page, group: Group, colors: dict[str, str]) -> None:
             "leave them out.",
             "warn",
         )
+    for sweep_run in group.runs:
+        summary = sweep_run.run.summary or {}
+        for flag in summary.get("flags") or []:
+            where = f"{sweep_run.label} ({sweep_run.run.path.name})"
+            page.paragraph(f"Flagged: {where}: {flag}", "warn")
     slo = group_slo(group)
     if slo is None:
         page.paragraph("No SLO configured: no sustained load to report.", "note")
@@ -123,6 +128,7 @@ def _runs_table(rows: list[RunRow], colors: dict[str, str], out_dir: Path) -> st
         "rate (req/s)",
         "concurrency",
         "status",
+        "flags",
         *[title for _, title in METRIC_COLUMNS],
         *[title for _, title in RATIO_COLUMNS],
         "correctness",
@@ -141,6 +147,7 @@ def _runs_table(rows: list[RunRow], colors: dict[str, str], out_dir: Path) -> st
                 values["rate"],
                 values["concurrency"],
                 values["status"],
+                values["flags"] or "–",
                 *[values[key] for key, _ in METRIC_COLUMNS],
                 *[values[f"{key}_vs_baseline"] for key, _ in RATIO_COLUMNS],
                 values["correctness"],

@@ -66,6 +66,7 @@ CSV_COLUMNS = (
     "rate",
     "concurrency",
     "status",
+    "flags",
     *[key for key, _ in METRIC_COLUMNS],
     *[f"{key}_vs_baseline" for key, _ in RATIO_COLUMNS],
     "correctness",
@@ -125,6 +126,7 @@ def run_values(group: Group, sweep_run: SweepRun) -> dict[str, Any]:
         "rate": _number(run.arrival.get("rate")) if group.x_kind == "rate" else None,
         "concurrency": _number(run.arrival.get("concurrency")),
         "status": run.status,
+        "flags": "; ".join(summary.get("flags") or []),
     }
     for key in ("completed", "failed"):
         count = _number(summary.get(key))

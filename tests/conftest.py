@@ -13,6 +13,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # processes the tests start (see 
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from transformers import PreTrainedTokenizerBase
 
 from harness.models.embedded import EMBEDDED_MODELS
@@ -57,3 +58,19 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# Property tests draw their examples deterministically (a failure reproduces on every run) and
+# boundedly (the suite stays under ten minutes); HYPOTHESIS_PROFILE=explore searches wider.
+settings.register_profile(
+    "servelab",
+    max_examples=100,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "explore", max_examples=1000, deadline=None, database=None, print_blob=True
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "servelab"))

@@ -117,3 +117,24 @@ def test_cancel_a_request_swapped_out_by_preemption(model: LlamaModel) -> None:
     _assert_exact(model, kept, [prompts[requests.index(r)] for r in kept], [20, 20])
     kv.check_integrity()
     assert kv.pool.num_used == 0
+
+
+def test_cancel_the_last_unfinished_member_of_a_static_batch_ends_it(model: LlamaModel) -> None:
+    """Shrunk from the random-load property test: static batching delivering at each
+    member's own finish, one member finished and delivered, the other cancelled, nothing
+    waiting. The batch is over then; before the fix the engine still had "unfinished" work
+    whose next step ran nothing and delivered nothing (the server's engine loop stops on
+    exactly that), and a request arriving next waited behind the dead batch for a step."""
+    prompts = random_prompts(3, 4, 6, seed=7)
+    counts = [1, 9, 3]
+    requests = make_requests(prompts, counts)
+    engine = make_engine(model, strategy("static", "contiguous"), kv_slots=128, max_num_seqs=2)
+    for request in requests[:2]:
+        engine.add_request(request)
+    _step_until(engine, lambda: requests[0].t_done is not None)
+    assert engine.cancel(requests[1])
+    assert not engine.has_unfinished()
+    assert engine.scheduler.kv.stats().allocated_slots == 0
+    engine.add_request(requests[2])
+    _finish(engine)
+    _assert_exact(model, requests[2:], prompts[2:], counts[2:])

@@ -97,3 +97,35 @@ def test_sweep_report_renders_without_errors(tmp_path: Path) -> None:
     page = build_sweep_report([sweep], sweep / "report.html", None)
     expect_clean_render(page, tmp_path / "profile-dom")
     screenshot(page, tmp_path / "sweep-report.png", tmp_path / "profile-shot")
+
+
+INJECT = "document.body.setAttribute('data-injected', 'yes')"
+PAYLOADS = (
+    f"<script>{INJECT}</script>",
+    f'"><img src=x onerror="{INJECT}">',
+    f"</script><script>{INJECT}</script>",
+)
+
+
+def test_markup_in_prompts_and_config_strings_stays_inert(tmp_path: Path) -> None:
+    """A prompt, a strategy name, a workload and model name and an error holding markup that
+    would mark the page if it ever ran: the page renders, shows the text, and stays unmarked."""
+    payload = "".join(PAYLOADS)
+    spec = RunSpec(
+        strategy=f"vllm{payload}",
+        workload=f"chat{payload}",
+        model=f"m{payload}",
+        prompt=f"Summarise {payload}",
+        error=f"boom {payload}",
+        failed=1,
+        preempted=1,
+    )
+    run_dir = write_run(tmp_path / "runs", spec)
+    write_run(tmp_path / "runs", RunSpec(name="other", strategy=f"orca{payload}"))
+    page = build_run_report(run_dir)
+    sweep = build_sweep_report([tmp_path / "runs"], tmp_path / "sweep.html", None)
+    for shown, profile in ((page, "profile-run"), (sweep, "profile-sweep")):
+        attributes = body_attributes(shown, tmp_path / profile)
+        assert "data-injected" not in attributes, shown
+        assert json.loads(attributes["data-errors"]) == []
+    assert html.escape(f"boom {payload}") in page.read_text()

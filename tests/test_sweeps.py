@@ -1,4 +1,5 @@
-"""Sweeps: a rerun skips complete runs and redoes failed ones; the submitit launcher runs jobs."""
+"""Sweeps: a rerun skips complete runs and redoes failed or incomplete ones (a run killed
+mid-way, summarized from its records); the submitit launcher runs jobs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from harness.runner.summarize import summarize_run
 
 BASE = [
     "model=dummy-tiny",
@@ -34,8 +37,10 @@ def test_a_rerun_sweep_redoes_only_what_did_not_finish(tmp_path: Path) -> None:
     assert [p.name for p in runs] == ["0-fastertransformer-smoke", "1-orca-smoke"]
     done, killed = runs
     kept = (done / "requests.jsonl").stat().st_mtime_ns
-    # a run killed halfway leaves records but no summary
+    # a run killed halfway leaves records but no summary; summarize marks it incomplete
     (killed / "summary.json").unlink()
+    summarize_run(killed)
+    assert json.loads((killed / "summary.json").read_text())["status"] == "incomplete"
     second = _sweep(sweep_dir, "strategy=fastertransformer,orca")
     assert second.returncode == 0, second.stderr[-2000:]
     assert f"already complete, not run again: {done}" in second.stdout

@@ -18,6 +18,7 @@ VERBS = {
     "run": "harness.commands.run",
     "workload": "harness.commands.workload",
     "report": "harness.commands.report",
+    "summarize": "harness.commands.summarize",
     "calibrate": "harness.commands.calibrate",
     "kv-size": "harness.commands.kv_size",
     "search": "harness.commands.search",

@@ -33,7 +33,8 @@ def parse_bytes(value: str | int | float, field: str = "engine.kv_budget") -> in
     else:
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
         if not match or match.group(2).lower() not in _UNITS:
-            raise ConfigError(field, f"{value!r} is not a size; write e.g. 256MiB, 2GB or 0.9")
+            fraction = " or 0.9" if field == "engine.kv_budget" else ""
+            raise ConfigError(field, f"{value!r} is not a size; write e.g. 256MiB, 2GB{fraction}")
         number, unit = float(match.group(1)), match.group(2).lower()
     if number <= 0:
         raise ConfigError(field, f"{value!r} must be positive")

@@ -87,3 +87,8 @@ class KVManager(ABC):
     @abstractmethod
     def stats(self) -> KVStats:
         """This step's accounting."""
+
+    @abstractmethod
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless the bookkeeping is consistent: every slot or block
+        accounted for exactly once (tests check it after every step)."""

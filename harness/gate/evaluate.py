@@ -9,6 +9,9 @@
 
 Every result lists the runs it read and their flags (a run slowed by the test-only knob says
 so). An inconclusive outcome counts as the claim's policy says, and the result keeps both.
+A claim that reads a run whose figures are doubtful (failed requests, a preemption storm,
+telemetry dropouts, send lag, an incomplete run: `harness.measure.flags.REFUSED`) is
+`refused`, which counts as a fail; its notes name the run and the flags.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from harness.gate.collect import Measurements, RunMeasure
 from harness.gate.plan import GatePlan
 from harness.gate.spec import Claim, GateSpec, Side
 from harness.measure.bootstrap import Interval, Outcome, bootstrap_interval, verdict
+from harness.measure.flags import refusals
 from harness.measure.rundir import read_requests
 from harness.records import RequestRecord
 
@@ -73,9 +77,10 @@ def _result(
     values: tuple[Sequence[float | None], Sequence[float | None]],
     sources: list[str],
     notes: list[str],
+    refused: bool = False,
 ) -> ClaimResult:
     if interval is None:  # nothing to decide on: the claim fails, and its notes say why
-        outcome = Outcome.FAIL
+        outcome = Outcome.REFUSED if refused else Outcome.FAIL
         estimate = low = high = None
         samples = 0
     else:
@@ -86,7 +91,7 @@ def _result(
             interval.high,
             interval.samples,
         )
-    counted = outcome
+    counted = Outcome.FAIL if outcome is Outcome.REFUSED else outcome
     if outcome is Outcome.INCONCLUSIVE:
         counted = Outcome.PASS if claim.inconclusive == "pass" else Outcome.FAIL
     return ClaimResult(
@@ -99,6 +104,16 @@ def _flags(summaries: list[dict]) -> list[str]:
     for summary in summaries:
         seen += [flag for flag in summary.get("flags") or [] if flag not in seen]
     return seen
+
+
+def _refusals(runs: list[RunMeasure]) -> list[str]:
+    """One note per flagged run a claim reads: the gate will not decide on its figures."""
+    notes = []
+    for measured in runs:
+        reasons = refusals(measured.summary)
+        if reasons:
+            notes.append(f"refused: {measured.slot.run_dir} is flagged: {'; '.join(reasons)}")
+    return notes
 
 
 def _runs(plan: GatePlan, data: Measurements, workload: str, side: Side | None) -> list[RunMeasure]:
@@ -117,6 +132,9 @@ def evaluate_metric(
     a = [metric_value(m.summary, metric) for m in of_runs]
     b = [metric_value(m.summary, metric) for m in over_runs]
     sources = [str(m.slot.run_dir) for m in of_runs + over_runs]
+    refused = _refusals(of_runs + over_runs)
+    if refused:
+        return _result(claim, None, (a, b), sources, refused, refused=True)
     notes = _flags([m.summary for m in of_runs + over_runs])
     interval = None
     if None in a or None in b:
@@ -130,13 +148,17 @@ def evaluate_metric(
     return _result(claim, interval, (a, b), sources, notes)
 
 
-def evaluate_identical(claim: Claim, plan: GatePlan) -> ClaimResult:
+def evaluate_identical(claim: Claim, plan: GatePlan, data: Measurements) -> ClaimResult:
     workload = str(claim.workload)
     reference_slot = plan.runs_of(workload, claim.over or claim.of)[0]
+    slots = plan.runs_of(workload, claim.of)
+    sources = [str(reference_slot.run_dir)] + [str(s.run_dir) for s in slots]
+    refused = _refusals([data.run_at(s.run_dir) for s in [reference_slot, *slots]])
+    if refused:
+        return _result(claim, None, ([], []), sources, refused, refused=True)
     reference = read_requests(reference_slot.run_dir)
     shares: list[float] = []
     notes: list[str] = []
-    slots = plan.runs_of(workload, claim.of)
     for slot in slots:
         share, differing = identical_share(reference, read_requests(slot.run_dir))
         shares.append(share)
@@ -145,7 +167,6 @@ def evaluate_identical(claim: Claim, plan: GatePlan) -> ClaimResult:
             notes.append(f"rep {slot.repetition + 1}: requests {shown} differ")
     worst = min(shares)
     interval = Interval(worst, worst, worst, 1.0, len(shares))
-    sources = [str(reference_slot.run_dir)] + [str(s.run_dir) for s in slots]
     return _result(claim, interval, (shares, []), sources, notes)
 
 
@@ -168,7 +189,7 @@ def evaluate(spec: GateSpec, plan: GatePlan, data: Measurements) -> list[ClaimRe
         if claim.kind == "metric":
             results.append(evaluate_metric(claim, spec, plan, data))
         elif claim.kind == "identical":
-            results.append(evaluate_identical(claim, plan))
+            results.append(evaluate_identical(claim, plan, data))
         else:
             results.append(evaluate_perplexity(claim, plan, data))
     return results

@@ -129,9 +129,10 @@ def render_gate(record: dict) -> str:
         counts[claim["outcome"]] += 1
     verdict = "PASSED" if record["passed"] else "FAILED"
     source = f"read from {record['read_from']}" if record["read_from"] else "measured here"
+    refused = f", {counts['refused']} refused (flagged runs)" if counts["refused"] else ""
     lines.append(
         f"gate {record['gate']} {verdict}: {counts['pass']} pass, {counts['fail']} fail, "
-        f"{counts['inconclusive']} inconclusive; {len(record['runs'])} runs {source}, "
+        f"{counts['inconclusive']} inconclusive{refused}; {len(record['runs'])} runs {source}, "
         f"{record['elapsed_s']:.0f} s; machine {record['machine']['fingerprint']}"
     )
     return "\n".join(lines)

@@ -29,6 +29,7 @@ class Outcome(str, Enum):
     PASS = "pass"
     FAIL = "fail"
     INCONCLUSIVE = "inconclusive"
+    REFUSED = "refused"  # a run it reads is flagged (harness.measure.flags): counts as fail
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,20 @@ _NORM_NAMES = (
 def read_hf_config(folder: Path) -> ModelConfig:
     raw = _raw_config(folder)
     check_quantization(raw)
+    try:
+        return _model_config(raw)
+    except KeyError as missing:
+        raise ConfigError(
+            "model.path",
+            f"{folder / 'config.json'} lacks {missing.args[0]!r}; is it a Llama checkpoint?",
+        ) from None
+    except (TypeError, ValueError, ZeroDivisionError) as bad:
+        raise ConfigError(
+            "model.path", f"{folder / 'config.json'} has a malformed value ({bad})"
+        ) from None
+
+
+def _model_config(raw: dict[str, Any]) -> ModelConfig:
     heads = int(raw["num_attention_heads"])
     eos = raw.get("eos_token_id", ())
     rope = raw.get("rope_parameters") or {}
@@ -55,7 +69,13 @@ def _raw_config(folder: Path) -> dict[str, Any]:
         raise ConfigError(
             "model.path", f"{folder} has no config.json; point at a checkpoint folder"
         )
-    return json.loads(config_file.read_text())
+    try:
+        raw = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError("model.path", f"{config_file} is not JSON ({error})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError("model.path", f"{config_file} is not a JSON object")
+    return raw
 
 
 def check_quantization(raw: dict[str, Any]) -> None:

@@ -25,6 +25,15 @@ from omegaconf import DictConfig, OmegaConf
 from harness.engine.engine import Engine, StepResult
 from harness.errors import ConfigError
 from harness.measure.calibrate import Peaks, measure_peaks, provenance, remeasure_if_beaten
+from harness.measure.flags import (
+    PEAKS_BEATEN,
+    TEST_STEP_DELAY,
+    Flag,
+    add_flags,
+    step_dropouts,
+    summary_flags,
+    telemetry_dropouts,
+)
 from harness.measure.meta import collect_meta
 from harness.measure.metrics import summarize
 from harness.measure.profiling import StepProfiler
@@ -46,8 +55,6 @@ from reports.run_report import build_run_report
 from strategies.settings import StrategySettings, strategy_settings
 from workloads.build import build_workload
 from workloads.spec import Workload
-
-SEND_LAG_BOUND_S = 0.05  # a client handing requests over later than this at p99 flags a run
 
 
 @dataclass
@@ -209,10 +216,12 @@ class InProcessBackend(Backend):
         finally:
             profiler.close()
 
-    def flags(self, run_dir: Path) -> list[str]:
+    def flags(self, run_dir: Path) -> list[Flag]:
         if self.peaks is None:
             return []
-        return check_peaks(self.peaks, read_steps(run_dir), self.prepared.engine_cfg, self.cfg)
+        steps = read_steps(run_dir)
+        beaten = check_peaks(self.peaks, steps, self.prepared.engine_cfg, self.cfg)
+        return [Flag(PEAKS_BEATEN, text) for text in beaten]
 
 
 def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
@@ -239,6 +248,8 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         backend.device,
     )
     meta.update(backend.describe())
+    meta["workload_name"] = backend.workload.name
+    meta["workload_requests"] = len(backend.workload.requests)  # `summarize` counts the missing
     writer.json("meta.json", meta)
     sampler = TelemetrySampler(
         run_dir / "telemetry.csv", float(cfg.telemetry.period_s), clock, backend.device
@@ -257,10 +268,17 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         served = meta["strategy"]
         if kind == "inprocess":  # the strategy node as configured, every key
             served = OmegaConf.to_container(cfg.strategy, resolve=True)
+        workload = backend.workload
         summary = summary_for(
-            run_dir, cfg, backend.workload, telemetry, error, meta.get("peaks"), served
+            run_dir,
+            cfg,
+            (workload.name, workload.hash, len(workload.requests)),
+            telemetry,
+            error,
+            meta.get("peaks"),
+            served,
         )
-        summary["flags"] += backend.flags(run_dir)
+        add_flags(summary, backend.flags(run_dir))
         if "weights" in meta:
             summary["weights"] = meta["weights"]
         writer.json("summary.json", summary)
@@ -321,42 +339,32 @@ def check_peaks(
     ]
 
 
-def run_flags(summary: dict) -> list[str]:
-    """What makes a run's figures doubtful, one line each (empty for a clean run)."""
-    flags = []
-    if summary["failed"]:
-        flags.append(f"{summary['failed']} requests failed or were rejected")
-    lag = summary["send_lag"]["p99"]
-    if lag is not None and lag > SEND_LAG_BOUND_S:
-        flags.append(f"client send lag p99 {lag * 1000:.1f} ms > {SEND_LAG_BOUND_S * 1000:g} ms")
-    if summary.get("test_step_delay_s"):
-        flags.append(delay_flag(summary["test_step_delay_s"]))
-    return flags
-
-
 def summary_for(
     run_dir: Path,
     cfg: DictConfig,
-    workload: Workload,
+    workload: tuple[str, str, int | None],
     telemetry: TelemetryResult,
     error: str | None,
     peaks: dict | None,
     strategy: dict,
 ) -> dict:
+    """The summary of the records in `run_dir`; `workload` is its name, hash and how many
+    requests it planned (None: not known)."""
     requests = read_requests(run_dir)
     steps = read_steps(run_dir)
+    name, workload_hash, planned = workload
     summary = {
         "schema": SCHEMA_VERSION,
         "strategy": strategy,
-        "workload": workload.name,
-        "workload_hash": workload.hash,
+        "workload": name,
+        "workload_hash": workload_hash,
         "model": str(cfg.model.get("name")),
         "config_hash": config_hash(cfg),
         "status": "failed" if error else "complete",
         "error": error,
     }
     summary.update(summarize(requests, steps, slo_of(cfg), peaks))
-    summary["not_recorded"] = len(workload.requests) - len(requests)
+    summary["not_recorded"] = None if planned is None else planned - len(requests)
     summary["telemetry"] = {
         "source": telemetry.source,
         "samples": telemetry.samples,
@@ -365,8 +373,11 @@ def summary_for(
     summary["energy_j"] = telemetry.energy_j
     tokens = summary["output_tokens"]
     summary["j_per_token"] = telemetry.energy_j / tokens if telemetry.energy_j and tokens else None
+    flags = summary_flags(summary) + step_dropouts(steps)
+    flags += telemetry_dropouts(run_dir / "telemetry.csv", float(cfg.telemetry.period_s))
     delay = step_delay_s(cfg.engine)
     if delay > 0:
         summary["test_step_delay_s"] = delay
-    summary["flags"] = run_flags(summary)
+        flags.append(Flag(TEST_STEP_DELAY, delay_flag(delay)))
+    add_flags(summary, flags)
     return summary

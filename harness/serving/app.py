@@ -8,6 +8,12 @@ sent events, one chunk per engine step that produced tokens (with the step's tok
 asked), or as one body when the response is delivered. A client that goes away (a closed
 stream, or a dropped connection while waiting for a whole body) cancels its request, which
 frees its KV before the next step.
+
+Load is bounded before it costs anything: a body larger than `max_body_bytes` is refused
+with 413 as soon as its declared length (or, streamed in chunks, its running length) passes
+the bound, so no prompt text beyond it is read or tokenised; the prompt and
+`prompt + max_tokens` are bounded by the context (`intake`); and a request beyond the engine
+loop's `max_in_flight` is refused with 429, which OpenAI clients retry after a pause.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from transformers import PreTrainedTokenizerBase
 
 from harness.records import SUCCESS
@@ -43,6 +49,7 @@ from harness.serving.protocol import (
 from harness.serving.text import TextStream
 
 ARRIVAL = "servelab.arrival"
+MAX_BODY_BYTES = 1 << 20  # unless the server is told otherwise (`serve.max_body`)
 
 
 @dataclass
@@ -53,6 +60,7 @@ class ServerState:
     card: ModelCard
     clock: Callable[[], float]
     api_key: str | None
+    max_body_bytes: int = MAX_BODY_BYTES
 
 
 class ArrivalStamp:
@@ -68,6 +76,57 @@ class ArrivalStamp:
         await self.app(scope, receive, send)
 
 
+class BodyLimit:
+    """ASGI middleware: read the request body first, and refuse one above `limit` bytes with
+    413 and the OpenAI error body: at once from its content-length header, or as soon as a
+    chunked body's running length passes it. The app then reads the buffered body (and,
+    after it, the connection's own messages: a client's disconnect)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(scope, send)
+            return
+        buffered: list[Message] = []
+        size = 0
+        while True:
+            message = await receive()
+            buffered.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                await self._refuse(scope, send)
+                return
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return buffered.pop(0) if buffered else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, send: Send) -> None:
+        refused = APIError(
+            413,
+            f"the request body is larger than this server accepts ({self.limit} bytes)",
+            code="request_too_large",
+        )
+        response = JSONResponse(refused.body(), status_code=413)
+
+        async def nothing() -> Message:
+            return {"type": "http.disconnect"}
+
+        await response(scope, nothing, send)
+
+
 def create_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -79,6 +138,7 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(
         title="servelab", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
+    app.add_middleware(BodyLimit, limit=state.max_body_bytes)
     app.add_middleware(ArrivalStamp, clock=state.clock)
     errors.install(app)
     metrics = Metrics(state.loop)
@@ -135,6 +195,13 @@ async def _respond(state: ServerState, body: Sampling, raw: Request, chat: bool)
         assert isinstance(body, CompletionRequest)
         request = state.intake.completion(body, rid, arrival)
     stream = state.loop.submit(request)
+    if stream is None:
+        raise APIError(
+            429,
+            f"the server has {state.loop.max_in_flight} requests in flight, its limit; retry",
+            code="rate_limit_exceeded",
+            kind="requests",
+        )
     if body.stream:
         events = _sse(state, stream, body, chat)
         headers = {"x-request-id": rid}

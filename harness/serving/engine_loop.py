@@ -7,6 +7,10 @@ its KV at once); after every step it hands the front end, in one thread-safe cal
 request's new tokens and each delivered response. So the front end never waits for a step,
 and the loop never waits for a client: a slow reader only fills its own queue.
 
+At most `max_in_flight` requests are in the loop at once (submitted and not yet closed:
+queued, running, or waiting for their last event); `submit` refuses one more, so a flood of
+clients queues nowhere unbounded and the front end answers 429 at once.
+
 With a `RunWriter`, the loop records what it served exactly as an in-process run does
 (`steps.jsonl`, and a `requests.jsonl` line per delivered, rejected or cancelled request,
 arrival being when the server received the request), on its own clock.
@@ -26,6 +30,7 @@ from harness.engine.request import Request
 from harness.measure.rundir import RunWriter
 
 IDLE_WAIT_S = 0.5  # the longest an idle loop sleeps before looking at its inbox again
+MAX_IN_FLIGHT = 512  # requests in the loop at once, unless told otherwise
 log = logging.getLogger(__name__)
 
 
@@ -69,16 +74,24 @@ class LoopStats:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     steps: int = 0
+    in_flight: int = 0
     finished: dict[str, int] = field(default_factory=dict)
 
 
 class EngineLoop:
     def __init__(
-        self, engine: Engine, writer: RunWriter | None = None, wait_s: float = IDLE_WAIT_S
+        self,
+        engine: Engine,
+        writer: RunWriter | None = None,
+        wait_s: float = IDLE_WAIT_S,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self.engine = engine
         self.writer = writer
         self.wait_s = wait_s
+        self.max_in_flight = max_in_flight
+        self._in_flight = 0  # submitted and not yet closed (under _count_lock)
+        self._count_lock = threading.Lock()
         self.stats = LoopStats(kv_total_slots=engine.scheduler.kv.total_slots)
         self.error: str | None = None  # why the loop stopped, if it failed
         self._inbox: queue.SimpleQueue[Stream] = queue.SimpleQueue()
@@ -107,8 +120,17 @@ class EngineLoop:
         if self._thread.is_alive():
             self._thread.join(timeout_s)
 
-    def submit(self, request: Request) -> Stream:
-        """Queue a validated request (front-end thread); its events arrive on the stream."""
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def submit(self, request: Request) -> Stream | None:
+        """Queue a validated request (front-end thread); its events arrive on the stream.
+        None, and nothing queued, when `max_in_flight` requests are in the loop already."""
+        with self._count_lock:
+            if self._in_flight >= self.max_in_flight:
+                return None
+            self._in_flight += 1
         stream = Stream(request)
         self._inbox.put(stream)
         self._wake.set()
@@ -187,6 +209,8 @@ class EngineLoop:
         """Count and record a request that left the engine; its last event."""
         reason = request.finish_reason or "error"
         self._finished[reason] = self._finished.get(reason, 0) + 1
+        with self._count_lock:
+            self._in_flight -= 1
         if self.writer is not None:
             self.writer.request(request.record())
         return Done(reason, request.error)
@@ -209,6 +233,7 @@ class EngineLoop:
             prompt_tokens=self._prompt_tokens,
             generation_tokens=self._generation_tokens,
             steps=self.engine.step_index,
+            in_flight=self._in_flight,
             finished=dict(self._finished),
         )
 

@@ -28,6 +28,7 @@ class LoopCollector(Collector):
         gauges = {
             "requests_running": ("requests holding a place in the batch", s.running),
             "requests_waiting": ("requests waiting for a place", s.waiting),
+            "requests_in_flight": ("requests accepted and not yet answered", s.in_flight),
             "kv_slots_total": ("KV cache slots (one token's K/V in every layer)", s.kv_total_slots),
             "kv_slots_allocated": ("KV slots handed to requests", s.kv_allocated_slots),
             "kv_slots_live": ("KV slots holding tokens of unfinished requests", s.kv_live_slots),

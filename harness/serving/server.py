@@ -22,6 +22,7 @@ import torch
 import uvicorn
 from omegaconf import DictConfig, OmegaConf
 
+from harness.engine.kv_cache import parse_bytes
 from harness.errors import ConfigError
 from harness.measure.rundir import RunWriter
 from harness.models.load import tokenizer_for
@@ -33,6 +34,7 @@ from harness.serving.engine_loop import EngineLoop
 from harness.serving.intake import Intake, ModelCard
 from strategies.settings import strategy_settings
 
+MIN_BODY_BYTES = 1024  # the smallest body bound that still takes an ordinary request
 CUT_AFTER_S = 5.0  # after the grace: how long ended responses may flush before a cut
 
 
@@ -44,6 +46,8 @@ class ServeSettings:
     api_key: str | None  # read from the environment variable `serve.api_key_env`
     record_dir: Path | None
     shutdown_grace_s: float
+    max_body_bytes: int  # a body above this is refused with 413 before it is read whole
+    max_concurrent: int  # requests in flight at once; one more is refused with 429
 
 
 def serve_settings(node: DictConfig) -> ServeSettings:
@@ -55,6 +59,11 @@ def serve_settings(node: DictConfig) -> ServeSettings:
         raise ConfigError("serve.shutdown_grace_s", f"{grace!r} must be seconds >= 0")
     record = node.get("record_dir")
     name = node.get("model_name")
+    concurrent = node.get("max_concurrent_requests")
+    if not isinstance(concurrent, int) or isinstance(concurrent, bool) or concurrent <= 0:
+        raise ConfigError(
+            "serve.max_concurrent_requests", f"{concurrent!r} must be a positive integer"
+        )
     return ServeSettings(
         host=str(node.get("host")),
         port=port,
@@ -62,7 +71,18 @@ def serve_settings(node: DictConfig) -> ServeSettings:
         api_key=api_key_from_env(node.get("api_key_env"), "serve.api_key_env"),
         record_dir=None if record is None else Path(str(record)),
         shutdown_grace_s=float(grace),
+        max_body_bytes=_max_body(node.get("max_body")),
+        max_concurrent=concurrent,
     )
+
+
+def _max_body(value: object) -> int:
+    limit = parse_bytes(value, "serve.max_body")  # type: ignore[arg-type]
+    if limit < MIN_BODY_BYTES:
+        raise ConfigError(
+            "serve.max_body", f"{value!r} is below {MIN_BODY_BYTES} bytes; give a size like 1MiB"
+        )
+    return limit
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -136,7 +156,7 @@ def serve(cfg: DictConfig, progress: bool = True) -> None:
         vocab_size=config.vocab_size,
         created=int(time.time()),
     )
-    engine_loop = EngineLoop(engine, writer)
+    engine_loop = EngineLoop(engine, writer, max_in_flight=options.max_concurrent)
     state = ServerState(
         loop=engine_loop,
         intake=Intake(engine, tokenizer, card),
@@ -144,6 +164,7 @@ def serve(cfg: DictConfig, progress: bool = True) -> None:
         card=card,
         clock=clock,
         api_key=options.api_key,
+        max_body_bytes=options.max_body_bytes,
     )
     host, port = sock.getsockname()[:2]
     server = _Server(

@@ -5,9 +5,10 @@ Every step, running requests go first, in admission order: a decode feeds its la
 prefill, as many as the step's token budget still allows (Sarathi-style). Then waiting
 requests are offered places in admission order while the KV manager can place them and
 `max_num_seqs` and `max_num_batched_tokens` allow; the first that does not fit waits at the
-head of the queue. A finished request leaves at once, frees its KV, and its response is
-delivered. Speculative drafts come last: what budget is left after every request's own
-tokens goes to the scheduled sequences' drafts, in order, where the KV manager has room.
+head of the queue. A step that preempts admits nobody, unless nothing else would run. A
+finished request leaves at once, frees its KV, and its response is delivered. Speculative
+drafts come last: what budget is left after every request's own tokens goes to the scheduled
+sequences' drafts, in order, where the KV manager has room.
 """
 
 from __future__ import annotations
@@ -58,7 +59,10 @@ class IterationScheduler(QueueScheduler):
             out.seqs.append(ScheduledSeq(request, count))
             budget -= count
             index += 1
-        if not out.preempted:
+        if not out.preempted or not out.seqs:
+            # a step that preempts admits nothing, unless it would run nothing at all (a
+            # lone request had to give its blocks up: it starts over at once, from whatever
+            # the prefix cache kept, rather than leaving an empty step)
             budget = self._admit(out, budget)
         self.add_drafts(out.seqs, budget)
         return out

@@ -106,8 +106,13 @@ class StaticScheduler(QueueScheduler):
         return delivered if self.config.return_at == "batch_end" else [request]
 
     def cancel(self, request: Request) -> None:
+        """Drop `request`; if it was the batch's last unfinished member and no response is
+        held for the batch's end, the batch is over now (otherwise the next step would find
+        nothing to run and nothing to deliver while members still hold their places)."""
         super().cancel(request)
         self._released.discard(request)
+        if self.running and not self.num_running() and self.config.return_at == "own_finish":
+            self._end_batch()
 
     def _end_batch(self) -> list[Request]:
         """Free every member still holding KV; the members whose responses were held."""

@@ -14,6 +14,7 @@ import torch
 
 from harness.engine.kv_manager import KVManager, KVStats
 from harness.engine.request import Request
+from strategies.kv.block_pool import expect
 from strategies.registry import Option
 
 
@@ -102,6 +103,29 @@ class ContiguousKVManager(KVManager):
                 "kv_external_fragmentation": 0.0 if free == 0 else 1 - largest_free / free,
             },
         )
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless free runs and slabs tile the slot space exactly once
+        (sorted, disjoint, adjacent free runs merged) and no request computed past its slab
+        (for tests)."""
+        runs = sorted(
+            [(s, n, "free") for s, n in self._free]
+            + [(s, n, f"request {r.id}") for r, (s, n) in self._slabs.items()]
+        )
+        expect(self._free == sorted(self._free), "free runs out of order")
+        position = 0
+        for start, length, owner in runs:
+            expect(length > 0, f"{owner}: empty run at slot {start}")
+            expect(start == position, f"{owner} starts at slot {start}, expected {position}")
+            position = start + length
+        expect(position == self.total_slots, f"runs cover {position} of {self.total_slots} slots")
+        for (start, length), (after, _) in zip(self._free, self._free[1:], strict=False):
+            expect(start + length < after, f"free runs at {start} and {after} not merged")
+        for request, (_, length) in self._slabs.items():
+            expect(
+                request.num_computed_tokens <= length,
+                f"request {request.id} computed tokens beyond its slab",
+            )
 
 
 CONTIGUOUS = Option(

@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
+from harness.measure.flags import Flag
 from harness.measure.rundir import RunWriter
 from harness.models.load import (
     checkpoint_id,
@@ -48,7 +49,7 @@ class Backend(ABC):
     ) -> None:
         """Serve every request of the workload at its arrival, writing each record."""
 
-    def flags(self, run_dir: Path) -> list[str]:
+    def flags(self, run_dir: Path) -> list[Flag]:
         """After the run: what makes its figures doubtful, beyond the generic flags."""
         del run_dir
         return []

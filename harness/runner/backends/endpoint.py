@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
 from harness.engine.request import Request
+from harness.measure.flags import ESTIMATED, Flag
 from harness.measure.rundir import RunWriter, read_requests
 from harness.runner.backends.base import Backend, peer_inputs, seeds_of
 from harness.runner.backends.endpoint_settings import (
@@ -221,18 +222,20 @@ class EndpointBackend(Backend):
         else:
             request.finish("error", f"the stream ended with finish_reason {reason!r}")
 
-    def flags(self, run_dir: Path) -> list[str]:
+    def flags(self, run_dir: Path) -> list[Flag]:
         counters = [record.counters for record in read_requests(run_dir)]
         flags = []
         estimated_times = sum(ESTIMATED_TIMES in str(c.get("token_times_from")) for c in counters)
         if estimated_times:
-            flags.append(
+            text = (
                 f"{estimated_times} requests: tokens per chunk not reported by the server, "
                 "counted as one per chunk"
             )
+            flags.append(Flag(ESTIMATED, text))
         retokenised = sum(c.get("token_count_from") == ESTIMATED_COUNT for c in counters)
         if retokenised:
-            flags.append(f"{retokenised} requests: no usage from the server, output re-tokenised")
+            text = f"{retokenised} requests: no usage from the server, output re-tokenised"
+            flags.append(Flag(ESTIMATED, text))
         return flags
 
 

@@ -1,0 +1,154 @@
+"""What makes a run's figures doubtful: the one set of rules the summary, the reports and the
+gates use, each with its bound stated here.
+
+A flag is a code and one line of text. `summary.json` keeps the lines in `flags` (what
+reports show) and the codes in `flag_codes`; gates refuse a run with any code in `REFUSED`:
+
+- `failed_requests`: a counted request failed, was rejected or was cancelled.
+- `send_lag`: the client handed requests over late, p99 above `SEND_LAG_BOUND_S`.
+- `preemption_storm`: more than `STORM_PREEMPTIONS_PER_REQUEST` preemptions per completed
+  request (and at least `STORM_MIN_PREEMPTIONS`): the engine spent the run evicting and
+  recomputing, so its figures measure thrashing, not the strategy.
+- `telemetry_dropout`: records the run should have and does not: step numbers missing from
+  `steps.jsonl`; a gap between two steps, while requests were running or waiting, longer than
+  `DROPOUT_MIN_GAP_S` and `DROPOUT_STEP_FACTOR` times the p99 step (the loop stalled, or
+  steps went unrecorded); or a gap in `telemetry.csv` longer than `DROPOUT_MIN_GAP_S` and
+  `DROPOUT_SAMPLE_FACTOR` sampling periods.
+- `incomplete`: the run stopped before writing its own summary (rebuilt from its records).
+
+Three codes say something without refusing the run: `test_step_delay` (the test-only knob
+slowed every step on purpose, which is how a gate is shown to fail on its ratios),
+`peaks_beaten` (steps beat the calibrated peaks, so MFU and MBU read high) and `estimated`
+(a peer server did not report its token counts or times, so they were estimated).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from harness.records import StepRecord
+
+SEND_LAG_BOUND_S = 0.05
+STORM_PREEMPTIONS_PER_REQUEST = 1.0
+STORM_MIN_PREEMPTIONS = 10
+DROPOUT_MIN_GAP_S = 1.0
+DROPOUT_STEP_FACTOR = 20.0
+DROPOUT_SAMPLE_FACTOR = 40.0
+
+FAILED_REQUESTS = "failed_requests"
+SEND_LAG = "send_lag"
+PREEMPTION_STORM = "preemption_storm"
+TELEMETRY_DROPOUT = "telemetry_dropout"
+INCOMPLETE = "incomplete"
+TEST_STEP_DELAY = "test_step_delay"
+PEAKS_BEATEN = "peaks_beaten"
+ESTIMATED = "estimated"
+REFUSED = frozenset({FAILED_REQUESTS, SEND_LAG, PREEMPTION_STORM, TELEMETRY_DROPOUT, INCOMPLETE})
+
+
+@dataclass(frozen=True)
+class Flag:
+    code: str
+    text: str
+
+
+def summary_flags(summary: dict) -> list[Flag]:
+    """Flags the summary's own figures raise: failed requests, send lag, preemption storm."""
+    flags = []
+    if summary.get("failed"):
+        flags.append(Flag(FAILED_REQUESTS, f"{summary['failed']} requests failed or were rejected"))
+    lag = (summary.get("send_lag") or {}).get("p99")
+    if lag is not None and lag > SEND_LAG_BOUND_S:
+        text = f"client send lag p99 {lag * 1000:.1f} ms > {SEND_LAG_BOUND_S * 1000:g} ms"
+        flags.append(Flag(SEND_LAG, text))
+    preemptions = summary.get("preemptions") or 0
+    completed = summary.get("completed") or 0
+    per_request = preemptions / max(completed, 1)
+    if preemptions >= STORM_MIN_PREEMPTIONS and per_request > STORM_PREEMPTIONS_PER_REQUEST:
+        flags.append(
+            Flag(
+                PREEMPTION_STORM,
+                f"preemption storm: {preemptions} preemptions for {completed} completed "
+                f"requests ({per_request:.1f} each > {STORM_PREEMPTIONS_PER_REQUEST:g})",
+            )
+        )
+    return flags
+
+
+def step_dropouts(steps: Sequence[StepRecord]) -> list[Flag]:
+    """Missing step numbers, and stalls between steps while work was queued."""
+    if not steps:
+        return []
+    flags = []
+    numbers = sorted(s.step for s in steps)
+    missing = numbers[-1] - numbers[0] + 1 - len(set(numbers))
+    if missing:
+        flags.append(Flag(TELEMETRY_DROPOUT, f"{missing} step records missing from steps.jsonl"))
+    durations = [s.t_end - s.t_start for s in steps]
+    bound = max(DROPOUT_MIN_GAP_S, DROPOUT_STEP_FACTOR * float(np.percentile(durations, 99)))
+    ordered = sorted(steps, key=lambda s: s.t_start)
+    stalls = [
+        after.t_start - before.t_end
+        for before, after in zip(ordered, ordered[1:], strict=False)
+        if before.running + before.waiting > 0 and after.t_start - before.t_end > bound
+    ]
+    if stalls:
+        flags.append(
+            Flag(
+                TELEMETRY_DROPOUT,
+                f"{len(stalls)} gap(s) between steps with work queued, longest "
+                f"{max(stalls):.2f} s > {bound:.2f} s (no step recorded meanwhile)",
+            )
+        )
+    return flags
+
+
+def telemetry_dropouts(path: Path, period_s: float) -> list[Flag]:
+    """Gaps in telemetry.csv far beyond its sampling period."""
+    if not path.is_file():
+        return []
+    with path.open(newline="") as handle:
+        times = []
+        for row in csv.DictReader(handle):
+            try:
+                times.append(float(row["t"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+    bound = max(DROPOUT_MIN_GAP_S, DROPOUT_SAMPLE_FACTOR * period_s)
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b - a > bound]
+    if not gaps:
+        return []
+    return [
+        Flag(
+            TELEMETRY_DROPOUT,
+            f"{len(gaps)} gap(s) in telemetry.csv, longest {max(gaps):.2f} s > {bound:.2f} s",
+        )
+    ]
+
+
+def add_flags(summary: dict, flags: Sequence[Flag]) -> None:
+    """Add `flags` to the summary's `flags` (lines) and `flag_codes`, each once, in order."""
+    lines: list[str] = summary.get("flags") or []
+    codes: list[str] = summary.get("flag_codes") or []
+    for flag in flags:
+        if flag.text not in lines:
+            lines.append(flag.text)
+        if flag.code not in codes:
+            codes.append(flag.code)
+    summary["flags"] = lines
+    summary["flag_codes"] = codes
+
+
+def refusals(summary: dict) -> list[str]:
+    """Why a gate must not use this run (empty: it may)."""
+    codes = set(summary.get("flag_codes") or [])
+    if summary.get("status") not in (None, "complete"):
+        codes.add(INCOMPLETE)
+    if not codes & REFUSED:
+        return []
+    return list(summary.get("flags") or []) or sorted(codes & REFUSED)

@@ -1,0 +1,171 @@
+"""Flags: each rule raises its flag on the bad side of its bound and not on the good side,
+the run report and the sweep report show every flag, and a gate refuses a claim that reads a
+flagged run (outcome `refused`, counted as a fail, the notes naming the run and the flag),
+while the test-only step delay and beaten peaks stay notes."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.gate.collect import Measurements, RunMeasure
+from harness.gate.evaluate import evaluate
+from harness.gate.fingerprint import fingerprint_of
+from harness.gate.plan import plan_gate
+from harness.gate.spec import parse_gate
+from harness.measure.bootstrap import Outcome
+from harness.measure.flags import (
+    PREEMPTION_STORM,
+    SEND_LAG,
+    TELEMETRY_DROPOUT,
+    Flag,
+    add_flags,
+    refusals,
+    step_dropouts,
+    summary_flags,
+    telemetry_dropouts,
+)
+from harness.records import StepRecord
+from reports.run_report import build_run_report
+from reports.sweep_report import build_sweep_report
+
+
+def _codes(flags: list[Flag]) -> list[str]:
+    return [f.code for f in flags]
+
+
+def _summary(**values) -> dict:
+    base = {"failed": 0, "completed": 20, "preemptions": 0, "send_lag": {"p99": 0.001}}
+    return {**base, **values}
+
+
+def test_failed_requests_and_send_lag_are_flagged() -> None:
+    assert summary_flags(_summary()) == []
+    assert _codes(summary_flags(_summary(failed=1))) == ["failed_requests"]
+    assert _codes(summary_flags(_summary(send_lag={"p99": 0.2}))) == [SEND_LAG]
+
+
+@pytest.mark.parametrize(
+    ("preemptions", "completed", "storm"),
+    [(20, 20, False), (21, 20, True), (9, 1, False), (10, 1, True), (10, 0, True)],
+)
+def test_a_preemption_storm_is_more_than_one_preemption_per_completed_request(
+    preemptions: int, completed: int, storm: bool
+) -> None:
+    flags = summary_flags(_summary(preemptions=preemptions, completed=completed))
+    assert (_codes(flags) == [PREEMPTION_STORM]) is storm
+
+
+def _step(n: int, start: float, busy: bool = True, length: float = 0.01) -> StepRecord:
+    return StepRecord(
+        step=n,
+        t_start=start,
+        t_end=start + length,
+        model_s=length,
+        num_seqs=1,
+        prefill_tokens=0,
+        decode_tokens=1,
+        waiting=0,
+        running=int(busy),
+        kv_allocated_slots=0,
+        kv_live_slots=0,
+        kv_total_slots=64,
+        kv_waste=0.0,
+        preempted=0,
+    )
+
+
+def test_missing_steps_and_stalls_with_work_queued_are_dropouts() -> None:
+    steady = [_step(i, i * 0.02) for i in range(50)]
+    assert step_dropouts(steady) == []
+    idle_gap = [*steady[:25], *[_step(i, 10 + i * 0.02) for i in range(25, 50)]]
+    idle_gap[24] = _step(24, 24 * 0.02, busy=False)  # nothing queued: an idle engine waits
+    assert step_dropouts(idle_gap) == []
+    stalled = [*steady[:25], *[_step(i, 10 + i * 0.02) for i in range(25, 50)]]
+    (flag,) = step_dropouts(stalled)
+    assert flag.code == TELEMETRY_DROPOUT and "gap(s) between steps" in flag.text
+    holed = [s for s in steady if s.step != 30]
+    (flag,) = step_dropouts(holed)
+    assert flag.text == "1 step records missing from steps.jsonl"
+
+
+def test_a_gap_in_telemetry_samples_is_a_dropout(tmp_path: Path) -> None:
+    path = tmp_path / "telemetry.csv"
+    path.write_text("t,rss\n" + "".join(f"{i * 0.05},1\n" for i in range(100)))
+    assert telemetry_dropouts(path, 0.05) == []
+    path.write_text(path.read_text() + "9.0,1\n")
+    (flag,) = telemetry_dropouts(path, 0.05)
+    assert flag.code == TELEMETRY_DROPOUT
+
+
+def test_gates_refuse_doubtful_runs_but_not_the_test_delay_or_beaten_peaks() -> None:
+    summary = {"status": "complete"}
+    add_flags(summary, [Flag("test_step_delay", "slowed"), Flag("peaks_beaten", "MFU high")])
+    assert refusals(summary) == []
+    add_flags(summary, [Flag(PREEMPTION_STORM, "storm")])
+    assert refusals(summary) == ["slowed", "MFU high", "storm"]
+    assert refusals({"status": "incomplete", "flags": []}) == ["incomplete"]
+
+
+GATE = """
+repeats: 2
+workloads:
+  w: [workload=smoke]
+claims:
+  - {name: speed, workload: w, metric: output_throughput, of: vllm, over: orca, at_least: 1.1}
+  - {name: same, kind: identical, workload: w, of: vllm, over: orca}
+"""
+
+
+def test_a_gate_claim_reading_a_flagged_run_is_refused(tmp_path: Path) -> None:
+    spec = parse_gate(GATE, Path("g.yaml"), fingerprint_of({"cpu": "a test machine"}))
+    plan = plan_gate(spec, tmp_path, [])
+    runs = []
+    for slot in plan.runs:
+        summary = {"status": "complete", "output_throughput": 10.0}
+        if slot.cell.side.label == "vllm" and slot.repetition == 1:
+            add_flags(summary, [Flag("failed_requests", "3 requests failed or were rejected")])
+        runs.append(RunMeasure(slot, summary, 0.0))
+    speed, same = evaluate(spec, plan, Measurements(runs, []))
+    for result in (speed, same):
+        assert (result.outcome, result.counted) == (Outcome.REFUSED, Outcome.FAIL)
+        assert result.estimate is None
+        (note,) = result.notes
+        assert "vllm/rep-2 is flagged: 3 requests failed or were rejected" in note
+
+
+def _run_dir(root: Path, name: str, flags: list[str]) -> Path:
+    run = root / name
+    run.mkdir(parents=True)
+    strategy = {"name": name, "batching": "iteration", "kv": "paged"}
+    config = {"strategy": strategy, "workload": {"name": "w", "arrival": {"rate": 1.0}}}
+    (run / "config.yaml").write_text(json.dumps(config))
+    record = {
+        "id": "0",
+        "prompt_len": 3,
+        "output_len": 2,
+        "t_scheduled": 0.0,
+        "t_send": 0.0,
+        "t_done": 0.2,
+        "token_times": [0.1, 0.2],
+        "output_ids": [5, 6],
+        "finish_reason": "length",
+        "error": None,
+    }
+    (run / "requests.jsonl").write_text(json.dumps(record) + "\n")
+    summary = {"status": "complete", "completed": 1, "failed": 0, "flags": flags}
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def test_every_report_that_shows_a_run_shows_its_flags(tmp_path: Path) -> None:
+    flag = "preemption storm: 50 preemptions for 2 completed requests (25.0 each > 1)"
+    flagged = _run_dir(tmp_path / "sweep", "vllm", [flag])
+    _run_dir(tmp_path / "sweep", "orca", [])
+    page = build_run_report(flagged).read_text()
+    assert f"Flagged: {html.escape(flag)}" in page
+    sweep = build_sweep_report([tmp_path / "sweep"], tmp_path / "sweep.html").read_text()
+    assert sweep.count(html.escape(flag)) == 2  # above the group's figures, and in its row
