@@ -24,7 +24,7 @@ for section in "${sections[@]}"; do
         $S strategy=vllm workload=offline engine.dtype=bf16 engine.max_batch_size=64 \
           engine.kv_budget=512MiB hydra.run.dir=$OUT/cpu-speed/servelab-$turn
       done
-      /work/peers/vllm-venv/bin/python scripts/peers/vllm_offline.py --repeats 3 \
+      "${VLLM_VENV:-/work/peers/vllm-venv}/bin/python" scripts/peers/vllm_offline.py --repeats 3 \
         --out $OUT/cpu-speed/vllm.json
       $S strategy=vllm workload=offline engine.dtype=bf16 engine.max_batch_size=64 \
         engine.kv_budget=512MiB hydra.run.dir=$OUT/cpu-speed/servelab-3

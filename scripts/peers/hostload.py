@@ -61,6 +61,29 @@ def wait_for_idle(max_busy: float = 0.1, window: float = 2.0, timeout: float = 6
     return time.monotonic() - start
 
 
+def add_quiet_arguments(parser: argparse.ArgumentParser, before: str) -> None:
+    """The idle gate's options, as every timed peer script offers them."""
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=0.0,
+        help=f"before {before}, wait up to this many seconds for the machine to be idle",
+    )
+    parser.add_argument("--max-busy", type=float, default=0.1, help="idle means below this share")
+
+
+def quiet_wait(args: argparse.Namespace, program: str) -> float:
+    """Wait as `--quiet-wait` / `--max-busy` ask (not at all by default); the seconds waited.
+    A machine that never quietens is warned about and timed anyway."""
+    if not args.quiet_wait:
+        return 0.0
+    try:
+        return wait_for_idle(args.max_busy, timeout=args.quiet_wait)
+    except TimeoutError as error:
+        print(f"{program}: warning: {error}; timing anyway", file=sys.stderr)
+        return args.quiet_wait
+
+
 def _snapshot() -> dict[int, tuple[int, int, int, int]]:
     """pid -> (parent pid, start time, CPU ticks, nice) for every process readable now."""
     table = {}

@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from hostload import ForeignCpu, pids_running, wait_for_idle
+from hostload import ForeignCpu, add_quiet_arguments, pids_running, quiet_wait
 
 CLEAN_SHARE = 0.05  # a request is clean if other processes used under 5% of one core meanwhile
 TOPIC = "sequence-types"
@@ -72,13 +72,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     parser.add_argument("--repeats", type=int, default=1, help="requests, one at a time")
-    parser.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=0.0,
-        help="before each request, wait up to this many seconds for the machine to be idle",
-    )
-    parser.add_argument("--max-busy", type=float, default=0.1, help="idle means below this share")
+    add_quiet_arguments(parser, "each request")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     if args.repeats < 1:
@@ -97,13 +91,7 @@ def main() -> int:
             "stream": False,
         }
         for _ in range(args.repeats):
-            waited_s = 0.0
-            if args.quiet_wait:
-                try:
-                    waited_s = wait_for_idle(args.max_busy, timeout=args.quiet_wait)
-                except TimeoutError as error:
-                    print(f"llama_single: warning: {error}; timing anyway", file=sys.stderr)
-                    waited_s = args.quiet_wait
+            waited_s = quiet_wait(args, "llama_single")
             others = ForeignCpu(also_ours=server)
             load_before = os.getloadavg()
             others.start()

@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from hostload import ForeignCpu, wait_for_idle
+from hostload import ForeignCpu, add_quiet_arguments, quiet_wait
 
 DEFAULT_MODEL = Path("/work/peers/smollm2-hf")
 DEFAULT_WORKLOAD = Path("/work/peers/workload-offline.jsonl")
@@ -90,13 +90,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="result JSON")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up prompts (default 2)")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs (median reported)")
-    parser.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=0.0,
-        help="before each timed run, wait up to this many seconds for the machine to be idle",
-    )
-    parser.add_argument("--max-busy", type=float, default=0.1, help="idle means below this share")
+    add_quiet_arguments(parser, "each timed run")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -148,13 +142,7 @@ def main() -> int:
     runs, first = [], None
     for _ in range(args.repeats):
         llm.reset_prefix_cache()  # each timed run starts with an empty prefix cache
-        try:
-            waited_s = (
-                wait_for_idle(args.max_busy, timeout=args.quiet_wait) if args.quiet_wait else 0
-            )
-        except TimeoutError as error:
-            print(f"vllm_offline: warning: {error}; timing anyway", file=sys.stderr)
-            waited_s = args.quiet_wait
+        waited_s = quiet_wait(args, "vllm_offline")
         others = ForeignCpu()
         load_start = os.getloadavg()
         others.start()
