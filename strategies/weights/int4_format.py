@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import resource
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,7 +101,7 @@ def peak_memory(device: torch.device) -> dict[str, int | None]:
     return {"peak_rss_bytes": rss, "peak_cuda_bytes": cuda}
 
 
-class Int4Weights(WeightsFormat):
+class Int4Weights(WeightsFormat, ABC):
     """Int4 weights, one method of making them per subclass."""
 
     method = ""  # "rtn" | "awq"
@@ -119,11 +120,11 @@ class Int4Weights(WeightsFormat):
         """The settings that decide the quantised weights (recorded with them)."""
         return {"method": self.method, "group_size": self.config.group_size}
 
+    @abstractmethod
     def quantize(
         self, checkpoint: Checkpoint, context: WeightsContext
     ) -> tuple[StateDict, dict[str, Any]]:
         """The quantised state dict of a dense checkpoint, and what to record about it."""
-        raise NotImplementedError
 
     def record(self) -> dict[str, Any] | None:
         return self._record
