@@ -137,6 +137,11 @@ struct Item {
     return std::max<int64_t>(0, pos - first_pos()) * group;
   }
   int64_t cache_offset(int64_t pos) const { return slot(pos) * token_stride() + kv_head * dim; }
+  // Offset of lane's query (and output) row in the [tokens, heads, dim] tensors.
+  int64_t head_offset(int64_t lane) const {
+    const int64_t num_heads = num_kv_heads * group;
+    return ((first_row + lane / group) * num_heads + kv_head * group + lane % group) * dim;
+  }
 };
 
 // scores[lane][pos] = query[lane] . key[pos], portable loops.
@@ -224,15 +229,12 @@ void accumulate_avx512(const Item& it, const float* weights, const c10::BFloat16
 template <typename scalar_t>
 void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
                  scalar_t* out, const Item& it, float scale, std::vector<float>& scores,
-                 std::vector<float>& acc, std::vector<float>& query) {
-  const int64_t num_heads = it.num_kv_heads * it.group;
+                 std::vector<float>& acc, std::vector<float>& query, std::vector<float>& denom) {
   const int64_t lanes = it.lanes();
   const int64_t dim = it.dim;
   query.assign(lanes * dim, 0.0f);
   for (int64_t lane = 0; lane < lanes; ++lane) {
-    const int64_t head = (it.first_row + lane / it.group) * num_heads + it.kv_head * it.group +
-                         lane % it.group;
-    const scalar_t* src = q + head * dim;
+    const scalar_t* src = q + it.head_offset(lane);
     float* dst = query.data() + lane * dim;
     for (int64_t d = 0; d < dim; ++d) dst[d] = to_float(src[d]) * scale;
   }
@@ -248,7 +250,7 @@ void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_c
   }
 #endif
   if (!vectorised) score_portable(it, query.data(), k_cache, scores.data());
-  std::vector<float> denom(lanes, 0.0f);
+  denom.assign(lanes, 0.0f);
   for (int64_t lane = 0; lane < lanes; ++lane) {
     float* row = scores.data() + lane * it.seq_len;
     const int64_t visible = it.first_pos() + lane / it.group + 1;
@@ -263,12 +265,10 @@ void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_c
 #endif
   if (!vectorised) accumulate_portable(it, scores.data(), v_cache, acc.data());
   for (int64_t lane = 0; lane < lanes; ++lane) {
-    const int64_t head = (it.first_row + lane / it.group) * num_heads + it.kv_head * it.group +
-                         lane % it.group;
     float* a = acc.data() + lane * dim;
     const float inv = 1.0f / denom[lane];
     for (int64_t d = 0; d < dim; ++d) a[d] *= inv;
-    store(out + head * dim, a, dim);
+    store(out + it.head_offset(lane), a, dim);
   }
 }
 
@@ -292,7 +292,7 @@ void attend_all(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor
   const int64_t table_width = paged ? kv_index.size(1) : 0;
   const float fscale = static_cast<float>(scale);
   at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc, query;
+    std::vector<float> scores, acc, query, denom;  // per thread, reused across items
     for (int64_t index = begin; index < end; ++index) {
       const int64_t b = index / num_kv_heads;
       const int64_t kv_head = index % num_kv_heads;
@@ -301,7 +301,8 @@ void attend_all(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor
       const SlotMap slot{paged, block_size, paged ? tables + b * table_width : nullptr,
                          paged ? 0 : slabs[b]};
       const Item item{starts[b], rows, lens[b], kv_head, group, num_kv_heads, dim, slot};
-      attend_item<scalar_t>(q_ptr, k_ptr, v_ptr, out_ptr, item, fscale, scores, acc, query);
+      attend_item<scalar_t>(q_ptr, k_ptr, v_ptr, out_ptr, item, fscale, scores, acc, query,
+                            denom);
     }
   });
 }
