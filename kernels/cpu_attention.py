@@ -30,7 +30,10 @@ import torch
 
 from harness.engine.batch import ForwardBatch
 
-SOURCE = Path(__file__).resolve().parent / "cpu" / "paged_attention.cpp"
+CPU_DIR = Path(__file__).resolve().parent / "cpu"
+# one library, `servelab`: the attention operator and the fused decoder layer that calls it
+SOURCES = (CPU_DIR / "paged_attention.cpp", CPU_DIR / "decode_layer.cpp")
+HEADERS = (CPU_DIR / "paged_attention.h",)
 FLASH_ROWS = 16  # sequences with at least this many new tokens take the flash path
 # A build takes about a minute here; a lock older than this was left by a killed build, and
 # torch would wait on it forever.
@@ -41,14 +44,15 @@ log = logging.getLogger(__name__)
 
 @cache
 def build_status() -> str | None:
-    """Build (once per process; cached on disk across runs) the C++ operator for this CPU.
-    None when it is available, else why not."""
+    """Build (once per process; cached on disk across runs) the C++ operators for this CPU.
+    None when they are available, else why not."""
     from torch.utils.cpp_extension import load
 
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     # the ISA, not the clock: a line such as "cpu MHz" changes between runs on most hosts
     flags = "".join(sorted({line for line in cpuinfo.splitlines() if line.startswith("flags")}))
-    isa = hashlib.sha256((flags + SOURCE.read_text()).encode()).hexdigest()[:12]
+    code = "".join(path.read_text() for path in (*SOURCES, *HEADERS))
+    isa = hashlib.sha256((flags + code).encode()).hexdigest()[:12]
     name = f"servelab_cpu_attention_{isa}"
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache/torch_extensions"))
     build_dir = root / "servelab" / name
@@ -57,7 +61,7 @@ def build_status() -> str | None:
     try:
         load(
             name=name,
-            sources=[str(SOURCE)],
+            sources=[str(path) for path in SOURCES],
             build_directory=str(build_dir),
             extra_cflags=["-O3", "-march=native", "-fno-math-errno", "-fopenmp"],
             extra_ldflags=["-fopenmp"],

@@ -54,7 +54,7 @@ class Int4Kernel:
     def operand_shapes(self) -> OperandShapes:
         """The tensors a layer stores for this kernel: name -> (shape, dtype)."""
         if self.name == "torch-packed":
-            group = self._cpu_group()
+            group = self.cpu_group()
             return {
                 "packed": ((self.out_features, self.in_features // 2), torch.uint8),
                 "scales_and_offsets": (
@@ -82,13 +82,14 @@ class Int4Kernel:
         """`x` `[M, in]` times the weight whose operands are `operands` (by name)."""
         get = operands.__getitem__
         if self.name == "torch-packed":
-            return int4_matmul_cpu(x, get("packed"), get("scales_and_offsets"), self._cpu_group())
+            return int4_matmul_cpu(x, get("packed"), get("scales_and_offsets"), self.cpu_group())
         args = (x, get("qweight"), get("qzeros"), get("scales"), self.group_size)
         if self.name == "triton":
             return int4_matmul_triton(*args)
         return int4_matmul_ref(*args)
 
-    def _cpu_group(self) -> int:
+    def cpu_group(self) -> int:
+        """The group torch's packed CPU kernel serves this shape with."""
         group = cpu_group_size(self.in_features, self.group_size)
         assert group is not None, "checked by choose_kernel"
         return group

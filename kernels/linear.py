@@ -1,4 +1,4 @@
-"""Linear layers on the fastest CPU path torch offers: oneDNN with its weight prepacked.
+"""Linear layers on the fastest CPU paths: a matrix-vector loop for few rows, else oneDNN prepacked.
 
 A plain `F.linear` on the CPU hands oneDNN a row-major weight that it reorders into its own
 blocked layout on every call; for the small batches of decoding that reorder costs as much
@@ -9,6 +9,13 @@ its weight once, on its first CPU forward in bfloat16, and packs again only if t
 replaced. fp32 stays on the plain layer: it is the mode exactness checks run in, and its
 packed kernels round differently from the plain ones for some batch sizes. Anywhere else
 (CUDA, other dtypes, `enabled=False`) it is the plain layer too.
+
+For at most `MATVEC_ROWS` rows (decode steps of few sequences) oneDNN reads the weight at
+about half the memory bandwidth a plain sum reaches; there the layer calls
+`servelab::matvec` (`kernels/cpu/decode_layer.cpp`, the loop the fused decoder layer uses),
+which streams each weight row once for all rows (measured on the development CPU, two
+threads: a 49152 x 576 weight at 32 GB/s against oneDNN's 18). Its sums run in another order
+than oneDNN's, so those outputs differ from the plain layer's by bfloat16 rounding.
 """
 
 from __future__ import annotations
@@ -17,7 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu_attention import build_status
+
 PACKED_DTYPES = (torch.bfloat16,)
+MATVEC_ROWS = 4
 
 
 def packing_available() -> bool:
@@ -56,10 +66,13 @@ class PackedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._usable(x):
             return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, x.shape[-1])
-        out = torch.ops.mkldnn._linear_pointwise(
-            rows.contiguous(), self._packed_weight(), self.bias, "none", [], ""
-        )
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        if rows.shape[0] <= MATVEC_ROWS and self.bias is None and build_status() is None:
+            out = torch.ops.servelab.matvec(rows, self.weight)
+        else:
+            out = torch.ops.mkldnn._linear_pointwise(
+                rows, self._packed_weight(), self.bias, "none", [], ""
+            )
         return out.view(*x.shape[:-1], self.out_features)
 
 

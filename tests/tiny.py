@@ -100,6 +100,7 @@ def engine_settings(
         max_batch_size=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         attention=attention,
+        fused_decode=True,
         seed=0,
     )
 

@@ -29,6 +29,7 @@ from harness.models.model import LlamaModel
 from harness.models.weights_format import CalibrationText, WeightsContext, WeightsFormat
 from harness.runner.settings import EngineSettings, cache_dir_of
 from kernels.attention import Attention, AttentionConfig
+from kernels.fused_decode import fused_decode_layers
 from strategies.decoding.context import DecoderContext
 from strategies.decoding.speculative import drafter_network
 from strategies.registry import Choice
@@ -137,6 +138,11 @@ def build_engine(
     limits = SchedulerLimits(settings.max_batch_size, settings.max_num_batched_tokens)
     scheduler = strategy.batching.build(kv, limits, strategy.policy.build())
     attention = Attention(AttentionConfig(impl=settings.attention), settings.device)
+    model.layer_runner = (
+        fused_decode_layers(model, settings.dtype, settings.device, attention.impl)
+        if settings.fused_decode
+        else None
+    )
     context = DecoderContext(
         target=model,
         attention=attention,

@@ -23,6 +23,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Measured on the 2-core development CPU (see the dtype note in README): bf16 is faster for
 # batched steps; fp32 stays available and is what exactness checks use.
 CPU_DEFAULT_DTYPE = "bf16"
+FUSED_DECODE = ("auto", "off")
 GPU_DEFAULT_DTYPE = "fp16"
 
 
@@ -35,6 +36,7 @@ class EngineSettings:
     max_batch_size: int
     max_num_batched_tokens: int
     attention: str
+    fused_decode: bool  # decode batches through the fused CPU layer where it applies
     seed: int
 
 
@@ -102,5 +104,6 @@ def engine_settings(node: DictConfig) -> EngineSettings:
         max_batch_size=_positive_int(node, "max_batch_size", "engine"),
         max_num_batched_tokens=_positive_int(node, "max_num_batched_tokens", "engine"),
         attention=_choice(node, "attention", IMPLS, "engine"),
+        fused_decode=_choice(node, "fused_decode", FUSED_DECODE, "engine") == "auto",
         seed=int(node.get("seed", 0)),
     )

@@ -8,13 +8,16 @@
 // over the head dimension and are written to be vectorised by the compiler (-O3, the
 // host's vector ISA; exp by a polynomial); a bfloat16 cache on an AVX-512 host takes
 // explicit AVX-512 loops that widen each key and value row once in registers.
-// Registered as the operator `servelab::cpu_paged_attention`.
+// Registered as the operator `servelab::cpu_paged_attention` (declared in paged_attention.h
+// for the fused decoder layer, which calls it directly).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
+
+#include "paged_attention.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -307,6 +310,10 @@ void attend_all(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor
   });
 }
 
+}  // namespace
+
+namespace servelab {
+
 at::Tensor cpu_paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                const at::Tensor& v_cache, const at::Tensor& query_start_loc,
                                const at::Tensor& seq_lens, const at::Tensor& kv_index,
@@ -341,7 +348,7 @@ at::Tensor cpu_paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
   return out;
 }
 
-}  // namespace
+}  // namespace servelab
 
 TORCH_LIBRARY(servelab, m) {
   m.def(
@@ -349,4 +356,4 @@ TORCH_LIBRARY(servelab, m) {
       "Tensor seq_lens, Tensor kv_index, bool paged, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(servelab, CPU, m) { m.impl("cpu_paged_attention", &cpu_paged_attention); }
+TORCH_LIBRARY_IMPL(servelab, CPU, m) { m.impl("cpu_paged_attention", &servelab::cpu_paged_attention); }

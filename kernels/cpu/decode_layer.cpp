@@ -1,0 +1,373 @@
+// One Llama-family decoder layer for a batch of few new tokens (decode steps, short
+// speculative verifications), bfloat16, in one call.
+//
+// At batch 1 the eager layer is some twenty small operators, each dispatched from Python,
+// and together they cost more than the layer's arithmetic; its matrix-vector products also
+// run well below the machine's memory bandwidth in oneDNN. This operator runs the whole layer
+// in C++: RMSNorm, the q/k/v projections, rotary embedding, the KV write, attention (the
+// operator of paged_attention.cpp), the output projection and residual, RMSNorm, SwiGLU and
+// its residual. Dense weights are multiplied by an AVX-512 BF16 matrix-vector loop that reads
+// each weight row once for all the batch's rows (a portable loop elsewhere); int4 weights by
+// torch's packed int4 CPU kernel. Every intermediate is rounded to bfloat16 where the eager
+// model rounds it, so the two differ only in the order of the products' sums.
+// Registered as the operator `servelab::decode_layer`.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "paged_attention.h"
+
+namespace {
+
+using bf16 = c10::BFloat16;
+
+inline float widen(bf16 value) { return static_cast<float>(value); }
+inline float round_bf16(float value) { return static_cast<float>(bf16(value)); }
+
+constexpr int64_t kLinears = 7;  // q, k, v, o, gate, up, down
+
+// sums[m] = x[m] . w_row for the `M` rows of x (each `k_len` long, `x_stride` apart): the
+// weight row is read once, front to back, so a block of rows streams from memory in order.
+#if defined(__AVX512BF16__)
+template <int M>
+inline void dot_row(const bf16* x, int64_t x_stride, const bf16* w_row, int64_t k_len,
+                    float* sums) {
+  // bfloat16 pairs multiplied and summed into fp32 lanes (vdpbf16ps); with one row of x, two
+  // accumulators alternate so that consecutive products do not wait on each other
+  constexpr int kAcc = M == 1 ? 2 : M;
+  __m512 acc[kAcc];
+  for (int a = 0; a < kAcc; ++a) acc[a] = _mm512_setzero_ps();
+  int64_t k = 0, step = 0;
+  for (; k + 32 <= k_len; k += 32, ++step) {
+    const __m512bh wv = (__m512bh)_mm512_loadu_si512(w_row + k);
+    if constexpr (M == 1) {
+      acc[step & 1] = _mm512_dpbf16_ps(acc[step & 1], (__m512bh)_mm512_loadu_si512(x + k), wv);
+    } else {
+      for (int m = 0; m < M; ++m) {
+        acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_loadu_si512(x + m * x_stride + k), wv);
+      }
+    }
+  }
+  if (k < k_len) {
+    const __mmask32 mask = static_cast<__mmask32>((1ULL << (k_len - k)) - 1);
+    const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, w_row + k);
+    for (int m = 0; m < M; ++m) {
+      acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * x_stride + k), wv);
+    }
+  }
+  if constexpr (M == 1) {
+    sums[0] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+  } else {
+    for (int m = 0; m < M; ++m) sums[m] = _mm512_reduce_add_ps(acc[m]);
+  }
+}
+#else
+template <int M>
+inline void dot_row(const bf16* x, int64_t x_stride, const bf16* w_row, int64_t k_len,
+                    float* sums) {
+  for (int m = 0; m < M; ++m) {
+    const bf16* xm = x + m * x_stride;
+    float lanes[16] = {0.0f};
+    int64_t k = 0;
+    for (; k + 16 <= k_len; k += 16) {
+      for (int j = 0; j < 16; ++j) lanes[j] += widen(xm[k + j]) * widen(w_row[k + j]);
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < 16; ++j) sum += lanes[j];
+    for (; k < k_len; ++k) sum += widen(xm[k]) * widen(w_row[k]);
+    sums[m] = sum;
+  }
+}
+#endif
+
+// silu(gate) * up with each rounded to bfloat16 as the eager operators round it.
+inline bf16 swiglu_value(float gate, float up) {
+  const float g = round_bf16(gate);
+  return bf16(round_bf16(g / (1.0f + std::exp(-g))) * round_bf16(up));
+}
+
+// Products of one x [rows, K] with several weights [N_s, K] at once, y_s [rows, N_s] (q, k and
+// v together): one parallel region over all their weight rows, each row read once for up to
+// kMaxTile rows of x, fp32 sums rounded to bfloat16.
+constexpr int64_t kMaxTile = 4;
+
+struct Product {
+  const bf16* weight;
+  int64_t n_len;
+  bf16* y;
+};
+
+template <int M>
+void product_rows(const bf16* x, int64_t k_len, const Product& p, int64_t n0, int64_t n1) {
+  float sums[M];
+  for (int64_t n = n0; n < n1; ++n) {
+    dot_row<M>(x, k_len, p.weight + n * k_len, k_len, sums);
+    for (int m = 0; m < M; ++m) p.y[m * p.n_len + n] = bf16(sums[m]);
+  }
+}
+
+template <int M>
+void gated_rows(const bf16* x, int64_t k_len, const bf16* gate, const bf16* up, int64_t n_len,
+                int64_t n0, int64_t n1, bf16* y) {
+  float g[M], u[M];
+  for (int64_t n = n0; n < n1; ++n) {
+    dot_row<M>(x, k_len, gate + n * k_len, k_len, g);
+    dot_row<M>(x, k_len, up + n * k_len, k_len, u);
+    for (int m = 0; m < M; ++m) y[m * n_len + n] = swiglu_value(g[m], u[m]);
+  }
+}
+
+// Calls body.template operator()<M>(m) for each tile of at most kMaxTile rows of x.
+template <typename Body>
+void for_each_tile(int64_t rows, Body&& body) {
+  for (int64_t m = 0; m < rows; m += kMaxTile) {
+    switch (std::min(kMaxTile, rows - m)) {
+      case 1: body.template operator()<1>(m); break;
+      case 2: body.template operator()<2>(m); break;
+      case 3: body.template operator()<3>(m); break;
+      default: body.template operator()<4>(m); break;
+    }
+  }
+}
+
+void products(const at::Tensor& x, const std::vector<Product>& outs) {
+  const int64_t rows = x.size(0), k_len = x.size(1);
+  const bf16* xp = x.data_ptr<bf16>();
+  int64_t total = 0;
+  for (const auto& p : outs) total += p.n_len;
+  at::parallel_for(0, total, 64, [&](int64_t begin, int64_t end) {
+    int64_t first = 0;  // the current product's row 0 in the joint row range
+    for (const auto& p : outs) {
+      const int64_t n0 = std::max(begin, first) - first;
+      const int64_t n1 = std::min(end, first + p.n_len) - first;
+      first += p.n_len;
+      if (n0 >= n1) continue;
+      for_each_tile(rows, [&]<int M>(int64_t m) {
+        const Product tile{p.weight, p.n_len, p.y + m * p.n_len};
+        product_rows<M>(xp + m * k_len, k_len, tile, n0, n1);
+      });
+    }
+  });
+}
+
+// silu(x gate^T) * (x up^T) [rows, N], the gate and up rows read side by side.
+void gated_products(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up,
+                    at::Tensor& y) {
+  const int64_t rows = x.size(0), k_len = x.size(1), n_len = gate.size(0);
+  const bf16* xp = x.data_ptr<bf16>();
+  const bf16* gp = gate.data_ptr<bf16>();
+  const bf16* upp = up.data_ptr<bf16>();
+  bf16* yp = y.data_ptr<bf16>();
+  at::parallel_for(0, n_len, 32, [&](int64_t n0, int64_t n1) {
+    for_each_tile(rows, [&]<int M>(int64_t m) {
+      gated_rows<M>(xp + m * k_len, k_len, gp, upp, n_len, n0, n1, yp + m * n_len);
+    });
+  });
+}
+
+// One projection: dense (`group` 0: `weight` bfloat16 [N, K]) or int4 (torch's packed weight
+// and its [K / group, N, 2] scales and offsets).
+struct Linear {
+  at::Tensor weight;
+  at::Tensor scales_and_offsets;
+  int64_t group;
+
+  bool dense() const { return group == 0; }
+  int64_t out_features() const { return dense() ? weight.size(0) : scales_and_offsets.size(1); }
+
+  at::Tensor operator()(const at::Tensor& x) const { return project(x, {this}).front(); }
+
+  // x times each of `linears` (which share the input), the dense ones in one parallel region.
+  static std::vector<at::Tensor> project(const at::Tensor& x,
+                                         const std::vector<const Linear*>& linears) {
+    std::vector<at::Tensor> ys;
+    std::vector<Product> dense;
+    for (const Linear* linear : linears) {
+      if (!linear->dense()) {
+        ys.push_back(at::_weight_int4pack_mm_for_cpu(x, linear->weight, linear->group,
+                                                     linear->scales_and_offsets));
+        continue;
+      }
+      ys.push_back(at::empty({x.size(0), linear->out_features()}, x.options()));
+      dense.push_back(
+          {linear->weight.data_ptr<bf16>(), linear->out_features(), ys.back().data_ptr<bf16>()});
+    }
+    if (!dense.empty()) products(x, dense);
+    return ys;
+  }
+};
+
+// The SwiGLU inner activations silu(x gate^T) * (x up^T).
+at::Tensor gated(const at::Tensor& x, const Linear& gate, const Linear& up) {
+  if (gate.dense() && up.dense()) {
+    auto y = at::empty({x.size(0), gate.out_features()}, x.options());
+    gated_products(x, gate.weight, up.weight, y);
+    return y;
+  }
+  const auto g = gate(x), u = up(x);
+  auto y = at::empty_like(g);
+  const bf16* gp = g.data_ptr<bf16>();
+  const bf16* upp = u.data_ptr<bf16>();
+  bf16* yp = y.data_ptr<bf16>();
+  for (int64_t i = 0; i < g.numel(); ++i) yp[i] = swiglu_value(widen(gp[i]), widen(upp[i]));
+  return y;
+}
+
+// RMSNorm as the eager model computes it: fp32 statistics, the normalised row rounded to
+// bfloat16, then multiplied by the bfloat16 weight and rounded again.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const int64_t rows = x.size(0), width = x.size(1);
+  auto out = at::empty_like(x);
+  const bf16* xp = x.data_ptr<bf16>();
+  const bf16* wp = weight.data_ptr<bf16>();
+  bf16* op = out.data_ptr<bf16>();
+  for (int64_t t = 0; t < rows; ++t) {
+    const bf16* row = xp + t * width;
+    float squares = 0.0f;
+    for (int64_t i = 0; i < width; ++i) squares += widen(row[i]) * widen(row[i]);
+    const float inv = 1.0f / std::sqrt(squares / static_cast<float>(width) + static_cast<float>(eps));
+    for (int64_t i = 0; i < width; ++i) {
+      op[t * width + i] = bf16(round_bf16(widen(row[i]) * inv) * widen(wp[i]));
+    }
+  }
+  return out;
+}
+
+// Rotate-half rotary embedding in place on `x` [T, heads * D] with bfloat16 `cos`, `sin`
+// [T, D / 2], rounding each product and the sum as the eager bfloat16 operators do.
+void rotate(at::Tensor& x, int64_t heads, int64_t dim, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = dim / 2;
+  bf16* xp = x.data_ptr<bf16>();
+  const bf16* cp = cos.data_ptr<bf16>();
+  const bf16* sp = sin.data_ptr<bf16>();
+  for (int64_t t = 0; t < x.size(0); ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      bf16* v = xp + (t * heads + h) * dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float c = widen(cp[t * half + i]), s = widen(sp[t * half + i]);
+        const float first = widen(v[i]), second = widen(v[i + half]);
+        v[i] = bf16(round_bf16(first * c) - round_bf16(second * s));
+        v[i + half] = bf16(round_bf16(second * c) + round_bf16(first * s));
+      }
+    }
+  }
+}
+
+// The step's keys and values into the cache at their flat slots.
+void write_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache,
+                 at::Tensor& v_cache, const at::Tensor& slot_mapping) {
+  const int64_t row = k.size(1);
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  bf16* kc = k_cache.data_ptr<bf16>();
+  bf16* vc = v_cache.data_ptr<bf16>();
+  for (int64_t t = 0; t < k.size(0); ++t) {
+    std::memcpy(kc + slots[t] * row, k.data_ptr<bf16>() + t * row, row * sizeof(bf16));
+    std::memcpy(vc + slots[t] * row, v.data_ptr<bf16>() + t * row, row * sizeof(bf16));
+  }
+}
+
+// a + b, rounded (the residual adds).
+at::Tensor add_rounded(const at::Tensor& a, const at::Tensor& b) {
+  auto out = at::empty_like(a);
+  const bf16* ap = a.data_ptr<bf16>();
+  const bf16* bp = b.data_ptr<bf16>();
+  bf16* op = out.data_ptr<bf16>();
+  for (int64_t i = 0; i < a.numel(); ++i) op[i] = bf16(widen(ap[i]) + widen(bp[i]));
+  return out;
+}
+
+std::vector<Linear> linears_of(at::TensorList tensors, at::IntArrayRef groups) {
+  TORCH_CHECK(static_cast<int64_t>(groups.size()) == kLinears,
+              "seven projections: q, k, v, o, gate, up, down");
+  std::vector<Linear> linears;
+  size_t next = 0;
+  for (int64_t i = 0; i < kLinears; ++i) {
+    const int64_t group = groups[i];
+    const size_t needed = group > 0 ? 2 : 1;
+    TORCH_CHECK(next + needed <= tensors.size(), "too few weight tensors for their groups");
+    const at::Tensor& weight = tensors[next];
+    if (group == 0) {
+      TORCH_CHECK(weight.scalar_type() == at::kBFloat16 && weight.is_contiguous() && weight.dim() == 2,
+                  "dense weights are contiguous bfloat16 [out, in]");
+      linears.push_back({weight, at::Tensor(), 0});
+    } else {
+      linears.push_back({weight, tensors[next + 1], group});
+    }
+    next += needed;
+  }
+  TORCH_CHECK(next == tensors.size(), "more weight tensors than their groups name");
+  return linears;
+}
+
+at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& input_norm,
+                        const at::Tensor& post_attention_norm, double eps,
+                        at::TensorList weights, at::IntArrayRef int4_groups,
+                        const at::Tensor& cos, const at::Tensor& sin, at::Tensor k_cache,
+                        at::Tensor v_cache, const at::Tensor& slot_mapping,
+                        const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                        const at::Tensor& kv_index, bool paged, int64_t num_heads,
+                        double scale) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16,
+              "x is contiguous bfloat16 [T, hidden]");
+  TORCH_CHECK(k_cache.scalar_type() == at::kBFloat16 && v_cache.scalar_type() == at::kBFloat16 &&
+                  k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "the caches are contiguous bfloat16 [blocks, block_size, kv_heads, D]");
+  TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 &&
+                  cos.is_contiguous() && sin.is_contiguous(),
+              "cos and sin are contiguous bfloat16 [T, D / 2]");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == x.size(0),
+              "one int64 slot per token");
+  const auto linears = linears_of(weights, int4_groups);
+  const int64_t tokens = x.size(0);
+  const int64_t num_kv_heads = k_cache.size(2), dim = k_cache.size(3);
+
+  const auto normed = rms_norm(x, input_norm, eps);
+  auto qkv = Linear::project(normed, {&linears[0], &linears[1], &linears[2]});
+  auto &q = qkv[0], &k = qkv[1], &v = qkv[2];
+  rotate(q, num_heads, dim, cos, sin);
+  rotate(k, num_kv_heads, dim, cos, sin);
+  write_cache(k, v, k_cache, v_cache, slot_mapping.contiguous());
+  const auto attended = servelab::cpu_paged_attention(
+      q.view({tokens, num_heads, dim}), k_cache, v_cache, query_start_loc, seq_lens, kv_index,
+      paged, scale);
+  const auto hidden = add_rounded(x, linears[3](attended.view({tokens, num_heads * dim})));
+  const auto normed2 = rms_norm(hidden, post_attention_norm, eps);
+  const auto inner = gated(normed2, linears[4], linears[5]);
+  return add_rounded(hidden, linears[6](inner));
+}
+
+// The dense projection alone, for tests and benchmarks: x [M, K] w [N, K]^T, bfloat16.
+at::Tensor matvec(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [M, K], w [N, K]");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bfloat16");
+  const Linear linear{w.contiguous(), at::Tensor(), 0};
+  return linear(x.contiguous());
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(servelab, m) {
+  m.def("matvec(Tensor x, Tensor w) -> Tensor");
+  m.def(
+      "decode_layer(Tensor x, Tensor input_norm, Tensor post_attention_norm, float eps, "
+      "Tensor[] weights, int[] int4_groups, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
+      "Tensor(b!) v_cache, Tensor slot_mapping, Tensor query_start_loc, Tensor seq_lens, "
+      "Tensor kv_index, bool paged, int num_heads, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(servelab, CPU, m) {
+  m.impl("decode_layer", &decode_layer);
+  m.impl("matvec", &matvec);
+}

@@ -1,0 +1,146 @@
+"""Decode steps on the CPU one C++ call per layer: the fused decoder layer and when it applies.
+
+At batch 1 the eager decoder layer dispatches some twenty small operators from Python, and
+that, not the weights' bytes, bounds a decode step (profiled on the development CPU: 27 ms
+per token against a 6 ms memory floor, 15 ms of it in oneDNN's matrix-vector products). The
+operator `servelab::decode_layer` (`kernels/cpu/decode_layer.cpp`, built with the attention
+operator) runs a whole layer for batches of few new tokens; `FusedDecodeLayers` holds each
+layer's operands and runs the stack when a batch qualifies (bfloat16 on a CPU, at most
+`max_rows` new tokens), and the model runs its modules otherwise. The engine setting
+`engine.fused_decode` turns it off; the tests compare the two paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from harness.engine.batch import ForwardBatch
+from kernels.cpu_attention import FLASH_ROWS, build_status, plan_cpu
+
+if TYPE_CHECKING:
+    from harness.models.model import DecoderLayer, LlamaModel
+
+# Rows (new tokens) up to which the fused layer is used: above this the products are matrix
+# products, where oneDNN's blocked kernels win (see benchmarks/bench_steps.py).
+MAX_ROWS = 8
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class LayerOperands:
+    """What `servelab::decode_layer` reads of one layer."""
+
+    input_norm: torch.Tensor
+    post_attention_norm: torch.Tensor
+    weights: list[torch.Tensor]  # per projection: the weight, or int4 packed + scales/offsets
+    int4_groups: list[int]  # per projection: 0 for dense, else the int4 group
+
+
+def projection_operands(module: nn.Module) -> tuple[list[torch.Tensor], int] | None:
+    """A projection's tensors for the fused layer and its int4 group (0: dense), or None
+    when the fused layer cannot multiply by it."""
+    if isinstance(module, nn.Linear):
+        weight = module.weight
+        if module.bias is not None or weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
+            return None
+        return [weight.detach().contiguous()], 0
+    kernel = getattr(module, "kernel", None)
+    if kernel is not None and kernel.name == "torch-packed":
+        buffers = module._buffers
+        return [buffers["packed"], buffers["scales_and_offsets"]], kernel.cpu_group()
+    return None
+
+
+def layer_operands(layer: DecoderLayer) -> LayerOperands | None:
+    """One layer's operands, or None when some part of it is outside the fused layer."""
+    attn, mlp = layer.self_attn, layer.mlp
+    if attn.kv_repeat != 1:
+        return None
+    owners = (attn, attn, attn, attn, mlp, mlp, mlp)
+    weights: list[torch.Tensor] = []
+    groups: list[int] = []
+    for owner, name in zip(owners, PROJECTIONS, strict=True):
+        operands = projection_operands(getattr(owner, name))
+        if operands is None:
+            return None
+        weights += operands[0]
+        groups.append(operands[1])
+    norms = (layer.input_norm.weight, layer.post_attention_norm.weight)
+    if any(norm.dtype != torch.bfloat16 for norm in norms):
+        return None
+    return LayerOperands(norms[0].detach(), norms[1].detach(), weights, groups)
+
+
+class FusedDecodeLayers:
+    """Runs a model's decoder stack one fused call per layer for batches it accepts.
+
+    Built once per engine from the model as loaded: its weights must not be replaced later.
+    """
+
+    def __init__(self, model: LlamaModel, layers: list[LayerOperands], max_rows: int) -> None:
+        self.layers = layers
+        self.max_rows = max_rows
+        config = model.config
+        self.num_heads = config.num_heads
+        self.eps = config.rms_norm_eps
+        self.scale = config.head_dim**-0.5
+
+    def accepts(self, batch: ForwardBatch, x: torch.Tensor) -> bool:
+        """Whether this batch takes the fused path: few new tokens, bfloat16 on a CPU."""
+        return (
+            batch.num_tokens <= self.max_rows
+            and max(batch.query_lens) < FLASH_ROWS
+            and x.dtype == torch.bfloat16
+            and x.device.type == "cpu"
+        )
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        batch: ForwardBatch,
+        k_caches: list[torch.Tensor],
+        v_caches: list[torch.Tensor],
+    ) -> torch.Tensor:
+        plan = plan_cpu(batch, k_caches[0].shape[1])
+        cos, sin = (part.contiguous() for part in rope)
+        slots = batch.slot_mapping.contiguous()
+        for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
+            x = torch.ops.servelab.decode_layer(
+                x,
+                layer.input_norm,
+                layer.post_attention_norm,
+                self.eps,
+                layer.weights,
+                layer.int4_groups,
+                cos,
+                sin,
+                k_cache,
+                v_cache,
+                slots,
+                plan.short_query_start_loc,
+                plan.short_seq_lens,
+                plan.short_kv_index,
+                plan.paged,
+                self.num_heads,
+                self.scale,
+            )
+        return x
+
+
+def fused_decode_layers(
+    model: LlamaModel, dtype: torch.dtype, device: torch.device, attention_impl: str
+) -> FusedDecodeLayers | None:
+    """The fused stack for this model, or None where it does not apply: another device or
+    dtype, attention not on the CPU operator, a layer it cannot run, or no compiler."""
+    if device.type != "cpu" or dtype != torch.bfloat16 or attention_impl != "cpu":
+        return None
+    operands = [layer_operands(layer) for layer in model.layers]
+    usable = [layer for layer in operands if layer is not None]
+    if len(usable) < len(operands) or build_status() is not None:
+        return None
+    return FusedDecodeLayers(model, usable, MAX_ROWS)

@@ -1,0 +1,139 @@
+"""The fused CPU decoder layer computes what the layer modules compute.
+
+Its matrix-vector product against an fp32 product of the same bfloat16 operands; whole decode
+steps (paged and contiguous caches, one and several new tokens per sequence, dense and int4
+weights) against the eager model: the same keys and values written at the same slots and the
+same logits up to bfloat16 rounding of differently ordered sums; and when the engine installs
+it (bfloat16 on the CPU operator, `engine.fused_decode=auto`) and when it does not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.engine.batch import ForwardBatch
+from kernels.attention import Attention, AttentionConfig
+from kernels.cpu_attention import build_status
+from kernels.fused_decode import MAX_ROWS, fused_decode_layers
+from tests.int4_cases import context, served_model, tiny_checkpoint, weights_format
+from tests.tiny import CPU, tiny_model
+
+pytestmark = pytest.mark.skipif(build_status() is not None, reason="no C++ compiler")
+
+BF16 = torch.bfloat16
+MAX_LEN = 64  # slots per sequence in the contiguous layout
+BLOCK = 4
+
+
+@pytest.mark.parametrize(("rows", "k_len", "n_len"), [(1, 64, 5), (3, 100, 130), (8, 577, 33)])
+def test_matvec_is_the_product_of_its_bfloat16_operands(rows: int, k_len: int, n_len: int) -> None:
+    generator = torch.Generator().manual_seed(rows + k_len)
+    x = torch.randn(rows, k_len, generator=generator).to(BF16)
+    w = torch.randn(n_len, k_len, generator=generator).to(BF16)
+    exact = x.float() @ w.float().t()
+    got = torch.ops.servelab.matvec(x, w)
+    assert got.dtype == BF16 and got.shape == (rows, n_len)
+    # one bfloat16 rounding of the fp32 sum (2^-8 relative), plus fp32 summation order
+    torch.testing.assert_close(got.float(), exact, rtol=2**-8, atol=1e-4 * k_len**0.5)
+
+
+def _batch(
+    lengths: list[int], new: list[int], paged: bool, generator: torch.Generator
+) -> ForwardBatch:
+    """Sequence b has `lengths[b] - new[b]` cached tokens and `new[b]` new ones."""
+    positions, slots, ids = [], [], []
+    blocks_per_seq = MAX_LEN // BLOCK
+    order = torch.randperm(len(lengths) * blocks_per_seq, generator=generator)
+    tables = order.view(len(lengths), blocks_per_seq).to(torch.int32)
+    for b, (length, count) in enumerate(zip(lengths, new, strict=True)):
+        for pos in range(length - count, length):
+            positions.append(pos)
+            if paged:
+                slots.append(int(tables[b, pos // BLOCK]) * BLOCK + pos % BLOCK)
+            else:
+                slots.append(b * MAX_LEN + pos)
+        ids += torch.randint(17, 4000, (count,), generator=generator).tolist()
+    starts = torch.zeros(len(new) + 1, dtype=torch.int32)
+    starts[1:] = torch.tensor(new).cumsum(0)
+    return ForwardBatch(
+        input_ids=torch.tensor(ids),
+        positions=torch.tensor(positions),
+        query_start_loc=starts,
+        seq_lens=torch.tensor(lengths, dtype=torch.int32),
+        query_lens=list(new),
+        slot_mapping=torch.tensor(slots),
+        logits_indices=torch.arange(sum(new)),
+        slab_starts=None if paged else torch.arange(len(new)) * MAX_LEN,
+        block_tables=tables if paged else None,
+        block_size=BLOCK if paged else 1,
+    )
+
+
+def _caches(model, paged: bool, seqs: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    config = model.config
+    shape = (
+        (seqs * MAX_LEN // BLOCK, BLOCK, config.num_kv_heads, config.head_dim)
+        if paged
+        else (seqs * MAX_LEN, 1, config.num_kv_heads, config.head_dim)
+    )
+    make = [torch.zeros(shape, dtype=BF16) for _ in range(2 * config.num_layers)]
+    return make[: config.num_layers], make[config.num_layers :]
+
+
+@torch.inference_mode()
+def _compare_decode_step(model, paged: bool, new: list[int]) -> None:
+    """Prefill three prompts eagerly, then one step of `new` tokens each, eager and fused."""
+    generator = torch.Generator().manual_seed(7)
+    prompts = [9, 30, 17]
+    attention = Attention(AttentionConfig("cpu"), CPU)
+    runner = fused_decode_layers(model, BF16, CPU, attention.impl)
+    assert runner is not None
+    k_caches, v_caches = _caches(model, paged, len(prompts))
+    model.layer_runner = None
+    model(_batch(prompts, prompts, paged, generator), k_caches, v_caches, attention)
+    lengths = [p + n for p, n in zip(prompts, new, strict=True)]
+    step = _batch(lengths, new, paged, generator)
+    assert runner.accepts(step, torch.zeros(1, dtype=BF16))
+
+    eager_k, eager_v = [c.clone() for c in k_caches], [c.clone() for c in v_caches]
+    eager = model(step, eager_k, eager_v, Attention(AttentionConfig("cpu"), CPU))
+    model.layer_runner = runner
+    fused = model(step, k_caches, v_caches, Attention(AttentionConfig("cpu"), CPU))
+    model.layer_runner = None
+
+    for got, want in zip(k_caches + v_caches, eager_k + eager_v, strict=True):
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=2e-2)
+    scale = eager.abs().max().item()
+    torch.testing.assert_close(fused, eager, rtol=0.0, atol=0.02 * scale)
+    assert (fused.argmax(-1) == eager.argmax(-1)).float().mean() >= 0.8
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("new", [[1, 1, 1], [1, 3, 2]], ids=["decode", "verify"])
+def test_dense_decode_step_matches_the_layer_modules(paged: bool, new: list[int]) -> None:
+    _compare_decode_step(tiny_model(dtype=BF16, vocab_size=4096), paged, new)
+
+
+def test_int4_decode_step_matches_the_layer_modules(tmp_path: Path) -> None:
+    weights = weights_format("int4-rtn", int4_kernel="torch-packed", group_size=64)
+    model = served_model(tiny_checkpoint(), weights, context(tmp_path, BF16))
+    runner = fused_decode_layers(model, BF16, CPU, "cpu")
+    assert runner is not None and runner.layers[0].int4_groups == [64] * 7
+    _compare_decode_step(model, True, [1, 2, 1])
+
+
+def test_only_small_bfloat16_batches_on_the_cpu_operator_take_it() -> None:
+    model = tiny_model(dtype=BF16, vocab_size=4096)
+    assert fused_decode_layers(model, torch.float32, CPU, "cpu") is None
+    assert fused_decode_layers(model, BF16, CPU, "torch") is None
+    runner = fused_decode_layers(model, BF16, CPU, "cpu")
+    generator = torch.Generator().manual_seed(0)
+    x = torch.zeros(1, dtype=BF16)
+    assert runner.accepts(_batch([5] * MAX_ROWS, [1] * MAX_ROWS, True, generator), x)
+    assert not runner.accepts(_batch([5] * 9, [1] * 9, True, generator), x)
+    assert not runner.accepts(_batch([20], [MAX_ROWS], True, generator), x.float())
+    fp32 = tiny_model(vocab_size=4096)
+    assert fused_decode_layers(fp32, torch.float32, CPU, "cpu") is None
