@@ -40,6 +40,26 @@ def test_matvec_is_the_product_of_its_bfloat16_operands(rows: int, k_len: int, n
     torch.testing.assert_close(got.float(), exact, rtol=2**-8, atol=1e-4 * k_len**0.5)
 
 
+@pytest.mark.parametrize(
+    ("rows", "k_len", "n_len", "group"), [(1, 576, 192, 64), (4, 256, 64, 128)]
+)
+def test_int4_matvec_is_the_product_of_the_dequantised_weight(
+    rows: int, k_len: int, n_len: int, group: int
+) -> None:
+    generator = torch.Generator().manual_seed(rows)
+    values = torch.randint(0, 16, (n_len, k_len), generator=generator, dtype=torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, 2)
+    pairs = torch.randn(k_len // group, n_len, 2, generator=generator).to(BF16)
+    x = torch.randn(rows, k_len, generator=generator).to(BF16)
+    scale = pairs[..., 0].float().repeat_interleave(group, 0)  # [K, N]
+    offset = pairs[..., 1].float().repeat_interleave(group, 0)
+    exact = x.float() @ ((values.t().float() - 8) * scale + offset)
+    got = torch.ops.servelab.int4_matvec(x, packed, pairs, group)
+    torch.testing.assert_close(got.float(), exact, rtol=2**-8, atol=1e-3 * exact.abs().max().item())
+    with pytest.raises(RuntimeError, match="at most 4 rows"):
+        torch.ops.servelab.int4_matvec(x.repeat(5, 1), packed, pairs, group)
+
+
 def _batch(
     lengths: list[int], new: list[int], paged: bool, generator: torch.Generator
 ) -> ForwardBatch:

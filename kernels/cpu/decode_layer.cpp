@@ -177,6 +177,141 @@ void gated_products(const at::Tensor& x, const at::Tensor& gate, const at::Tenso
   });
 }
 
+// Int4 weights in torch's packed CPU layout (`aten._convert_weight_to_int4pack_for_cpu`):
+// uint8 [N / 64, K, 32], byte j of row k of block b holding output b * 64 + j in its low
+// nibble and output b * 64 + 32 + j in its high one; [K / group, N, 2] (scale, offset) pairs,
+// w = (q - 8) * scale + offset. For few rows of x this loop reads each byte once and sums per
+// group, y += scale * sum(x q) + (offset - 8 scale) * sum(x); torch's kernel (used for more
+// rows, or outputs not a multiple of 64) reads the same bytes at about half the speed.
+constexpr int64_t kInt4Block = 64;
+constexpr int64_t kInt4Tile = 2;
+
+bool int4_matvec_fits(int64_t rows, int64_t n_len) {
+  return rows <= kInt4Tile * 2 && n_len % kInt4Block == 0;
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
+// Two packed rows (k, k + 1; 64 bytes) as bfloat16 pairs (k, k + 1) of 128 + q, the exact
+// bfloat16 0x4300 | q, for outputs J .. J + 15 (low nibbles) and 32 + J .. 47 + J (high):
+// one byte permutation spreads the bytes into 16-bit lanes, and vdpbf16ps multiplies each
+// pair by x[k], x[k + 1]. The sum is then x . (128 + q), and 128 * sum(x) comes off per group.
+inline __m512i spread_index(int first) {
+  alignas(64) uint8_t index[64] = {};
+  for (int lane = 0; lane < 16; ++lane) {
+    index[4 * lane] = static_cast<uint8_t>(first + lane);
+    index[4 * lane + 2] = static_cast<uint8_t>(32 + first + lane);
+  }
+  return _mm512_load_si512(index);
+}
+
+template <int M>
+void int4_group(const bf16* x, int64_t k_len, const uint8_t* bytes, int64_t k0, int64_t k1,
+                float part[][kInt4Block]) {
+  static const __m512i index_low = spread_index(0), index_high = spread_index(16);
+  const __m512i nibble = _mm512_set1_epi16(0x000F), exponent = _mm512_set1_epi16(0x4300);
+  constexpr __mmask64 kEvenBytes = 0x5555555555555555ULL;
+  __m512 acc[M][4];
+  for (int m = 0; m < M; ++m) {
+    for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_setzero_ps();
+  }
+  for (int64_t k = k0; k < k1; k += 2) {
+    const __m512i rows = _mm512_loadu_si512(bytes + k * 32);
+    const __m512i spread[2] = {_mm512_maskz_permutexvar_epi8(kEvenBytes, index_low, rows),
+                               _mm512_maskz_permutexvar_epi8(kEvenBytes, index_high, rows)};
+    __m512bh weights[4];
+    for (int half = 0; half < 2; ++half) {
+      const __m512i low = _mm512_and_si512(spread[half], nibble);
+      const __m512i high = _mm512_and_si512(_mm512_srli_epi16(spread[half], 4), nibble);
+      weights[half] = (__m512bh)_mm512_or_si512(low, exponent);
+      weights[half + 2] = (__m512bh)_mm512_or_si512(high, exponent);
+    }
+    for (int m = 0; m < M; ++m) {
+      uint32_t pair;
+      std::memcpy(&pair, x + m * k_len + k, sizeof(pair));
+      const __m512bh xk = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pair));
+      for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], weights[j], xk);
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(part[m] + 16 * j, acc[m][j]);
+  }
+}
+constexpr float kInt4Lift = 128.0f;  // what int4_group adds to every weight
+#else
+template <int M>
+void int4_group(const bf16* x, int64_t k_len, const uint8_t* bytes, int64_t k0, int64_t k1,
+                float part[][kInt4Block]) {
+  for (int m = 0; m < M; ++m) std::fill(part[m], part[m] + kInt4Block, 0.0f);
+  for (int64_t k = k0; k < k1; ++k) {
+    const uint8_t* row = bytes + k * 32;
+    for (int m = 0; m < M; ++m) {
+      const float xk = widen(x[m * k_len + k]);
+      for (int j = 0; j < 32; ++j) {
+        part[m][j] += xk * static_cast<float>(row[j] & 0x0F);
+        part[m][j + 32] += xk * static_cast<float>(row[j] >> 4);
+      }
+    }
+  }
+}
+constexpr float kInt4Lift = 0.0f;
+#endif
+
+// y[m][block outputs] for `M` rows of x [M, K] (their sums per group in x_sums [M, groups]).
+template <int M>
+void int4_block(const bf16* x, const float* x_sums, int64_t k_len, const uint8_t* packed,
+                const bf16* pairs, int64_t n_len, int64_t group, int64_t block, bf16* y) {
+  const int64_t groups = k_len / group;
+  const uint8_t* bytes = packed + block * k_len * 32;
+  float total[M][kInt4Block] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    float part[M][kInt4Block];
+    int4_group<M>(x, k_len, bytes, g * group, (g + 1) * group, part);
+    const bf16* pair = pairs + (g * n_len + block * kInt4Block) * 2;
+    for (int j = 0; j < kInt4Block; ++j) {
+      const float scale = widen(pair[2 * j]);
+      const float bias = widen(pair[2 * j + 1]) - (8.0f + kInt4Lift) * scale;
+      for (int m = 0; m < M; ++m) total[m][j] += scale * part[m][j] + bias * x_sums[m * groups + g];
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    for (int j = 0; j < kInt4Block; ++j) y[m * n_len + block * kInt4Block + j] = bf16(total[m][j]);
+  }
+}
+
+// y [rows, N] = x [rows, K] times the packed int4 weight, for int4_matvec_fits shapes.
+at::Tensor int4_matvec(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& pairs,
+                       int64_t group) {
+  const int64_t rows = x.size(0), k_len = x.size(1), n_len = pairs.size(1);
+  const int64_t groups = k_len / group;
+  std::vector<float> sums(rows * groups);
+  const bf16* xp = x.data_ptr<bf16>();
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t g = 0; g < groups; ++g) {
+      float sum = 0.0f;
+      for (int64_t k = g * group; k < (g + 1) * group; ++k) sum += widen(xp[m * k_len + k]);
+      sums[m * groups + g] = sum;
+    }
+  }
+  auto y = at::empty({rows, n_len}, x.options());
+  const uint8_t* bytes = packed.data_ptr<uint8_t>();
+  const bf16* pp = pairs.data_ptr<bf16>();
+  bf16* yp = y.data_ptr<bf16>();
+  at::parallel_for(0, n_len / kInt4Block, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      for (int64_t m = 0; m < rows; m += kInt4Tile) {
+        const bf16* xm = xp + m * k_len;
+        const float* sm = sums.data() + m * groups;
+        if (rows - m >= 2) {
+          int4_block<2>(xm, sm, k_len, bytes, pp, n_len, group, block, yp + m * n_len);
+        } else {
+          int4_block<1>(xm, sm, k_len, bytes, pp, n_len, group, block, yp + m * n_len);
+        }
+      }
+    }
+  });
+  return y;
+}
+
 // One projection: dense (`group` 0: `weight` bfloat16 [N, K]) or int4 (torch's packed weight
 // and its [K / group, N, 2] scales and offsets).
 struct Linear {
@@ -196,8 +331,10 @@ struct Linear {
     std::vector<Product> dense;
     for (const Linear* linear : linears) {
       if (!linear->dense()) {
-        ys.push_back(at::_weight_int4pack_mm_for_cpu(x, linear->weight, linear->group,
-                                                     linear->scales_and_offsets));
+        ys.push_back(int4_matvec_fits(x.size(0), linear->out_features())
+                         ? int4_matvec(x, linear->weight, linear->scales_and_offsets, linear->group)
+                         : at::_weight_int4pack_mm_for_cpu(x, linear->weight, linear->group,
+                                                           linear->scales_and_offsets));
         continue;
       }
       ys.push_back(at::empty({x.size(0), linear->out_features()}, x.options()));
@@ -356,10 +493,26 @@ at::Tensor matvec(const at::Tensor& x, const at::Tensor& w) {
   return linear(x.contiguous());
 }
 
+// The int4 product for few rows alone (tests, benchmarks, the int4 layer's decode steps).
+at::Tensor int4_matvec_op(const at::Tensor& x, const at::Tensor& packed,
+                          const at::Tensor& scales_and_offsets, int64_t group) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x is bfloat16 [M, K]");
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "packed is uint8");
+  TORCH_CHECK(scales_and_offsets.scalar_type() == at::kBFloat16 &&
+                  scales_and_offsets.is_contiguous() && scales_and_offsets.dim() == 3,
+              "scales and offsets are bfloat16 [K / group, N, 2]");
+  TORCH_CHECK(x.size(1) % group == 0 && x.size(1) / group == scales_and_offsets.size(0),
+              "the group must divide K");
+  TORCH_CHECK(int4_matvec_fits(x.size(0), scales_and_offsets.size(1)),
+              "at most ", kInt4Tile * 2, " rows and outputs a multiple of ", kInt4Block);
+  return int4_matvec(x.contiguous(), packed, scales_and_offsets, group);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(servelab, m) {
   m.def("matvec(Tensor x, Tensor w) -> Tensor");
+  m.def("int4_matvec(Tensor x, Tensor packed, Tensor scales_and_offsets, int group) -> Tensor");
   m.def(
       "decode_layer(Tensor x, Tensor input_norm, Tensor post_attention_norm, float eps, "
       "Tensor[] weights, int[] int4_groups, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
@@ -370,4 +523,5 @@ TORCH_LIBRARY_FRAGMENT(servelab, m) {
 TORCH_LIBRARY_IMPL(servelab, CPU, m) {
   m.impl("decode_layer", &decode_layer);
   m.impl("matvec", &matvec);
+  m.impl("int4_matvec", &int4_matvec_op);
 }
