@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
@@ -185,6 +186,7 @@ void gated_products(const at::Tensor& x, const at::Tensor& gate, const at::Tenso
 // rows, or outputs not a multiple of 64) reads the same bytes at about half the speed.
 constexpr int64_t kInt4Block = 64;
 constexpr int64_t kInt4Tile = 2;
+constexpr int64_t kInt4Prefetch = 1024;  // bytes ahead of the loads: DRAM latency, measured
 
 bool int4_matvec_fits(int64_t rows, int64_t n_len) {
   return rows <= kInt4Tile * 2 && n_len % kInt4Block == 0;
@@ -204,9 +206,12 @@ inline __m512i spread_index(int first) {
   return _mm512_load_si512(index);
 }
 
+// total[m][outputs] += scale * x . (128 + q) + (offset - 136 scale) * sum(x) over one group,
+// pairs the group's 64 (scale, offset) bfloat16 pairs, x_sums its sum of each row of x.
 template <int M>
 void int4_group(const bf16* x, int64_t k_len, const uint8_t* bytes, int64_t k0, int64_t k1,
-                float part[][kInt4Block]) {
+                const bf16* pairs, const float* x_sums, int64_t x_sums_stride,
+                float total[][kInt4Block]) {
   static const __m512i index_low = spread_index(0), index_high = spread_index(16);
   const __m512i nibble = _mm512_set1_epi16(0x000F), exponent = _mm512_set1_epi16(0x4300);
   constexpr __mmask64 kEvenBytes = 0x5555555555555555ULL;
@@ -215,6 +220,7 @@ void int4_group(const bf16* x, int64_t k_len, const uint8_t* bytes, int64_t k0, 
     for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_setzero_ps();
   }
   for (int64_t k = k0; k < k1; k += 2) {
+    _mm_prefetch(reinterpret_cast<const char*>(bytes + k * 32 + kInt4Prefetch), _MM_HINT_T0);
     const __m512i rows = _mm512_loadu_si512(bytes + k * 32);
     const __m512i spread[2] = {_mm512_maskz_permutexvar_epi8(kEvenBytes, index_low, rows),
                                _mm512_maskz_permutexvar_epi8(kEvenBytes, index_high, rows)};
@@ -232,16 +238,27 @@ void int4_group(const bf16* x, int64_t k_len, const uint8_t* bytes, int64_t k0, 
       for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], weights[j], xk);
     }
   }
-  for (int m = 0; m < M; ++m) {
-    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(part[m] + 16 * j, acc[m][j]);
+  const __m512 lifted_eight = _mm512_set1_ps(8.0f + 128.0f);
+  for (int j = 0; j < 4; ++j) {  // 16 (scale, offset) pairs: a bfloat16 is a float's top half
+    const __m512i raw = _mm512_loadu_si512(pairs + 32 * j);
+    const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+    const __m512 offset =
+        _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(static_cast<int>(0xFFFF0000))));
+    const __m512 bias = _mm512_fnmadd_ps(lifted_eight, scale, offset);
+    for (int m = 0; m < M; ++m) {
+      float* out = total[m] + 16 * j;
+      const __m512 with_bias =
+          _mm512_fmadd_ps(bias, _mm512_set1_ps(x_sums[m * x_sums_stride]), _mm512_loadu_ps(out));
+      _mm512_storeu_ps(out, _mm512_fmadd_ps(scale, acc[m][j], with_bias));
+    }
   }
 }
-constexpr float kInt4Lift = 128.0f;  // what int4_group adds to every weight
 #else
 template <int M>
 void int4_group(const bf16* x, int64_t k_len, const uint8_t* bytes, int64_t k0, int64_t k1,
-                float part[][kInt4Block]) {
-  for (int m = 0; m < M; ++m) std::fill(part[m], part[m] + kInt4Block, 0.0f);
+                const bf16* pairs, const float* x_sums, int64_t x_sums_stride,
+                float total[][kInt4Block]) {
+  float part[M][kInt4Block] = {};
   for (int64_t k = k0; k < k1; ++k) {
     const uint8_t* row = bytes + k * 32;
     for (int m = 0; m < M; ++m) {
@@ -252,64 +269,111 @@ void int4_group(const bf16* x, int64_t k_len, const uint8_t* bytes, int64_t k0, 
       }
     }
   }
+  for (int j = 0; j < kInt4Block; ++j) {
+    const float scale = widen(pairs[2 * j]);
+    const float bias = widen(pairs[2 * j + 1]) - 8.0f * scale;
+    for (int m = 0; m < M; ++m) {
+      total[m][j] += bias * x_sums[m * x_sums_stride] + scale * part[m][j];
+    }
+  }
 }
-constexpr float kInt4Lift = 0.0f;
 #endif
 
-// y[m][block outputs] for `M` rows of x [M, K] (their sums per group in x_sums [M, groups]).
-template <int M>
-void int4_block(const bf16* x, const float* x_sums, int64_t k_len, const uint8_t* packed,
-                const bf16* pairs, int64_t n_len, int64_t group, int64_t block, bf16* y) {
-  const int64_t groups = k_len / group;
-  const uint8_t* bytes = packed + block * k_len * 32;
-  float total[M][kInt4Block] = {};
-  for (int64_t g = 0; g < groups; ++g) {
-    float part[M][kInt4Block];
-    int4_group<M>(x, k_len, bytes, g * group, (g + 1) * group, part);
-    const bf16* pair = pairs + (g * n_len + block * kInt4Block) * 2;
-    for (int j = 0; j < kInt4Block; ++j) {
-      const float scale = widen(pair[2 * j]);
-      const float bias = widen(pair[2 * j + 1]) - (8.0f + kInt4Lift) * scale;
-      for (int m = 0; m < M; ++m) total[m][j] += scale * part[m][j] + bias * x_sums[m * groups + g];
+// One int4 weight's packed bytes and (scale, offset) pairs, with x's sums over its groups.
+struct Int4Product {
+  const uint8_t* packed;
+  const bf16* pairs;
+  int64_t n_len, group;
+  bf16* y;  // [rows, n_len]
+  std::vector<float> x_sums;  // [rows, K / group]
+
+  Int4Product(const at::Tensor& x, const at::Tensor& packed_weight, const at::Tensor& pairs_,
+              int64_t group_, bf16* y_)
+      : packed(packed_weight.data_ptr<uint8_t>()),
+        pairs(pairs_.data_ptr<bf16>()),
+        n_len(pairs_.size(1)),
+        group(group_),
+        y(y_) {
+    const int64_t rows = x.size(0), k_len = x.size(1), groups = k_len / group;
+    const bf16* xp = x.data_ptr<bf16>();
+    x_sums.resize(rows * groups);
+    for (int64_t m = 0; m < rows; ++m) {
+      for (int64_t g = 0; g < groups; ++g) {
+        float sum = 0.0f;
+        for (int64_t k = g * group; k < (g + 1) * group; ++k) sum += widen(xp[m * k_len + k]);
+        x_sums[m * groups + g] = sum;
+      }
     }
   }
+};
+
+// Outputs block * 64 .. + 63 of `M` rows of x [M, K] (from row m0), written at y with
+// row stride y_stride.
+template <int M>
+void int4_block(const bf16* x, int64_t m0, int64_t k_len, const Int4Product& w, int64_t block,
+                bf16* y, int64_t y_stride) {
+  const int64_t groups = k_len / w.group;
+  const uint8_t* bytes = w.packed + block * k_len * 32;
+  const float* x_sums = w.x_sums.data() + m0 * groups;
+  float total[M][kInt4Block] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    int4_group<M>(x + m0 * k_len, k_len, bytes, g * w.group, (g + 1) * w.group,
+                  w.pairs + (g * w.n_len + block * kInt4Block) * 2, x_sums + g, groups, total);
+  }
   for (int m = 0; m < M; ++m) {
-    for (int j = 0; j < kInt4Block; ++j) y[m * n_len + block * kInt4Block + j] = bf16(total[m][j]);
+    for (int j = 0; j < kInt4Block; ++j) y[m * y_stride + j] = bf16(total[m][j]);
   }
 }
 
-// y [rows, N] = x [rows, K] times the packed int4 weight, for int4_matvec_fits shapes.
-at::Tensor int4_matvec(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& pairs,
-                       int64_t group) {
-  const int64_t rows = x.size(0), k_len = x.size(1), n_len = pairs.size(1);
-  const int64_t groups = k_len / group;
-  std::vector<float> sums(rows * groups);
-  const bf16* xp = x.data_ptr<bf16>();
-  for (int64_t m = 0; m < rows; ++m) {
-    for (int64_t g = 0; g < groups; ++g) {
-      float sum = 0.0f;
-      for (int64_t k = g * group; k < (g + 1) * group; ++k) sum += widen(xp[m * k_len + k]);
-      sums[m * groups + g] = sum;
+// All rows of x for one block, in tiles of kInt4Tile rows.
+void int4_block_rows(const bf16* x, int64_t rows, int64_t k_len, const Int4Product& w,
+                     int64_t block, bf16* y, int64_t y_stride) {
+  for (int64_t m = 0; m < rows; m += kInt4Tile) {
+    bf16* ym = y + m * y_stride;
+    if (rows - m >= 2) {
+      int4_block<2>(x, m, k_len, w, block, ym, y_stride);
+    } else {
+      int4_block<1>(x, m, k_len, w, block, ym, y_stride);
     }
   }
-  auto y = at::empty({rows, n_len}, x.options());
-  const uint8_t* bytes = packed.data_ptr<uint8_t>();
-  const bf16* pp = pairs.data_ptr<bf16>();
-  bf16* yp = y.data_ptr<bf16>();
+}
+
+// Several int4 products of one x in one parallel region over all their blocks of 64 outputs.
+void int4_products(const at::Tensor& x, const std::vector<Int4Product>& outs) {
+  const int64_t rows = x.size(0), k_len = x.size(1);
+  const bf16* xp = x.data_ptr<bf16>();
+  int64_t total = 0;
+  for (const auto& w : outs) total += w.n_len / kInt4Block;
+  at::parallel_for(0, total, 1, [&](int64_t begin, int64_t end) {
+    int64_t first = 0;
+    for (const auto& w : outs) {
+      const int64_t blocks = w.n_len / kInt4Block;
+      for (int64_t b = std::max(begin, first); b < std::min(end, first + blocks); ++b) {
+        const int64_t block = b - first;
+        int4_block_rows(xp, rows, k_len, w, block, w.y + block * kInt4Block, w.n_len);
+      }
+      first += blocks;
+    }
+  });
+}
+
+// silu(x gate^T) * (x up^T) for int4 gate and up of the same shape, block by block.
+void int4_gated(const at::Tensor& x, const Int4Product& gate, const Int4Product& up, bf16* y) {
+  const int64_t rows = x.size(0), k_len = x.size(1), n_len = gate.n_len;
+  const bf16* xp = x.data_ptr<bf16>();
   at::parallel_for(0, n_len / kInt4Block, 1, [&](int64_t begin, int64_t end) {
+    std::vector<bf16> g(rows * kInt4Block), u(rows * kInt4Block);
     for (int64_t block = begin; block < end; ++block) {
-      for (int64_t m = 0; m < rows; m += kInt4Tile) {
-        const bf16* xm = xp + m * k_len;
-        const float* sm = sums.data() + m * groups;
-        if (rows - m >= 2) {
-          int4_block<2>(xm, sm, k_len, bytes, pp, n_len, group, block, yp + m * n_len);
-        } else {
-          int4_block<1>(xm, sm, k_len, bytes, pp, n_len, group, block, yp + m * n_len);
+      int4_block_rows(xp, rows, k_len, gate, block, g.data(), kInt4Block);
+      int4_block_rows(xp, rows, k_len, up, block, u.data(), kInt4Block);
+      for (int64_t m = 0; m < rows; ++m) {
+        for (int64_t j = 0; j < kInt4Block; ++j) {
+          y[m * n_len + block * kInt4Block + j] =
+              swiglu_value(widen(g[m * kInt4Block + j]), widen(u[m * kInt4Block + j]));
         }
       }
     }
   });
-  return y;
 }
 
 // One projection: dense (`group` 0: `weight` bfloat16 [N, K]) or int4 (torch's packed weight
@@ -321,40 +385,53 @@ struct Linear {
 
   bool dense() const { return group == 0; }
   int64_t out_features() const { return dense() ? weight.size(0) : scales_and_offsets.size(1); }
+  bool int4_loop(const at::Tensor& x) const {
+    return !dense() && int4_matvec_fits(x.size(0), out_features());
+  }
 
   at::Tensor operator()(const at::Tensor& x) const { return project(x, {this}).front(); }
 
-  // x times each of `linears` (which share the input), the dense ones in one parallel region.
+  // x times each of `linears` (which share the input): the dense ones in one parallel region,
+  // the int4 ones the loop above takes in another, the rest by torch's int4 kernel.
   static std::vector<at::Tensor> project(const at::Tensor& x,
                                          const std::vector<const Linear*>& linears) {
     std::vector<at::Tensor> ys;
     std::vector<Product> dense;
+    std::vector<Int4Product> int4;
     for (const Linear* linear : linears) {
-      if (!linear->dense()) {
-        ys.push_back(int4_matvec_fits(x.size(0), linear->out_features())
-                         ? int4_matvec(x, linear->weight, linear->scales_and_offsets, linear->group)
-                         : at::_weight_int4pack_mm_for_cpu(x, linear->weight, linear->group,
-                                                           linear->scales_and_offsets));
+      if (!linear->dense() && !linear->int4_loop(x)) {
+        ys.push_back(at::_weight_int4pack_mm_for_cpu(x, linear->weight, linear->group,
+                                                     linear->scales_and_offsets));
         continue;
       }
       ys.push_back(at::empty({x.size(0), linear->out_features()}, x.options()));
-      dense.push_back(
-          {linear->weight.data_ptr<bf16>(), linear->out_features(), ys.back().data_ptr<bf16>()});
+      bf16* y = ys.back().data_ptr<bf16>();
+      if (linear->dense()) {
+        dense.push_back({linear->weight.data_ptr<bf16>(), linear->out_features(), y});
+      } else {
+        int4.emplace_back(x, linear->weight, linear->scales_and_offsets, linear->group, y);
+      }
     }
     if (!dense.empty()) products(x, dense);
+    if (!int4.empty()) int4_products(x, int4);
     return ys;
   }
 };
 
 // The SwiGLU inner activations silu(x gate^T) * (x up^T).
 at::Tensor gated(const at::Tensor& x, const Linear& gate, const Linear& up) {
+  auto y = at::empty({x.size(0), gate.out_features()}, x.options());
   if (gate.dense() && up.dense()) {
-    auto y = at::empty({x.size(0), gate.out_features()}, x.options());
     gated_products(x, gate.weight, up.weight, y);
     return y;
   }
+  if (gate.int4_loop(x) && up.int4_loop(x)) {
+    const Int4Product g(x, gate.weight, gate.scales_and_offsets, gate.group, nullptr);
+    const Int4Product u(x, up.weight, up.scales_and_offsets, up.group, nullptr);
+    int4_gated(x, g, u, y.data_ptr<bf16>());
+    return y;
+  }
   const auto g = gate(x), u = up(x);
-  auto y = at::empty_like(g);
   const bf16* gp = g.data_ptr<bf16>();
   const bf16* upp = u.data_ptr<bf16>();
   bf16* yp = y.data_ptr<bf16>();
@@ -470,18 +547,33 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& input_norm,
   const int64_t tokens = x.size(0);
   const int64_t num_kv_heads = k_cache.size(2), dim = k_cache.size(3);
 
-  const auto normed = rms_norm(x, input_norm, eps);
-  auto qkv = Linear::project(normed, {&linears[0], &linears[1], &linears[2]});
-  auto &q = qkv[0], &k = qkv[1], &v = qkv[2];
-  rotate(q, num_heads, dim, cos, sin);
-  rotate(k, num_kv_heads, dim, cos, sin);
-  write_cache(k, v, k_cache, v_cache, slot_mapping.contiguous());
-  const auto attended = servelab::cpu_paged_attention(
-      q.view({tokens, num_heads, dim}), k_cache, v_cache, query_start_loc, seq_lens, kv_index,
-      paged, scale);
-  const auto hidden = add_rounded(x, linears[3](attended.view({tokens, num_heads * dim})));
-  const auto normed2 = rms_norm(hidden, post_attention_norm, eps);
-  const auto inner = gated(normed2, linears[4], linears[5]);
+  // each part a named range in torch.profiler's traces (free when no profiler runs)
+  std::vector<at::Tensor> qkv;
+  {
+    RECORD_FUNCTION("decode_layer/qkv", std::vector<c10::IValue>());
+    qkv = Linear::project(rms_norm(x, input_norm, eps), {&linears[0], &linears[1], &linears[2]});
+    rotate(qkv[0], num_heads, dim, cos, sin);
+    rotate(qkv[1], num_kv_heads, dim, cos, sin);
+    write_cache(qkv[1], qkv[2], k_cache, v_cache, slot_mapping.contiguous());
+  }
+  at::Tensor attended;
+  {
+    RECORD_FUNCTION("decode_layer/attention", std::vector<c10::IValue>());
+    attended = servelab::cpu_paged_attention(qkv[0].view({tokens, num_heads, dim}), k_cache,
+                                             v_cache, query_start_loc, seq_lens, kv_index, paged,
+                                             scale);
+  }
+  at::Tensor hidden;
+  {
+    RECORD_FUNCTION("decode_layer/o_proj", std::vector<c10::IValue>());
+    hidden = add_rounded(x, linears[3](attended.view({tokens, num_heads * dim})));
+  }
+  at::Tensor inner;
+  {
+    RECORD_FUNCTION("decode_layer/gate_up", std::vector<c10::IValue>());
+    inner = gated(rms_norm(hidden, post_attention_norm, eps), linears[4], linears[5]);
+  }
+  RECORD_FUNCTION("decode_layer/down_proj", std::vector<c10::IValue>());
   return add_rounded(hidden, linears[6](inner));
 }
 
@@ -505,7 +597,8 @@ at::Tensor int4_matvec_op(const at::Tensor& x, const at::Tensor& packed,
               "the group must divide K");
   TORCH_CHECK(int4_matvec_fits(x.size(0), scales_and_offsets.size(1)),
               "at most ", kInt4Tile * 2, " rows and outputs a multiple of ", kInt4Block);
-  return int4_matvec(x.contiguous(), packed, scales_and_offsets, group);
+  const Linear linear{packed.contiguous(), scales_and_offsets.contiguous(), group};
+  return linear(x.contiguous());
 }
 
 }  // namespace

@@ -210,8 +210,41 @@ void score_avx512(const Item& it, const float* query, const c10::BFloat16* k_cac
   }
 }
 
+// acc[lane] += weight[lane][pos] * value[pos] for `kChunks` x 16 dims, lanes in tiles of
+// four whose sums stay in registers over all positions.
+template <int kChunks>
+void accumulate_tiles(const Item& it, const float* weights, const c10::BFloat16* v_cache,
+                      float* acc) {
+  constexpr int64_t kTile = 4;
+  for (int64_t lane0 = 0; lane0 < it.lanes(); lane0 += kTile) {
+    const int64_t lanes = std::min(kTile, it.lanes() - lane0);
+    __m512 sum[kTile][kChunks];
+    for (int64_t l = 0; l < kTile; ++l) {
+      for (int c = 0; c < kChunks; ++c) sum[l][c] = _mm512_setzero_ps();
+    }
+    // positions every lane of the tile sees, then the causal tail seen by later lanes only
+    for (int64_t pos = 0; pos < it.seq_len; ++pos) {
+      const int64_t first = std::max(lane0, it.first_lane(pos));
+      if (first >= lane0 + lanes) continue;
+      const c10::BFloat16* src = v_cache + it.cache_offset(pos);
+      __m512 value[kChunks];
+      for (int c = 0; c < kChunks; ++c) value[c] = load_bf16(src + 16 * c);
+      for (int64_t l = 0; l < kTile; ++l) {
+        if (l >= lanes || lane0 + l < first) continue;
+        const __m512 weight = _mm512_set1_ps(weights[(lane0 + l) * it.seq_len + pos]);
+        for (int c = 0; c < kChunks; ++c) sum[l][c] = _mm512_fmadd_ps(weight, value[c], sum[l][c]);
+      }
+    }
+    for (int64_t l = 0; l < lanes; ++l) {
+      for (int c = 0; c < kChunks; ++c) _mm512_storeu_ps(acc + (lane0 + l) * it.dim + 16 * c, sum[l][c]);
+    }
+  }
+}
+
 void accumulate_avx512(const Item& it, const float* weights, const c10::BFloat16* v_cache,
                        float* acc) {
+  if (it.dim == 64) return accumulate_tiles<4>(it, weights, v_cache, acc);
+  if (it.dim == 128) return accumulate_tiles<8>(it, weights, v_cache, acc);
   const int64_t chunks = it.dim / 16;
   __m512 value[kMaxChunks];
   for (int64_t pos = 0; pos < it.seq_len; ++pos) {
