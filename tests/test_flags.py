@@ -59,7 +59,9 @@ def test_a_preemption_storm_is_more_than_one_preemption_per_completed_request(
     assert (_codes(flags) == [PREEMPTION_STORM]) is storm
 
 
-def _step(n: int, start: float, busy: bool = True, length: float = 0.01) -> StepRecord:
+def _step(
+    n: int, start: float, busy: bool = True, length: float = 0.01, delivered: int = 0
+) -> StepRecord:
     return StepRecord(
         step=n,
         t_start=start,
@@ -75,6 +77,7 @@ def _step(n: int, start: float, busy: bool = True, length: float = 0.01) -> Step
         kv_total_slots=64,
         kv_waste=0.0,
         preempted=0,
+        delivered=delivered,
     )
 
 
@@ -83,6 +86,10 @@ def test_missing_steps_and_stalls_with_work_queued_are_dropouts() -> None:
     assert step_dropouts(steady) == []
     idle_gap = [*steady[:25], *[_step(i, 10 + i * 0.02) for i in range(25, 50)]]
     idle_gap[24] = _step(24, 24 * 0.02, busy=False)  # nothing queued: an idle engine waits
+    assert step_dropouts(idle_gap) == []
+    # the step that finished and delivered the last running request: nothing is left queued
+    # (its `running` still counts that request, as every step record counts those it finishes)
+    idle_gap[24] = _step(24, 24 * 0.02, busy=True, delivered=1)
     assert step_dropouts(idle_gap) == []
     stalled = [*steady[:25], *[_step(i, 10 + i * 0.02) for i in range(25, 50)]]
     (flag,) = step_dropouts(stalled)

@@ -10,7 +10,9 @@ reports show) and the codes in `flag_codes`; gates refuse a run with any code in
   request (and at least `STORM_MIN_PREEMPTIONS`): the engine spent the run evicting and
   recomputing, so its figures measure thrashing, not the strategy.
 - `telemetry_dropout`: records the run should have and does not: step numbers missing from
-  `steps.jsonl`; a gap between two steps, while requests were running or waiting, longer than
+  `steps.jsonl`; a gap between two steps, while requests were left running or waiting after
+  the first of them (a step's `running` counts the requests it finishes, so those it
+  delivered come off), longer than
   `DROPOUT_MIN_GAP_S` and `DROPOUT_STEP_FACTOR` times the p99 step (the loop stalled, or
   steps went unrecorded); or a gap in `telemetry.csv` longer than `DROPOUT_MIN_GAP_S` and
   `DROPOUT_SAMPLE_FACTOR` sampling periods.
@@ -80,6 +82,13 @@ def summary_flags(summary: dict) -> list[Flag]:
     return flags
 
 
+def _queued_after(step: StepRecord) -> bool:
+    """Whether work was left when the step ended: its running requests less the responses it
+    delivered (static batching delivers a whole batch at its end, held members included), plus
+    the waiting ones."""
+    return max(0, step.running - step.delivered) + step.waiting > 0
+
+
 def step_dropouts(steps: Sequence[StepRecord]) -> list[Flag]:
     """Missing step numbers, and stalls between steps while work was queued."""
     if not steps:
@@ -95,7 +104,7 @@ def step_dropouts(steps: Sequence[StepRecord]) -> list[Flag]:
     stalls = [
         after.t_start - before.t_end
         for before, after in zip(ordered, ordered[1:], strict=False)
-        if before.running + before.waiting > 0 and after.t_start - before.t_end > bound
+        if _queued_after(before) and after.t_start - before.t_end > bound
     ]
     if stalls:
         flags.append(
