@@ -25,8 +25,9 @@ if TYPE_CHECKING:
     from harness.models.model import DecoderLayer, LlamaModel
 
 # Rows (new tokens) up to which the fused layer is used: above this the products are matrix
-# products, where oneDNN's blocked kernels win (see benchmarks/bench_steps.py).
-MAX_ROWS = 8
+# products, where oneDNN's blocked kernels win (see benchmarks/bench_steps.py). Below
+# FLASH_ROWS, so every sequence of an accepted batch takes the attention operator.
+MAX_ROWS = min(8, FLASH_ROWS - 1)
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -50,8 +51,8 @@ def projection_operands(module: nn.Module) -> tuple[list[torch.Tensor], int] | N
         return [weight.detach().contiguous()], 0
     kernel = getattr(module, "kernel", None)
     if kernel is not None and kernel.name == "torch-packed":
-        buffers = module._buffers
-        return [buffers["packed"], buffers["scales_and_offsets"]], kernel.cpu_group()
+        tensors = [module.get_buffer("packed"), module.get_buffer("scales_and_offsets")]
+        return tensors, kernel.cpu_group()
     return None
 
 
@@ -90,10 +91,10 @@ class FusedDecodeLayers:
         self.scale = config.head_dim**-0.5
 
     def accepts(self, batch: ForwardBatch, x: torch.Tensor) -> bool:
-        """Whether this batch takes the fused path: few new tokens, bfloat16 on a CPU."""
+        """Whether this batch takes the fused path: few new tokens (so every sequence has
+        fewer than FLASH_ROWS), bfloat16 on a CPU."""
         return (
             batch.num_tokens <= self.max_rows
-            and max(batch.query_lens) < FLASH_ROWS
             and x.dtype == torch.bfloat16
             and x.device.type == "cpu"
         )

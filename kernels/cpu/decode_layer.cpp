@@ -7,10 +7,13 @@
 // in C++: RMSNorm, the q/k/v projections, rotary embedding, the KV write, attention (the
 // operator of paged_attention.cpp), the output projection and residual, RMSNorm, SwiGLU and
 // its residual. Dense weights are multiplied by an AVX-512 BF16 matrix-vector loop that reads
-// each weight row once for all the batch's rows (a portable loop elsewhere); int4 weights by
+// each weight row once for all the batch's rows (a portable loop elsewhere); int4 weights in
+// torch's packed layout by a loop of the same kind for at most kInt4MaxRows rows, else by
 // torch's packed int4 CPU kernel. Every intermediate is rounded to bfloat16 where the eager
 // model rounds it, so the two differ only in the order of the products' sums.
-// Registered as the operator `servelab::decode_layer`.
+// Registered as the operators `servelab::decode_layer`, and the two products alone (for the
+// linear layers' decode steps, tests and benchmarks) `servelab::matvec` and
+// `servelab::int4_matvec`.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -185,11 +188,12 @@ void gated_products(const at::Tensor& x, const at::Tensor& gate, const at::Tenso
 // group, y += scale * sum(x q) + (offset - 8 scale) * sum(x); torch's kernel (used for more
 // rows, or outputs not a multiple of 64) reads the same bytes at about half the speed.
 constexpr int64_t kInt4Block = 64;
-constexpr int64_t kInt4Tile = 2;
+constexpr int64_t kInt4Tile = 2;     // rows of x per pass over a block's bytes
+constexpr int64_t kInt4MaxRows = 4;  // beyond this torch's kernel re-reads less
 constexpr int64_t kInt4Prefetch = 1024;  // bytes ahead of the loads: DRAM latency, measured
 
 bool int4_matvec_fits(int64_t rows, int64_t n_len) {
-  return rows <= kInt4Tile * 2 && n_len % kInt4Block == 0;
+  return rows <= kInt4MaxRows && n_len % kInt4Block == 0;
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
@@ -596,7 +600,7 @@ at::Tensor int4_matvec_op(const at::Tensor& x, const at::Tensor& packed,
   TORCH_CHECK(x.size(1) % group == 0 && x.size(1) / group == scales_and_offsets.size(0),
               "the group must divide K");
   TORCH_CHECK(int4_matvec_fits(x.size(0), scales_and_offsets.size(1)),
-              "at most ", kInt4Tile * 2, " rows and outputs a multiple of ", kInt4Block);
+              "at most ", kInt4MaxRows, " rows and outputs a multiple of ", kInt4Block);
   const Linear linear{packed.contiguous(), scales_and_offsets.contiguous(), group};
   return linear(x.contiguous());
 }
