@@ -27,6 +27,7 @@ from harness.commands.config import compose
 from harness.engine.engine import Engine
 from harness.engine.request import Request, SamplingParams
 from harness.measure.calibrate import measure_peaks
+from harness.measure.roofline import step_cost, utilisation
 from harness.runner.build import build_engine, load_for_strategy
 from harness.runner.run import roofline_of
 from harness.runner.settings import cache_dir_of, engine_settings
@@ -111,8 +112,6 @@ def main() -> None:
         if args.profile == case:
             time_case(factory, case, profile=True)
         median = statistics.median(times)
-        from harness.measure.roofline import step_cost, utilisation
-
         cost = step_cost(
             roofline.shape, roofline.weight_bytes, shape.query_lens, shape.seq_lens,
             shape.num_logits, roofline.kv_bytes_per_element, roofline.act_bytes_per_element,
