@@ -31,27 +31,13 @@
 #include <limits>
 #include <vector>
 
+#include "vector_math.h"
+
 namespace {
 
 constexpr int64_t kKeys = 64;       // keys per block: four 16-lane score vectors per row
 constexpr int64_t kPositions = 32;  // positions per work item
 constexpr float kLog2e = 1.44269504088896341f;
-
-// 2^x for x <= 0 (x = -inf gives 0): 2^round(x) by scalef, 2^f for |f| <= 1/2 by a degree-6
-// polynomial (relative error ~2e-7).
-inline __m512 exp2_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
 
 inline __m512 broadcast_pair(const uint32_t* pair) {
   return _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(*pair)));
@@ -161,7 +147,7 @@ void attend_rows(const Problem& pb, const PackedHead& packed, int64_t kv_head,
       }
       const __m512 shift = _mm512_set1_ps(-running_max[r]);
       for (int c = 0; c < 4; ++c) {
-        score[r][c] = exp2_nonpositive(_mm512_fmadd_ps(score[r][c], scale, shift));
+        score[r][c] = servelab::exp2_nonpositive(_mm512_fmadd_ps(score[r][c], scale, shift));
         lane_sums[r] = _mm512_add_ps(lane_sums[r], score[r][c]);
       }
       _mm512_store_si512(probs[r], (__m512i)_mm512_cvtne2ps_pbh(score[r][1], score[r][0]));

@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include "paged_attention.h"
+#include "vector_math.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -89,16 +90,27 @@ inline void store(scalar_t* dst, const float* src, int64_t dim) {
   for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<scalar_t>(src[d]);
 }
 
-// Flat cache slot of position `pos` of a sequence.
+// Flat cache slots of a sequence's positions, a block table's row or a slab.
 struct SlotMap {
   bool paged;
   int64_t block_size;
   const int32_t* table;  // paged: the sequence's block table row
   int64_t slab_start;    // contiguous: first slot of the slab
 
-  inline int64_t operator()(int64_t pos) const {
-    if (!paged) return slab_start + pos;
-    return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+  // offsets[pos] = slot(pos) * stride + base for pos < length, without a division per position
+  void fill(int64_t length, int64_t stride, int64_t base, std::vector<int64_t>& offsets) const {
+    offsets.resize(length);
+    if (!paged) {
+      for (int64_t pos = 0; pos < length; ++pos) offsets[pos] = (slab_start + pos) * stride + base;
+      return;
+    }
+    for (int64_t first = 0, block = 0; first < length; first += block_size, ++block) {
+      const int64_t slot0 = static_cast<int64_t>(table[block]) * block_size;
+      const int64_t end = std::min(length, first + block_size);
+      for (int64_t pos = first; pos < end; ++pos) {
+        offsets[pos] = (slot0 + pos - first) * stride + base;
+      }
+    }
   }
 };
 
@@ -130,7 +142,7 @@ inline float exp_nonpositive(float x) {
 // row with `group` query heads on KV head `kv_head`; lane = row * group + head.
 struct Item {
   int64_t first_row, rows, seq_len, kv_head, group, num_kv_heads, dim;
-  SlotMap slot;
+  const int64_t* offsets;  // [seq_len]: where each position's key (and value) row starts
 
   int64_t lanes() const { return rows * group; }
   int64_t first_pos() const { return seq_len - rows; }
@@ -139,7 +151,7 @@ struct Item {
   int64_t first_lane(int64_t pos) const {
     return std::max<int64_t>(0, pos - first_pos()) * group;
   }
-  int64_t cache_offset(int64_t pos) const { return slot(pos) * token_stride() + kv_head * dim; }
+  int64_t cache_offset(int64_t pos) const { return offsets[pos]; }
   // Offset of lane's query (and output) row in the [tokens, heads, dim] tensors.
   int64_t head_offset(int64_t lane) const {
     const int64_t num_heads = num_kv_heads * group;
@@ -210,35 +222,121 @@ void score_avx512(const Item& it, const float* query, const c10::BFloat16* k_cac
   }
 }
 
-// acc[lane] += weight[lane][pos] * value[pos] for `kChunks` x 16 dims, lanes in tiles of
-// four whose sums stay in registers over all positions.
+#if defined(__AVX512BF16__)
+// Asks for the cache lines of one bfloat16 key or value row (`kHint`: to L1 or to L2).
+template <int kHint>
+inline void prefetch_row(const c10::BFloat16* row, int64_t dim) {
+  for (int64_t d = 0; d < dim; d += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(row + d), static_cast<_mm_hint>(kHint));
+  }
+}
+
+// The scores with AVX-512 BF16, for head dims that are multiples of 32: each bfloat16 query
+// row and key row are multiplied on vdpbf16ps as they are (exact products, fp32 sums), the
+// sixteen partial sums of 16 positions at a time summed by one transposed reduction, then
+// scaled. Every lane gets every position's score (the softmax reads only what it sees).
+void score_bf16(const Item& it, const c10::BFloat16* q, const c10::BFloat16* k_cache,
+                const c10::BFloat16* v_cache, float scale, float* scores) {
+  const int64_t chunks = it.dim / 32;
+  const __m512 factor = _mm512_set1_ps(scale);
+  for (int64_t pos0 = 0; pos0 < it.seq_len; pos0 += 16) {
+    const int64_t count = std::min<int64_t>(16, it.seq_len - pos0);
+    const c10::BFloat16* keys[16];
+    for (int64_t p = 0; p < count; ++p) keys[p] = k_cache + it.cache_offset(pos0 + p);
+    // the cache is read from memory once per step: ask for the next keys and for these
+    // positions' values (read after the softmax) while these scores are computed
+    for (int64_t p = pos0 + 16; p < std::min<int64_t>(it.seq_len, pos0 + 32); ++p) {
+      prefetch_row<_MM_HINT_T0>(k_cache + it.cache_offset(p), it.dim);
+    }
+    for (int64_t p = 0; p < count; ++p) {
+      prefetch_row<_MM_HINT_T1>(v_cache + it.cache_offset(pos0 + p), it.dim);
+    }
+    for (int64_t lane = 0; lane < it.lanes(); ++lane) {
+      const c10::BFloat16* query = q + it.head_offset(lane);
+      __m512bh query_chunk[kMaxChunks / 2];
+      for (int64_t c = 0; c < chunks; ++c) {
+        query_chunk[c] = (__m512bh)_mm512_loadu_si512(query + 32 * c);
+      }
+      __m512 partial[16];
+      for (int64_t p = 0; p < 16; ++p) {
+        partial[p] = _mm512_setzero_ps();
+        if (p >= count) continue;
+        for (int64_t c = 0; c < chunks; ++c) {
+          const __m512bh key = (__m512bh)_mm512_loadu_si512(keys[p] + 32 * c);
+          partial[p] = _mm512_dpbf16_ps(partial[p], query_chunk[c], key);
+        }
+      }
+      const __m512 row = _mm512_mul_ps(servelab::transposed_sum16(partial), factor);
+      _mm512_mask_storeu_ps(scores + lane * it.seq_len + pos0,
+                            static_cast<__mmask16>((1u << count) - 1), row);
+    }
+  }
+}
+#endif
+
+// acc[lane] += weight[lane][pos] * value[pos] for `kChunks` x 16 dims and `kLanes` lanes from
+// lane0, whose sums stay in registers over all positions (a weight past a lane's view is 0).
+template <int kChunks, int kLanes>
+void accumulate_tile(const Item& it, int64_t lane0, const float* weights,
+                     const c10::BFloat16* v_cache, float* acc) {
+  __m512 sum[kLanes][kChunks];
+  for (int l = 0; l < kLanes; ++l) {
+    for (int c = 0; c < kChunks; ++c) sum[l][c] = _mm512_setzero_ps();
+  }
+  const float* row = weights + lane0 * it.seq_len;
+  for (int64_t pos = 0; pos < it.seq_len; ++pos) {
+    const c10::BFloat16* src = v_cache + it.cache_offset(pos);
+    __m512 value[kChunks];
+    for (int c = 0; c < kChunks; ++c) value[c] = load_bf16(src + 16 * c);
+    for (int l = 0; l < kLanes; ++l) {
+      const __m512 weight = _mm512_set1_ps(row[l * it.seq_len + pos]);
+      for (int c = 0; c < kChunks; ++c) sum[l][c] = _mm512_fmadd_ps(weight, value[c], sum[l][c]);
+    }
+  }
+  for (int l = 0; l < kLanes; ++l) {
+    for (int c = 0; c < kChunks; ++c) {
+      _mm512_storeu_ps(acc + (lane0 + l) * it.dim + 16 * c, sum[l][c]);
+    }
+  }
+}
+
 template <int kChunks>
 void accumulate_tiles(const Item& it, const float* weights, const c10::BFloat16* v_cache,
                       float* acc) {
-  constexpr int64_t kTile = 4;
-  for (int64_t lane0 = 0; lane0 < it.lanes(); lane0 += kTile) {
-    const int64_t lanes = std::min(kTile, it.lanes() - lane0);
-    __m512 sum[kTile][kChunks];
-    for (int64_t l = 0; l < kTile; ++l) {
-      for (int c = 0; c < kChunks; ++c) sum[l][c] = _mm512_setzero_ps();
-    }
-    // positions every lane of the tile sees, then the causal tail seen by later lanes only
-    for (int64_t pos = 0; pos < it.seq_len; ++pos) {
-      const int64_t first = std::max(lane0, it.first_lane(pos));
-      if (first >= lane0 + lanes) continue;
-      const c10::BFloat16* src = v_cache + it.cache_offset(pos);
-      __m512 value[kChunks];
-      for (int c = 0; c < kChunks; ++c) value[c] = load_bf16(src + 16 * c);
-      for (int64_t l = 0; l < kTile; ++l) {
-        if (l >= lanes || lane0 + l < first) continue;
-        const __m512 weight = _mm512_set1_ps(weights[(lane0 + l) * it.seq_len + pos]);
-        for (int c = 0; c < kChunks; ++c) sum[l][c] = _mm512_fmadd_ps(weight, value[c], sum[l][c]);
-      }
-    }
-    for (int64_t l = 0; l < lanes; ++l) {
-      for (int c = 0; c < kChunks; ++c) _mm512_storeu_ps(acc + (lane0 + l) * it.dim + 16 * c, sum[l][c]);
+  for (int64_t lane0 = 0; lane0 < it.lanes(); lane0 += 4) {
+    switch (std::min<int64_t>(4, it.lanes() - lane0)) {
+      case 1: accumulate_tile<kChunks, 1>(it, lane0, weights, v_cache, acc); break;
+      case 2: accumulate_tile<kChunks, 2>(it, lane0, weights, v_cache, acc); break;
+      case 3: accumulate_tile<kChunks, 3>(it, lane0, weights, v_cache, acc); break;
+      default: accumulate_tile<kChunks, 4>(it, lane0, weights, v_cache, acc); break;
     }
   }
+}
+
+// Softmax numerators of one lane's scores in place: exp(x - max) over the `visible` first
+// positions, 0 after them up to `length`; returns their sum.
+float softmax_row_avx512(float* row, int64_t visible, int64_t length) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 best = minus_inf;
+  for (int64_t i = 0; i < visible; i += 16) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << std::min<int64_t>(16, visible - i)) - 1);
+    best = _mm512_max_ps(best, _mm512_mask_loadu_ps(minus_inf, mask, row + i));
+  }
+  const __m512 log2e = _mm512_set1_ps(kLog2e);
+  const __m512 shift = _mm512_set1_ps(-_mm512_reduce_max_ps(best) * kLog2e);
+  __m512 total = _mm512_setzero_ps();
+  for (int64_t i = 0; i < length; i += 16) {
+    const int64_t count = std::min<int64_t>(16, length - i);
+    const int64_t seen = std::clamp<int64_t>(visible - i, 0, count);
+    const __mmask16 store = static_cast<__mmask16>((1u << count) - 1);
+    const __mmask16 keep = static_cast<__mmask16>((1u << seen) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(keep, row + i);
+    const __m512 p = _mm512_maskz_mov_ps(keep, servelab::exp2_nonpositive(_mm512_fmadd_ps(x, log2e, shift)));
+    _mm512_mask_storeu_ps(row + i, store, p);
+    total = _mm512_add_ps(total, p);
+  }
+  return _mm512_reduce_add_ps(total);
 }
 
 void accumulate_avx512(const Item& it, const float* weights, const c10::BFloat16* v_cache,
@@ -280,7 +378,15 @@ void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_c
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
     if (avx512_fits(it)) {
+#if defined(__AVX512BF16__)
+      if (it.dim % 32 == 0) {
+        score_bf16(it, q, k_cache, v_cache, scale, scores.data());
+      } else {
+        score_avx512(it, query.data(), k_cache, scores.data());
+      }
+#else
       score_avx512(it, query.data(), k_cache, scores.data());
+#endif
       vectorised = true;
     }
   }
@@ -290,6 +396,12 @@ void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_c
   for (int64_t lane = 0; lane < lanes; ++lane) {
     float* row = scores.data() + lane * it.seq_len;
     const int64_t visible = it.first_pos() + lane / it.group + 1;
+#if defined(__AVX512F__)
+    if (vectorised) {
+      denom[lane] = softmax_row_avx512(row, visible, it.seq_len);
+      continue;
+    }
+#endif
     const float peak = max_of(row, visible);
     for (int64_t pos = 0; pos < visible; ++pos) row[pos] = exp_nonpositive(row[pos] - peak);
     denom[lane] = sum_of(row, visible);
@@ -327,16 +439,34 @@ void attend_all(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor
   const int64_t* slabs = paged ? nullptr : kv_index.data_ptr<int64_t>();
   const int64_t table_width = paged ? kv_index.size(1) : 0;
   const float fscale = static_cast<float>(scale);
-  at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+  // items (sequence, KV head) split into one contiguous range per thread of equal work
+  // (positions times query rows), not equal counts: a batch's context lengths differ widely
+  const int64_t items = num_seqs * num_kv_heads;
+  std::vector<int64_t> work_before(items + 1, 0);
+  for (int64_t index = 0; index < items; ++index) {
+    const int64_t b = index / num_kv_heads;
+    work_before[index + 1] = work_before[index] + lens[b] * (starts[b + 1] - starts[b]);
+  }
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+  at::parallel_for(0, threads, 1, [&](int64_t thread_begin, int64_t thread_end) {
+    const int64_t total = work_before[items];
+    const auto first_item = [&](int64_t thread) {
+      return static_cast<int64_t>(
+          std::lower_bound(work_before.begin(), work_before.end(), total * thread / threads) -
+          work_before.begin());
+    };
     std::vector<float> scores, acc, query, denom;  // per thread, reused across items
-    for (int64_t index = begin; index < end; ++index) {
+    std::vector<int64_t> offsets;
+    for (int64_t index = first_item(thread_begin); index < std::min(items, first_item(thread_end));
+         ++index) {
       const int64_t b = index / num_kv_heads;
       const int64_t kv_head = index % num_kv_heads;
       const int64_t rows = starts[b + 1] - starts[b];
       if (rows == 0) continue;
       const SlotMap slot{paged, block_size, paged ? tables + b * table_width : nullptr,
                          paged ? 0 : slabs[b]};
-      const Item item{starts[b], rows, lens[b], kv_head, group, num_kv_heads, dim, slot};
+      slot.fill(lens[b], num_kv_heads * dim, kv_head * dim, offsets);
+      const Item item{starts[b], rows, lens[b], kv_head, group, num_kv_heads, dim, offsets.data()};
       attend_item<scalar_t>(q_ptr, k_ptr, v_ptr, out_ptr, item, fscale, scores, acc, query,
                             denom);
     }
