@@ -39,7 +39,7 @@ CPU_DIR = Path(__file__).resolve().parent / "cpu"
 SOURCES = tuple(
     CPU_DIR / name for name in ("paged_attention.cpp", "decode_layer.cpp", "flash_attention.cpp")
 )
-HEADERS = (CPU_DIR / "paged_attention.h", CPU_DIR / "vector_math.h")
+HEADERS = tuple(CPU_DIR / name for name in ("paged_attention.h", "vector_math.h", "row_ops.h"))
 FLASH_ROWS = 16  # sequences with at least this many new tokens take the flash path
 OWN_FLASH_HEAD_DIMS = (32, 64, 128)  # servelab::flash_attention's tiles
 # A build takes about a minute here; a lock older than this was left by a killed build, and

@@ -5,8 +5,12 @@ that, not the weights' bytes, bounds a decode step (profiled on the development 
 per token against a 6 ms memory floor, 15 ms of it in oneDNN's matrix-vector products). The
 operator `servelab::decode_layer` (`kernels/cpu/decode_layer.cpp`, built with the attention
 operator) runs a whole layer for batches of few new tokens; `FusedDecodeLayers` holds each
-layer's operands and runs the stack when a batch qualifies (bfloat16 on a CPU, at most
-`max_rows` new tokens), and the model runs its modules otherwise. The engine setting
+layer's operands and runs the stack when a batch qualifies (bfloat16 on a CPU, every
+sequence with fewer new tokens than the flash path takes), and the model runs its modules
+otherwise. Dense products of more than a few rows run on oneDNN's prepacked weights inside
+the layer, as the eager linear layers do; what the layer saves there is the dispatch of the
+small operators around them (a decode step of 64 sequences: norms, rotary, residuals, SwiGLU
+and their Python). The engine setting
 `engine.fused_decode` turns it off; the tests compare the two paths.
 """
 
@@ -20,14 +24,11 @@ from torch import nn
 
 from harness.engine.batch import ForwardBatch
 from kernels.cpu_attention import FLASH_ROWS, build_status, plan_cpu
+from kernels.linear import PackedLinear, packing_available
 
 if TYPE_CHECKING:
     from harness.models.model import DecoderLayer, LlamaModel
 
-# Rows (new tokens) up to which the fused layer is used: above this the products are matrix
-# products, where oneDNN's blocked kernels win (see benchmarks/bench_steps.py). Below
-# FLASH_ROWS, so every sequence of an accepted batch takes the attention operator.
-MAX_ROWS = min(8, FLASH_ROWS - 1)
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -37,18 +38,25 @@ class LayerOperands:
 
     input_norm: torch.Tensor
     post_attention_norm: torch.Tensor
-    weights: list[torch.Tensor]  # per projection: the weight, or int4 packed + scales/offsets
+    weights: list[torch.Tensor]  # per projection: weight + oneDNN-packed, or int4 packed + scales
     int4_groups: list[int]  # per projection: 0 for dense, else the int4 group
 
 
 def projection_operands(module: nn.Module) -> tuple[list[torch.Tensor], int] | None:
-    """A projection's tensors for the fused layer and its int4 group (0: dense), or None
-    when the fused layer cannot multiply by it."""
+    """A projection's two tensors for the fused layer and its int4 group (0: dense), or None
+    when the fused layer cannot multiply by it. A dense weight comes with oneDNN's prepacked
+    copy, which the layer multiplies by for more than a few rows."""
     if isinstance(module, nn.Linear):
-        weight = module.weight
+        weight = module.weight.detach()
         if module.bias is not None or weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
             return None
-        return [weight.detach().contiguous()], 0
+        if not packing_available():
+            return None
+        if isinstance(module, PackedLinear):
+            packed = module.packed_weight()  # the copy the layer already holds
+        else:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+        return [weight.contiguous(), packed], 0
     kernel = getattr(module, "kernel", None)
     if kernel is not None and kernel.name == "torch-packed":
         tensors = [module.get_buffer("packed"), module.get_buffer("scales_and_offsets")]
@@ -82,21 +90,21 @@ class FusedDecodeLayers:
     Built once per engine from the model as loaded: its weights must not be replaced later.
     """
 
-    def __init__(self, model: LlamaModel, layers: list[LayerOperands], max_rows: int) -> None:
+    def __init__(self, model: LlamaModel, layers: list[LayerOperands]) -> None:
         self.layers = layers
-        self.max_rows = max_rows
         config = model.config
         self.num_heads = config.num_heads
         self.eps = config.rms_norm_eps
         self.scale = config.head_dim**-0.5
 
     def accepts(self, batch: ForwardBatch, x: torch.Tensor) -> bool:
-        """Whether this batch takes the fused path: few new tokens (so every sequence has
-        fewer than FLASH_ROWS), bfloat16 on a CPU."""
+        """Whether this batch takes the fused path: bfloat16 on a CPU, every sequence with
+        fewer than FLASH_ROWS new tokens (decode steps and short verifications of any batch
+        size: all of it is the attention operator's)."""
         return (
-            batch.num_tokens <= self.max_rows
-            and x.dtype == torch.bfloat16
+            x.dtype == torch.bfloat16
             and x.device.type == "cpu"
+            and max(batch.query_lens, default=0) < FLASH_ROWS
         )
 
     def __call__(
@@ -144,4 +152,4 @@ def fused_decode_layers(
     usable = [layer for layer in operands if layer is not None]
     if len(usable) < len(operands) or build_status() is not None:
         return None
-    return FusedDecodeLayers(model, usable, MAX_ROWS)
+    return FusedDecodeLayers(model, usable)

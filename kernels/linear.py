@@ -56,7 +56,8 @@ class PackedLinear(nn.Linear):
             and packing_available()
         )
 
-    def _packed_weight(self) -> torch.Tensor:
+    def packed_weight(self) -> torch.Tensor:
+        """oneDNN's prepacked copy of the weight, packed again if the weight was replaced."""
         source = (self.weight.data_ptr(), self.weight._version)
         if self._packed is None or self._packed_from != source:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
@@ -71,7 +72,7 @@ class PackedLinear(nn.Linear):
             out = torch.ops.servelab.matvec(rows, self.weight)
         else:
             out = torch.ops.mkldnn._linear_pointwise(
-                rows, self._packed_weight(), self.bias, "none", [], ""
+                rows, self.packed_weight(), self.bias, "none", [], ""
             )
         return out.view(*x.shape[:-1], self.out_features)
 

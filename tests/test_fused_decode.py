@@ -16,8 +16,8 @@ import torch
 
 from harness.engine.batch import ForwardBatch
 from kernels.attention import Attention, AttentionConfig
-from kernels.cpu_attention import build_status
-from kernels.fused_decode import MAX_ROWS, fused_decode_layers
+from kernels.cpu_attention import FLASH_ROWS, build_status
+from kernels.fused_decode import fused_decode_layers
 from tests.int4_cases import context, served_model, tiny_checkpoint, weights_format
 from tests.tiny import CPU, tiny_model
 
@@ -132,7 +132,9 @@ def _compare_decode_step(model, paged: bool, new: list[int]) -> None:
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-@pytest.mark.parametrize("new", [[1, 1, 1], [1, 3, 2]], ids=["decode", "verify"])
+@pytest.mark.parametrize(
+    "new", [[1, 1, 1], [1, 3, 2], [5, 4, 6]], ids=["decode", "verify", "onednn-rows"]
+)
 def test_dense_decode_step_matches_the_layer_modules(paged: bool, new: list[int]) -> None:
     _compare_decode_step(tiny_model(dtype=BF16, vocab_size=4096), paged, new)
 
@@ -143,17 +145,19 @@ def test_int4_decode_step_matches_the_layer_modules(tmp_path: Path) -> None:
     runner = fused_decode_layers(model, BF16, CPU, "cpu")
     assert runner is not None and runner.layers[0].int4_groups == [64] * 7
     _compare_decode_step(model, True, [1, 2, 1])
+    _compare_decode_step(model, True, [5, 4, 6])  # beyond the int4 loop: torch's kernel
 
 
-def test_only_small_bfloat16_batches_on_the_cpu_operator_take_it() -> None:
+def test_only_bfloat16_batches_of_short_sequences_on_the_cpu_operator_take_it() -> None:
     model = tiny_model(dtype=BF16, vocab_size=4096)
     assert fused_decode_layers(model, torch.float32, CPU, "cpu") is None
     assert fused_decode_layers(model, BF16, CPU, "torch") is None
     runner = fused_decode_layers(model, BF16, CPU, "cpu")
     generator = torch.Generator().manual_seed(0)
     x = torch.zeros(1, dtype=BF16)
-    assert runner.accepts(_batch([5] * MAX_ROWS, [1] * MAX_ROWS, True, generator), x)
-    assert not runner.accepts(_batch([5] * 9, [1] * 9, True, generator), x)
-    assert not runner.accepts(_batch([20], [MAX_ROWS], True, generator), x.float())
+    assert runner.accepts(_batch([5] * 12, [1] * 12, True, generator), x)
+    assert runner.accepts(_batch([20, 5], [FLASH_ROWS - 1, 1], True, generator), x)
+    assert not runner.accepts(_batch([20, 5], [FLASH_ROWS, 1], True, generator), x)
+    assert not runner.accepts(_batch([5] * 12, [1] * 12, True, generator), x.float())
     fp32 = tiny_model(vocab_size=4096)
     assert fused_decode_layers(fp32, torch.float32, CPU, "cpu") is None

@@ -32,13 +32,15 @@
 #include <vector>
 
 #include "paged_attention.h"
+#include "row_ops.h"
 
 namespace {
 
 using bf16 = c10::BFloat16;
 
-inline float widen(bf16 value) { return static_cast<float>(value); }
-inline float round_bf16(float value) { return static_cast<float>(bf16(value)); }
+using servelab::rows::round_bf16;
+using servelab::rows::swiglu_value;
+using servelab::rows::widen;
 
 constexpr int64_t kLinears = 7;  // q, k, v, o, gate, up, down
 
@@ -95,12 +97,6 @@ inline void dot_row(const bf16* x, int64_t x_stride, const bf16* w_row, int64_t 
   }
 }
 #endif
-
-// silu(gate) * up with each rounded to bfloat16 as the eager operators round it.
-inline bf16 swiglu_value(float gate, float up) {
-  const float g = round_bf16(gate);
-  return bf16(round_bf16(g / (1.0f + std::exp(-g))) * round_bf16(up));
-}
 
 // Products of one x [rows, K] with several weights [N_s, K] at once, y_s [rows, N_s] (q, k and
 // v together): one parallel region over all their weight rows, each row read once for up to
@@ -380,17 +376,37 @@ void int4_gated(const at::Tensor& x, const Int4Product& gate, const Int4Product&
   });
 }
 
-// One projection: dense (`group` 0: `weight` bfloat16 [N, K]) or int4 (torch's packed weight
-// and its [K / group, N, 2] scales and offsets).
+// oneDNN's product with a weight it has prepacked (`mkldnn::_linear_pointwise`, what the
+// eager layer calls for more than a few rows), reached through the dispatcher.
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                            c10::string_view, c10::List<std::optional<at::Scalar>>,
+                            std::optional<c10::string_view>)>();
+  return op.call(x, packed, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(), "");
+}
+
+// Rows of x up to which dense products run the matrix-vector loop; beyond, oneDNN's blocked
+// kernels on the prepacked weight win (the eager layer's boundary, measured the same way).
+constexpr int64_t kMatvecMaxRows = 8;
+
+// One projection: dense (`group` 0: `weight` bfloat16 [N, K] and `packed`, oneDNN's prepacked
+// copy) or int4 (`weight` torch's packed int4 bytes, `packed` its [K / group, N, 2] scales and
+// offsets).
 struct Linear {
   at::Tensor weight;
-  at::Tensor scales_and_offsets;
+  at::Tensor packed;
   int64_t group;
 
   bool dense() const { return group == 0; }
-  int64_t out_features() const { return dense() ? weight.size(0) : scales_and_offsets.size(1); }
+  int64_t out_features() const { return dense() ? weight.size(0) : packed.size(1); }
   bool int4_loop(const at::Tensor& x) const {
     return !dense() && int4_matvec_fits(x.size(0), out_features());
+  }
+  bool onednn(const at::Tensor& x) const {
+    return dense() && packed.defined() && x.size(0) > kMatvecMaxRows;
   }
 
   at::Tensor operator()(const at::Tensor& x) const { return project(x, {this}).front(); }
@@ -403,9 +419,13 @@ struct Linear {
     std::vector<Product> dense;
     std::vector<Int4Product> int4;
     for (const Linear* linear : linears) {
+      if (linear->onednn(x)) {
+        ys.push_back(onednn_linear(x, linear->packed));
+        continue;
+      }
       if (!linear->dense() && !linear->int4_loop(x)) {
-        ys.push_back(at::_weight_int4pack_mm_for_cpu(x, linear->weight, linear->group,
-                                                     linear->scales_and_offsets));
+        ys.push_back(
+            at::_weight_int4pack_mm_for_cpu(x, linear->weight, linear->group, linear->packed));
         continue;
       }
       ys.push_back(at::empty({x.size(0), linear->out_features()}, x.options()));
@@ -413,7 +433,7 @@ struct Linear {
       if (linear->dense()) {
         dense.push_back({linear->weight.data_ptr<bf16>(), linear->out_features(), y});
       } else {
-        int4.emplace_back(x, linear->weight, linear->scales_and_offsets, linear->group, y);
+        int4.emplace_back(x, linear->weight, linear->packed, linear->group, y);
       }
     }
     if (!dense.empty()) products(x, dense);
@@ -425,62 +445,18 @@ struct Linear {
 // The SwiGLU inner activations silu(x gate^T) * (x up^T).
 at::Tensor gated(const at::Tensor& x, const Linear& gate, const Linear& up) {
   auto y = at::empty({x.size(0), gate.out_features()}, x.options());
-  if (gate.dense() && up.dense()) {
+  if (gate.dense() && up.dense() && !gate.onednn(x)) {
     gated_products(x, gate.weight, up.weight, y);
     return y;
   }
   if (gate.int4_loop(x) && up.int4_loop(x)) {
-    const Int4Product g(x, gate.weight, gate.scales_and_offsets, gate.group, nullptr);
-    const Int4Product u(x, up.weight, up.scales_and_offsets, up.group, nullptr);
+    const Int4Product g(x, gate.weight, gate.packed, gate.group, nullptr);
+    const Int4Product u(x, up.weight, up.packed, up.group, nullptr);
     int4_gated(x, g, u, y.data_ptr<bf16>());
     return y;
   }
-  const auto g = gate(x), u = up(x);
-  const bf16* gp = g.data_ptr<bf16>();
-  const bf16* upp = u.data_ptr<bf16>();
-  bf16* yp = y.data_ptr<bf16>();
-  for (int64_t i = 0; i < g.numel(); ++i) yp[i] = swiglu_value(widen(gp[i]), widen(upp[i]));
+  servelab::rows::swiglu(gate(x), up(x), y);
   return y;
-}
-
-// RMSNorm as the eager model computes it: fp32 statistics, the normalised row rounded to
-// bfloat16, then multiplied by the bfloat16 weight and rounded again.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const int64_t rows = x.size(0), width = x.size(1);
-  auto out = at::empty_like(x);
-  const bf16* xp = x.data_ptr<bf16>();
-  const bf16* wp = weight.data_ptr<bf16>();
-  bf16* op = out.data_ptr<bf16>();
-  for (int64_t t = 0; t < rows; ++t) {
-    const bf16* row = xp + t * width;
-    float squares = 0.0f;
-    for (int64_t i = 0; i < width; ++i) squares += widen(row[i]) * widen(row[i]);
-    const float inv = 1.0f / std::sqrt(squares / static_cast<float>(width) + static_cast<float>(eps));
-    for (int64_t i = 0; i < width; ++i) {
-      op[t * width + i] = bf16(round_bf16(widen(row[i]) * inv) * widen(wp[i]));
-    }
-  }
-  return out;
-}
-
-// Rotate-half rotary embedding in place on `x` [T, heads * D] with bfloat16 `cos`, `sin`
-// [T, D / 2], rounding each product and the sum as the eager bfloat16 operators do.
-void rotate(at::Tensor& x, int64_t heads, int64_t dim, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t half = dim / 2;
-  bf16* xp = x.data_ptr<bf16>();
-  const bf16* cp = cos.data_ptr<bf16>();
-  const bf16* sp = sin.data_ptr<bf16>();
-  for (int64_t t = 0; t < x.size(0); ++t) {
-    for (int64_t h = 0; h < heads; ++h) {
-      bf16* v = xp + (t * heads + h) * dim;
-      for (int64_t i = 0; i < half; ++i) {
-        const float c = widen(cp[t * half + i]), s = widen(sp[t * half + i]);
-        const float first = widen(v[i]), second = widen(v[i + half]);
-        v[i] = bf16(round_bf16(first * c) - round_bf16(second * s));
-        v[i + half] = bf16(round_bf16(second * c) + round_bf16(first * s));
-      }
-    }
-  }
 }
 
 // The step's keys and values into the cache at their flat slots.
@@ -496,36 +472,22 @@ void write_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache,
   }
 }
 
-// a + b, rounded (the residual adds).
-at::Tensor add_rounded(const at::Tensor& a, const at::Tensor& b) {
-  auto out = at::empty_like(a);
-  const bf16* ap = a.data_ptr<bf16>();
-  const bf16* bp = b.data_ptr<bf16>();
-  bf16* op = out.data_ptr<bf16>();
-  for (int64_t i = 0; i < a.numel(); ++i) op[i] = bf16(widen(ap[i]) + widen(bp[i]));
-  return out;
-}
-
+// Two tensors per projection, in the order q, k, v, o, gate, up, down: a dense one's weight
+// and its oneDNN-prepacked copy (group 0), or an int4 one's packed bytes and scales.
 std::vector<Linear> linears_of(at::TensorList tensors, at::IntArrayRef groups) {
   TORCH_CHECK(static_cast<int64_t>(groups.size()) == kLinears,
               "seven projections: q, k, v, o, gate, up, down");
+  TORCH_CHECK(static_cast<int64_t>(tensors.size()) == 2 * kLinears, "two tensors per projection");
   std::vector<Linear> linears;
-  size_t next = 0;
   for (int64_t i = 0; i < kLinears; ++i) {
-    const int64_t group = groups[i];
-    const size_t needed = group > 0 ? 2 : 1;
-    TORCH_CHECK(next + needed <= tensors.size(), "too few weight tensors for their groups");
-    const at::Tensor& weight = tensors[next];
-    if (group == 0) {
-      TORCH_CHECK(weight.scalar_type() == at::kBFloat16 && weight.is_contiguous() && weight.dim() == 2,
+    const at::Tensor& weight = tensors[2 * i];
+    if (groups[i] == 0) {
+      TORCH_CHECK(weight.scalar_type() == at::kBFloat16 && weight.is_contiguous() &&
+                      weight.dim() == 2,
                   "dense weights are contiguous bfloat16 [out, in]");
-      linears.push_back({weight, at::Tensor(), 0});
-    } else {
-      linears.push_back({weight, tensors[next + 1], group});
     }
-    next += needed;
+    linears.push_back({weight, tensors[2 * i + 1], groups[i]});
   }
-  TORCH_CHECK(next == tensors.size(), "more weight tensors than their groups name");
   return linears;
 }
 
@@ -555,9 +517,10 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& input_norm,
   std::vector<at::Tensor> qkv;
   {
     RECORD_FUNCTION("decode_layer/qkv", std::vector<c10::IValue>());
-    qkv = Linear::project(rms_norm(x, input_norm, eps), {&linears[0], &linears[1], &linears[2]});
-    rotate(qkv[0], num_heads, dim, cos, sin);
-    rotate(qkv[1], num_kv_heads, dim, cos, sin);
+    qkv = Linear::project(servelab::rows::rms_norm(x, input_norm, eps),
+                          {&linears[0], &linears[1], &linears[2]});
+    servelab::rows::rotate(qkv[0], num_heads, dim, cos, sin);
+    servelab::rows::rotate(qkv[1], num_kv_heads, dim, cos, sin);
     write_cache(qkv[1], qkv[2], k_cache, v_cache, slot_mapping.contiguous());
   }
   at::Tensor attended;
@@ -570,15 +533,16 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& input_norm,
   at::Tensor hidden;
   {
     RECORD_FUNCTION("decode_layer/o_proj", std::vector<c10::IValue>());
-    hidden = add_rounded(x, linears[3](attended.view({tokens, num_heads * dim})));
+    hidden = servelab::rows::add(x, linears[3](attended.view({tokens, num_heads * dim})));
   }
   at::Tensor inner;
   {
     RECORD_FUNCTION("decode_layer/gate_up", std::vector<c10::IValue>());
-    inner = gated(rms_norm(hidden, post_attention_norm, eps), linears[4], linears[5]);
+    inner = gated(servelab::rows::rms_norm(hidden, post_attention_norm, eps), linears[4],
+                  linears[5]);
   }
   RECORD_FUNCTION("decode_layer/down_proj", std::vector<c10::IValue>());
-  return add_rounded(hidden, linears[6](inner));
+  return servelab::rows::add(hidden, linears[6](inner));
 }
 
 // The dense projection alone, for tests and benchmarks: x [M, K] w [N, K]^T, bfloat16.
@@ -616,6 +580,9 @@ TORCH_LIBRARY_FRAGMENT(servelab, m) {
       "Tensor(b!) v_cache, Tensor slot_mapping, Tensor query_start_loc, Tensor seq_lens, "
       "Tensor kv_index, bool paged, int num_heads, float scale) -> Tensor");
 }
+
+// oneDNN's prepacked weights are MkldnnCPU tensors, and the dispatcher keys a call on them
+TORCH_LIBRARY_IMPL(servelab, MkldnnCPU, m) { m.impl("decode_layer", &decode_layer); }
 
 TORCH_LIBRARY_IMPL(servelab, CPU, m) {
   m.impl("decode_layer", &decode_layer);
