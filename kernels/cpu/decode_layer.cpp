@@ -1,16 +1,17 @@
-// One Llama-family decoder layer for a batch of few new tokens (decode steps, short
-// speculative verifications), bfloat16, in one call.
+// One Llama-family decoder layer for a batch whose sequences all have few new tokens (decode
+// steps, short speculative verifications; any batch size), bfloat16, in one call.
 //
 // At batch 1 the eager layer is some twenty small operators, each dispatched from Python,
 // and together they cost more than the layer's arithmetic; its matrix-vector products also
 // run well below the machine's memory bandwidth in oneDNN. This operator runs the whole layer
 // in C++: RMSNorm, the q/k/v projections, rotary embedding, the KV write, attention (the
 // operator of paged_attention.cpp), the output projection and residual, RMSNorm, SwiGLU and
-// its residual. Dense weights are multiplied by an AVX-512 BF16 matrix-vector loop that reads
-// each weight row once for all the batch's rows (a portable loop elsewhere); int4 weights in
-// torch's packed layout by a loop of the same kind for at most kInt4MaxRows rows, else by
-// torch's packed int4 CPU kernel. Every intermediate is rounded to bfloat16 where the eager
-// model rounds it, so the two differ only in the order of the products' sums.
+// its residual (the element-wise steps in row_ops.h). Dense weights are multiplied by an
+// AVX-512 BF16 matrix-vector loop that reads each weight row once for all the batch's rows (a
+// portable loop elsewhere) up to kMatvecMaxRows rows, and by oneDNN on its prepacked copy
+// beyond; int4 weights in torch's packed layout by a loop of the same kind for at most
+// kInt4MaxRows rows, else by torch's packed int4 CPU kernel. Every intermediate is rounded to
+// bfloat16 where the eager model rounds it, so the two differ only in the order of sums.
 // Registered as the operators `servelab::decode_layer`, and the two products alone (for the
 // linear layers' decode steps, tests and benchmarks) `servelab::matvec` and
 // `servelab::int4_matvec`.
@@ -47,6 +48,8 @@ constexpr int64_t kLinears = 7;  // q, k, v, o, gate, up, down
 // sums[m] = x[m] . w_row for the `M` rows of x (each `k_len` long, `x_stride` apart): the
 // weight row is read once, front to back, so a block of rows streams from memory in order.
 #if defined(__AVX512BF16__)
+constexpr int64_t kDensePrefetch = 1024;  // bytes ahead of the weight loads: DRAM latency
+
 template <int M>
 inline void dot_row(const bf16* x, int64_t x_stride, const bf16* w_row, int64_t k_len,
                     float* sums) {
@@ -57,6 +60,7 @@ inline void dot_row(const bf16* x, int64_t x_stride, const bf16* w_row, int64_t 
   for (int a = 0; a < kAcc; ++a) acc[a] = _mm512_setzero_ps();
   int64_t k = 0, step = 0;
   for (; k + 32 <= k_len; k += 32, ++step) {
+    _mm_prefetch(reinterpret_cast<const char*>(w_row + k) + kDensePrefetch, _MM_HINT_T0);
     const __m512bh wv = (__m512bh)_mm512_loadu_si512(w_row + k);
     if constexpr (M == 1) {
       acc[step & 1] = _mm512_dpbf16_ps(acc[step & 1], (__m512bh)_mm512_loadu_si512(x + k), wv);
