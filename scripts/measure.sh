@@ -17,7 +17,9 @@ for section in "${sections[@]}"; do
   case "$section" in
     cpu-speed)  # the speed yardstick side by side: servelab's vllm strategy (bf16, batch 64) and
       # vLLM's CPU build offline on the same 64 prompts (scripts/peers/ installs and exports it),
-      # servelab before and after vLLM so drift shows; then the step shapes against the floor
+      # servelab before and after vLLM so drift shows; then the step shapes against the floor.
+      # A finished run directory is never run again, so an earlier sitting's runs go first.
+      rm -rf $OUT/cpu-speed
       $S calibrate --refresh
       PYTHONPATH=. $PY scripts/peers/dump_workload.py
       for turn in 1 2; do
