@@ -28,8 +28,9 @@ $(STAMP): pyproject.toml
 # knee, one KV budget for all (small enough that memory decides capacity), 48 requests per run
 # so that queues build up where a load is too high; one sweep report over every run. Static
 # batching sustains a fraction of iteration batching's load, so it gets its own rates (found
-# on this machine: it holds the SLO at 0.25 req/s; orca and orca-chunked break between 2 and 4,
-# vllm between 4 and 8).
+# on the development machine, 2026-12-01: static batching holds the SLO at 0.5 req/s and
+# breaks by 1; orca breaks between 2 and 4, orca-chunked between 4 and 8, vllm between 8 and
+# 16, where it attained 0.92 and 0.77).
 COMPARISON_DIR ?= runs/comparison/$(NOW)
 NOW := $(shell date +%Y-%m-%d/%H-%M-%S)
 COMPARISON := workload=comparison workload.num_requests=48 engine.kv_budget=32MiB \
@@ -37,7 +38,7 @@ COMPARISON := workload=comparison workload.num_requests=48 engine.kv_budget=32Mi
 run: $(STAMP)
 	$(VENV)/bin/servelab -m strategy=fastertransformer workload.arrival.rate=0.25,0.5,1 \
 	  $(COMPARISON) hydra.sweep.dir=$(COMPARISON_DIR)/static $(RUN_ARGS)
-	$(VENV)/bin/servelab -m strategy=orca,orca-chunked,vllm workload.arrival.rate=1,2,4,8 \
+	$(VENV)/bin/servelab -m strategy=orca,orca-chunked,vllm workload.arrival.rate=1,2,4,8,16 \
 	  $(COMPARISON) hydra.sweep.dir=$(COMPARISON_DIR)/iteration $(RUN_ARGS)
 	$(VENV)/bin/servelab report $(COMPARISON_DIR)/static $(COMPARISON_DIR)/iteration \
 	  --out $(COMPARISON_DIR)/report.html

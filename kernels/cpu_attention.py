@@ -10,11 +10,11 @@ Two paths, chosen per sequence once per batch (`plan_cpu`), every layer reusing 
   materialises the score matrix. In bfloat16 on a CPU with AVX-512 BF16 it is
   `servelab::flash_attention` (`kernels/cpu/flash_attention.cpp`, both products on
   vdpbf16ps; a 3,000-token causal prompt with 9 query heads on 3 KV heads in 32 ms against
-  torch's 81 on the development CPU): one causal call over the
-  cached prefix's keys and values (gathered) followed by the new ones. Elsewhere it is
-  torch's CPU flash kernel: a fresh prompt as one causal call; a prompt whose prefix is
-  cached (prefix hits, chunked prefill) as two calls, the new tokens over the prefix (no
-  mask) and over themselves (causal), merged by their log-sum-exps.
+  torch's 81 on the development CPU): one causal call over the cached prefix's keys and
+  values (gathered) followed by the new ones. Elsewhere it is torch's CPU flash kernel: a
+  fresh prompt as one causal call; a prompt whose prefix is cached (prefix hits, chunked
+  prefill) as two calls, the new tokens over the prefix (no mask) and over themselves
+  (causal), merged by their log-sum-exps.
 
 `kernels.paged_attention_ref` is the reference both are tested against; where the operator
 cannot be built (no compiler), `kernels.attention` falls back to it.

@@ -3,11 +3,15 @@
 //
 // Work items are (sequence, KV head): each reads its context's keys and values once for all
 // the query heads of its group and all its new tokens, so the cache is streamed once per
-// step. Scores and accumulation are fp32 whatever the cache dtype; a row at position
-// `seq_len - n + i` attends causally to positions 0 .. that position. The inner loops run
-// over the head dimension and are written to be vectorised by the compiler (-O3, the
-// host's vector ISA; exp by a polynomial); a bfloat16 cache on an AVX-512 host takes
-// explicit AVX-512 loops that widen each key and value row once in registers.
+// step. Items are split across threads by work (positions times rows), and each sequence's
+// whole cache rows are asked into L2 before its first KV head: a head's rows are a strided
+// part of each cache row, which demand misses alone read at a fraction of the bandwidth.
+// Scores and accumulation are fp32 whatever the cache dtype; a row at position
+// `seq_len - n + i` attends causally to positions 0 .. that position. The portable loops run
+// over the head dimension and are written to be vectorised by the compiler (-O3, the host's
+// vector ISA; exp by a polynomial). A bfloat16 cache on an AVX-512 host takes explicit loops:
+// scores on vdpbf16ps with one transposed sum per 16 positions (with AVX-512 BF16), a
+// vectorised softmax that zeroes what a row cannot see, and value sums in registers.
 // Registered as the operator `servelab::cpu_paged_attention` (declared in paged_attention.h
 // for the fused decoder layer, which calls it directly).
 
@@ -332,7 +336,8 @@ float softmax_row_avx512(float* row, int64_t visible, int64_t length) {
     const __mmask16 store = static_cast<__mmask16>((1u << count) - 1);
     const __mmask16 keep = static_cast<__mmask16>((1u << seen) - 1);
     const __m512 x = _mm512_maskz_loadu_ps(keep, row + i);
-    const __m512 p = _mm512_maskz_mov_ps(keep, servelab::exp2_nonpositive(_mm512_fmadd_ps(x, log2e, shift)));
+    const __m512 exponent = _mm512_fmadd_ps(x, log2e, shift);
+    const __m512 p = _mm512_maskz_mov_ps(keep, servelab::exp2_nonpositive(exponent));
     _mm512_mask_storeu_ps(row + i, store, p);
     total = _mm512_add_ps(total, p);
   }
@@ -540,4 +545,6 @@ TORCH_LIBRARY(servelab, m) {
       "Tensor seq_lens, Tensor kv_index, bool paged, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(servelab, CPU, m) { m.impl("cpu_paged_attention", &servelab::cpu_paged_attention); }
+TORCH_LIBRARY_IMPL(servelab, CPU, m) {
+  m.impl("cpu_paged_attention", &servelab::cpu_paged_attention);
+}

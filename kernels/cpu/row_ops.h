@@ -63,7 +63,8 @@ inline __mmask16 tail_mask(int64_t left) {
 // silu(x) = x sigmoid(x), sigmoid from e = exp(-|x|) for either sign
 inline __m512 silu16(__m512 x) {
   const __m512 magnitude = _mm512_abs_ps(x);
-  const __m512 e = exp2_nonpositive(_mm512_mul_ps(magnitude, _mm512_set1_ps(-1.44269504088896341f)));
+  const __m512 minus_log2e = _mm512_set1_ps(-1.44269504088896341f);
+  const __m512 e = exp2_nonpositive(_mm512_mul_ps(magnitude, minus_log2e));
   const __m512 one = _mm512_set1_ps(1.0f);
   const __m512 denominator = _mm512_add_ps(one, e);
   const __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
@@ -146,43 +147,54 @@ inline void rotate(at::Tensor& x, int64_t heads, int64_t dim, const at::Tensor& 
   });
 }
 
-// a + b, rounded (the residual adds).
-inline at::Tensor add(const at::Tensor& a, const at::Tensor& b) {
-  auto out = at::empty_like(a);
+// y = f(a, b) value by value over same-shaped bfloat16 tensors [T, N]: `vector_op` on 16
+// widened lanes at a time with AVX-512 BF16 (its result rounded at the store), `scalar_op`
+// on widened values elsewhere.
+template <typename VectorOp, typename ScalarOp>
+void combine(const at::Tensor& a, const at::Tensor& b, at::Tensor& y, VectorOp&& vector_op,
+             ScalarOp&& scalar_op) {
   const bf16* ap = a.data_ptr<bf16>();
   const bf16* bp = b.data_ptr<bf16>();
-  bf16* op = out.data_ptr<bf16>();
+  bf16* yp = y.data_ptr<bf16>();
   const int64_t width = a.size(-1);
   for_rows(a.numel() / width, width, [&](int64_t begin, int64_t end) {
     int64_t i = begin * width;
 #if defined(__AVX512BF16__)
     for (; i < end * width; i += 16) {
       const __mmask16 mask = tail_mask(end * width - i);
-      store16(op + i, _mm512_add_ps(load16(ap + i, mask), load16(bp + i, mask)), mask);
+      store16(yp + i, vector_op(load16(ap + i, mask), load16(bp + i, mask)), mask);
     }
+#else
+    (void)vector_op;
 #endif
-    for (; i < end * width; ++i) op[i] = bf16(widen(ap[i]) + widen(bp[i]));
+    for (; i < end * width; ++i) yp[i] = scalar_op(widen(ap[i]), widen(bp[i]));
   });
+}
+
+// a + b, rounded (the residual adds).
+inline at::Tensor add(const at::Tensor& a, const at::Tensor& b) {
+  auto out = at::empty_like(a);
+  combine(
+      a, b, out,
+#if defined(__AVX512BF16__)
+      [](__m512 x, __m512 z) { return _mm512_add_ps(x, z); },
+#else
+      nullptr,
+#endif
+      [](float x, float z) { return bf16(x + z); });
   return out;
 }
 
 // silu(gate) * up for bfloat16 `gate`, `up` [T, N] into `y`.
 inline void swiglu(const at::Tensor& gate, const at::Tensor& up, at::Tensor& y) {
-  const bf16* gp = gate.data_ptr<bf16>();
-  const bf16* upp = up.data_ptr<bf16>();
-  bf16* yp = y.data_ptr<bf16>();
-  const int64_t width = gate.size(-1);
-  for_rows(gate.numel() / width, width, [&](int64_t begin, int64_t end) {
-    int64_t i = begin * width;
+  combine(
+      gate, up, y,
 #if defined(__AVX512BF16__)
-    for (; i < end * width; i += 16) {
-      const __mmask16 mask = tail_mask(end * width - i);
-      const __m512 activated = round16(silu16(load16(gp + i, mask)));
-      store16(yp + i, _mm512_mul_ps(activated, load16(upp + i, mask)), mask);
-    }
+      [](__m512 g, __m512 u) { return _mm512_mul_ps(round16(silu16(g)), u); },
+#else
+      nullptr,
 #endif
-    for (; i < end * width; ++i) yp[i] = swiglu_value(widen(gp[i]), widen(upp[i]));
-  });
+      [](float g, float u) { return swiglu_value(g, u); });
 }
 
 }  // namespace servelab::rows
