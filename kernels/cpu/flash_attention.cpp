@@ -37,7 +37,6 @@ namespace {
 
 constexpr int64_t kKeys = 64;       // keys per block: four 16-lane score vectors per row
 constexpr int64_t kPositions = 32;  // positions per work item
-constexpr float kLog2e = 1.44269504088896341f;
 
 inline __m512 broadcast_pair(const uint32_t* pair) {
   return _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(*pair)));
@@ -84,6 +83,7 @@ template <int R, int C>
 void attend_rows(const Problem& pb, const PackedHead& packed, int64_t kv_head,
                  int64_t first_pos, int64_t first_row) {
   const int64_t pairs = pb.dim / 2;
+  int64_t row_offset[R];  // of the row's query in q and its output in out
   const uint32_t* q_pairs[R];
   int64_t limit[R];  // the last key each row sees
   int64_t last_key = 0;
@@ -91,7 +91,8 @@ void attend_rows(const Problem& pb, const PackedHead& packed, int64_t kv_head,
     const int64_t row = first_row + r;
     const int64_t pos = first_pos + row / pb.group;
     const int64_t head = kv_head * pb.group + row % pb.group;
-    q_pairs[r] = reinterpret_cast<const uint32_t*>(pb.q + (pos * pb.num_heads + head) * pb.dim);
+    row_offset[r] = (pos * pb.num_heads + head) * pb.dim;
+    q_pairs[r] = reinterpret_cast<const uint32_t*>(pb.q + row_offset[r]);
     limit[r] = pb.L - pb.n + pos;
     last_key = std::max(last_key, limit[r]);
   }
@@ -168,10 +169,7 @@ void attend_rows(const Problem& pb, const PackedHead& packed, int64_t kv_head,
     }
   }
   for (int r = 0; r < R; ++r) {
-    const int64_t row = first_row + r;
-    const int64_t pos = first_pos + row / pb.group;
-    const int64_t head = kv_head * pb.group + row % pb.group;
-    uint16_t* dst = pb.out + (pos * pb.num_heads + head) * pb.dim;
+    uint16_t* dst = pb.out + row_offset[r];
     const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(lane_sums[r]));
     for (int c = 0; c < C; ++c) {
       const __m256bh half = _mm512_cvtneps_pbh(_mm512_mul_ps(acc[r][c], inverse));
@@ -223,7 +221,7 @@ at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   const Problem pb{reinterpret_cast<const uint16_t*>(query.data_ptr<c10::BFloat16>()),
                    reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()),
                    q.size(0), k.size(0), q.size(1), q.size(1) / num_kv_heads, dim,
-                   static_cast<float>(scale) * kLog2e};
+                   static_cast<float>(scale) * servelab::kLog2e};
   const auto* k_ptr = reinterpret_cast<const uint16_t*>(keys.data_ptr<c10::BFloat16>());
   const auto* v_ptr = reinterpret_cast<const uint16_t*>(values.data_ptr<c10::BFloat16>());
   std::vector<PackedHead> packed(num_kv_heads);

@@ -101,18 +101,18 @@ struct SlotMap {
   const int32_t* table;  // paged: the sequence's block table row
   int64_t slab_start;    // contiguous: first slot of the slab
 
-  // offsets[pos] = slot(pos) * stride + base for pos < length, without a division per position
-  void fill(int64_t length, int64_t stride, int64_t base, std::vector<int64_t>& offsets) const {
+  // offsets[pos] = slot(pos) * stride for pos < length, without a division per position
+  void fill(int64_t length, int64_t stride, std::vector<int64_t>& offsets) const {
     offsets.resize(length);
     if (!paged) {
-      for (int64_t pos = 0; pos < length; ++pos) offsets[pos] = (slab_start + pos) * stride + base;
+      for (int64_t pos = 0; pos < length; ++pos) offsets[pos] = (slab_start + pos) * stride;
       return;
     }
     for (int64_t first = 0, block = 0; first < length; first += block_size, ++block) {
       const int64_t slot0 = static_cast<int64_t>(table[block]) * block_size;
       const int64_t end = std::min(length, first + block_size);
       for (int64_t pos = first; pos < end; ++pos) {
-        offsets[pos] = (slot0 + pos - first) * stride + base;
+        offsets[pos] = (slot0 + pos - first) * stride;
       }
     }
   }
@@ -146,16 +146,15 @@ inline float exp_nonpositive(float x) {
 // row with `group` query heads on KV head `kv_head`; lane = row * group + head.
 struct Item {
   int64_t first_row, rows, seq_len, kv_head, group, num_kv_heads, dim;
-  const int64_t* offsets;  // [seq_len]: where each position's key (and value) row starts
+  const int64_t* offsets;  // [seq_len]: where each position's cache row (KV head 0) starts
 
   int64_t lanes() const { return rows * group; }
   int64_t first_pos() const { return seq_len - rows; }
-  int64_t token_stride() const { return num_kv_heads * dim; }
   // The first lane that sees position `pos` (causal: row r sees 0 .. first_pos + r).
   int64_t first_lane(int64_t pos) const {
     return std::max<int64_t>(0, pos - first_pos()) * group;
   }
-  int64_t cache_offset(int64_t pos) const { return offsets[pos]; }
+  int64_t cache_offset(int64_t pos) const { return offsets[pos] + kv_head * dim; }
   // Offset of lane's query (and output) row in the [tokens, heads, dim] tensors.
   int64_t head_offset(int64_t lane) const {
     const int64_t num_heads = num_kv_heads * group;
@@ -271,8 +270,7 @@ void score_bf16(const Item& it, const c10::BFloat16* q, const c10::BFloat16* k_c
         }
       }
       const __m512 row = _mm512_mul_ps(servelab::transposed_sum16(partial), factor);
-      _mm512_mask_storeu_ps(scores + lane * it.seq_len + pos0,
-                            static_cast<__mmask16>((1u << count) - 1), row);
+      _mm512_mask_storeu_ps(scores + lane * it.seq_len + pos0, servelab::tail_mask(count), row);
     }
   }
 }
@@ -320,21 +318,19 @@ void accumulate_tiles(const Item& it, const float* weights, const c10::BFloat16*
 // Softmax numerators of one lane's scores in place: exp(x - max) over the `visible` first
 // positions, 0 after them up to `length`; returns their sum.
 float softmax_row_avx512(float* row, int64_t visible, int64_t length) {
-  constexpr float kLog2e = 1.44269504088896341f;
+  using servelab::kLog2e;
+  using servelab::tail_mask;
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 best = minus_inf;
   for (int64_t i = 0; i < visible; i += 16) {
-    const __mmask16 mask = static_cast<__mmask16>((1u << std::min<int64_t>(16, visible - i)) - 1);
-    best = _mm512_max_ps(best, _mm512_mask_loadu_ps(minus_inf, mask, row + i));
+    best = _mm512_max_ps(best, _mm512_mask_loadu_ps(minus_inf, tail_mask(visible - i), row + i));
   }
   const __m512 log2e = _mm512_set1_ps(kLog2e);
   const __m512 shift = _mm512_set1_ps(-_mm512_reduce_max_ps(best) * kLog2e);
   __m512 total = _mm512_setzero_ps();
   for (int64_t i = 0; i < length; i += 16) {
-    const int64_t count = std::min<int64_t>(16, length - i);
-    const int64_t seen = std::clamp<int64_t>(visible - i, 0, count);
-    const __mmask16 store = static_cast<__mmask16>((1u << count) - 1);
-    const __mmask16 keep = static_cast<__mmask16>((1u << seen) - 1);
+    const __mmask16 store = tail_mask(length - i);
+    const __mmask16 keep = tail_mask(visible - i);
     const __m512 x = _mm512_maskz_loadu_ps(keep, row + i);
     const __m512 exponent = _mm512_fmadd_ps(x, log2e, shift);
     const __m512 p = _mm512_maskz_mov_ps(keep, servelab::exp2_nonpositive(exponent));
@@ -371,12 +367,16 @@ void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_c
                  std::vector<float>& acc, std::vector<float>& query, std::vector<float>& denom) {
   const int64_t lanes = it.lanes();
   const int64_t dim = it.dim;
-  query.assign(lanes * dim, 0.0f);
-  for (int64_t lane = 0; lane < lanes; ++lane) {
-    const scalar_t* src = q + it.head_offset(lane);
-    float* dst = query.data() + lane * dim;
-    for (int64_t d = 0; d < dim; ++d) dst[d] = to_float(src[d]) * scale;
-  }
+  // the query rows widened to fp32 and scaled, for the score loops that read them so
+  const auto widened_query = [&]() {
+    query.resize(lanes * dim);
+    for (int64_t lane = 0; lane < lanes; ++lane) {
+      const scalar_t* src = q + it.head_offset(lane);
+      float* dst = query.data() + lane * dim;
+      for (int64_t d = 0; d < dim; ++d) dst[d] = to_float(src[d]) * scale;
+    }
+    return query.data();
+  };
   scores.assign(lanes * it.seq_len, -std::numeric_limits<float>::infinity());
   acc.assign(lanes * dim, 0.0f);
   bool vectorised = false;
@@ -387,16 +387,16 @@ void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_c
       if (it.dim % 32 == 0) {
         score_bf16(it, q, k_cache, v_cache, scale, scores.data());
       } else {
-        score_avx512(it, query.data(), k_cache, scores.data());
+        score_avx512(it, widened_query(), k_cache, scores.data());
       }
 #else
-      score_avx512(it, query.data(), k_cache, scores.data());
+      score_avx512(it, widened_query(), k_cache, scores.data());
 #endif
       vectorised = true;
     }
   }
 #endif
-  if (!vectorised) score_portable(it, query.data(), k_cache, scores.data());
+  if (!vectorised) score_portable(it, widened_query(), k_cache, scores.data());
   denom.assign(lanes, 0.0f);
   for (int64_t lane = 0; lane < lanes; ++lane) {
     float* row = scores.data() + lane * it.seq_len;
@@ -426,7 +426,7 @@ void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_c
 }
 
 // Asks for every cache line of a sequence's keys and values, all KV heads (`offsets` of KV
-// head 0, `row` elements per position), into L2 before its first head is attended: a KV head's
+// head 0, `row` elements per position), into L2 before its first item is attended: a KV head's
 // rows are a strided third of each cache row, and demand misses on that stride alone reached
 // a fraction of the memory bandwidth.
 template <typename scalar_t>
@@ -479,18 +479,20 @@ void attend_all(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor
           work_before.begin());
     };
     std::vector<float> scores, acc, query, denom;  // per thread, reused across items
-    std::vector<int64_t> offsets;
+    std::vector<int64_t> offsets;  // of the sequence `mapped`, shared by its KV heads' items
+    int64_t mapped = -1;
     for (int64_t index = first_item(thread_begin); index < std::min(items, first_item(thread_end));
          ++index) {
       const int64_t b = index / num_kv_heads;
       const int64_t kv_head = index % num_kv_heads;
       const int64_t rows = starts[b + 1] - starts[b];
       if (rows == 0) continue;
-      const SlotMap slot{paged, block_size, paged ? tables + b * table_width : nullptr,
-                         paged ? 0 : slabs[b]};
-      slot.fill(lens[b], num_kv_heads * dim, kv_head * dim, offsets);
-      if (kv_head == 0) {
+      if (b != mapped) {
+        const SlotMap slot{paged, block_size, paged ? tables + b * table_width : nullptr,
+                           paged ? 0 : slabs[b]};
+        slot.fill(lens[b], num_kv_heads * dim, offsets);
         prefetch_sequence(k_ptr, v_ptr, offsets.data(), lens[b], num_kv_heads * dim);
+        mapped = b;
       }
       const Item item{starts[b], rows, lens[b], kv_head, group, num_kv_heads, dim, offsets.data()};
       attend_item<scalar_t>(q_ptr, k_ptr, v_ptr, out_ptr, item, fscale, scores, acc, query,

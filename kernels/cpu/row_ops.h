@@ -56,14 +56,10 @@ inline void store16(bf16* dst, __m512 x, __mmask16 mask) {
   _mm256_mask_storeu_epi16(dst, mask, (__m256i)_mm512_cvtneps_pbh(x));
 }
 
-inline __mmask16 tail_mask(int64_t left) {
-  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
-}
-
 // silu(x) = x sigmoid(x), sigmoid from e = exp(-|x|) for either sign
 inline __m512 silu16(__m512 x) {
   const __m512 magnitude = _mm512_abs_ps(x);
-  const __m512 minus_log2e = _mm512_set1_ps(-1.44269504088896341f);
+  const __m512 minus_log2e = _mm512_set1_ps(-kLog2e);
   const __m512 e = exp2_nonpositive(_mm512_mul_ps(magnitude, minus_log2e));
   const __m512 one = _mm512_set1_ps(1.0f);
   const __m512 denominator = _mm512_add_ps(one, e);

@@ -1,11 +1,22 @@
-// AVX-512 helpers shared by the attention operators: a softmax exponential and the
-// transposed sum that turns sixteen vectors of partial dot products into sixteen scores.
+// AVX-512 helpers shared by the CPU operators: masks for a loop's last partial vector, a
+// softmax exponential, and the transposed sum that turns sixteen vectors of partial dot
+// products into sixteen scores.
 #pragma once
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
+#include <cstdint>
+
 namespace servelab {
+
+constexpr float kLog2e = 1.44269504088896341f;
+
+// The first `left` of 16 lanes (none for left <= 0, all for left >= 16).
+inline __mmask16 tail_mask(int64_t left) {
+  if (left <= 0) return 0;
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
 
 // 2^x for x <= 0 (x = -inf gives 0): 2^round(x) by scalef, 2^f for |f| <= 1/2 by a degree-6
 // polynomial (relative error ~2e-7).
