@@ -37,9 +37,12 @@ from harness.engine.batch import ForwardBatch
 CPU_DIR = Path(__file__).resolve().parent / "cpu"
 # one library, `servelab`: the attention operators and the fused decoder layer
 SOURCES = tuple(
-    CPU_DIR / name for name in ("paged_attention.cpp", "decode_layer.cpp", "flash_attention.cpp")
+    CPU_DIR / name
+    for name in ("paged_attention.cpp", "decode_layer.cpp", "flash_attention.cpp", "panel_gemm.cpp")
 )
-HEADERS = tuple(CPU_DIR / name for name in ("paged_attention.h", "vector_math.h", "row_ops.h"))
+HEADERS = tuple(
+    CPU_DIR / name for name in ("paged_attention.h", "vector_math.h", "row_ops.h", "panel_gemm.h")
+)
 FLASH_ROWS = 16  # sequences with at least this many new tokens take the flash path
 OWN_FLASH_HEAD_DIMS = (32, 64, 128)  # servelab::flash_attention's tiles
 # A build takes about a minute here; a lock older than this was left by a killed build, and

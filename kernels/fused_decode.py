@@ -8,11 +8,11 @@ operator) runs a whole layer for a batch whose sequences all have few new tokens
 steps and short verifications, fewer than the flash path takes, any batch size);
 `FusedDecodeLayers` holds each layer's operands and runs the stack when a batch qualifies
 (bfloat16 on a CPU), and the model runs its modules otherwise. Up to 8 rows its dense
-products are a matrix-vector loop; beyond, oneDNN's products on the prepacked weights, as
-the eager linear layers run them, so what the layer saves there is the dispatch of the
-small operators around them (a decode step of 64 sequences: 88-94 ms against 110-115 eager
-on the development CPU). The engine setting `engine.fused_decode` turns it off; the tests
-compare the two paths.
+products are a matrix-vector loop; beyond, the panel products of `kernels/cpu/panel_gemm.h`
+on a copy of each weight packed for them (oneDNN's prepacked copy where the build lacks
+AVX-512 BF16), which prefetch the next weights while they multiply: a decode step of 64
+sequences took 61 ms against 70 with oneDNN's products on the development CPU. The engine
+setting `engine.fused_decode` turns it off; the tests compare the two paths.
 """
 
 from __future__ import annotations
@@ -39,21 +39,24 @@ class LayerOperands:
 
     input_norm: torch.Tensor
     post_attention_norm: torch.Tensor
-    weights: list[torch.Tensor]  # per projection: weight + oneDNN-packed, or int4 packed + scales
+    weights: list[torch.Tensor]  # per projection: weight + its packed copy, or int4 packed + scales
     int4_groups: list[int]  # per projection: 0 for dense, else the int4 group
 
 
 def projection_operands(module: nn.Module) -> tuple[list[torch.Tensor], int] | None:
     """A projection's two tensors for the fused layer and its int4 group (0: dense), or None
-    when the fused layer cannot multiply by it. A dense weight comes with oneDNN's prepacked
-    copy, which the layer multiplies by for more than a few rows."""
+    when the fused layer cannot multiply by it. A dense weight comes with a packed copy, which
+    the layer multiplies by for more than a few rows: packed into panels for its own products
+    where the build has them (AVX-512 BF16), else oneDNN's prepacked copy."""
     if isinstance(module, nn.Linear):
         weight = module.weight.detach()
         if module.bias is not None or weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
             return None
-        if not packing_available():
+        if torch.ops.servelab.panel_products_available():
+            packed = torch.ops.servelab.pack_panels(weight)
+        elif not packing_available():
             return None
-        if isinstance(module, PackedLinear):
+        elif isinstance(module, PackedLinear):
             packed = module.packed_weight()  # the copy the layer already holds
         else:
             packed = torch.ops.mkldnn._reorder_linear_weight(weight)
@@ -149,8 +152,10 @@ def fused_decode_layers(
     dtype, attention not on the CPU operator, a layer it cannot run, or no compiler."""
     if device.type != "cpu" or dtype != torch.bfloat16 or attention_impl != "cpu":
         return None
+    if build_status() is not None:
+        return None
     operands = [layer_operands(layer) for layer in model.layers]
     usable = [layer for layer in operands if layer is not None]
-    if len(usable) < len(operands) or build_status() is not None:
+    if len(usable) < len(operands):
         return None
     return FusedDecodeLayers(model, usable)

@@ -1,6 +1,7 @@
 """The fused CPU decoder layer computes what the layer modules compute.
 
-Its matrix-vector product against an fp32 product of the same bfloat16 operands; whole decode
+Its matrix-vector product and its panel products (the packed layout, plain and SwiGLU-gated)
+against fp32 products of the same bfloat16 operands; whole decode
 steps (paged and contiguous caches, one and several new tokens per sequence, dense and int4
 weights) against the eager model: the same keys and values written at the same slots and the
 same logits up to bfloat16 rounding of differently ordered sums; and when the engine installs
@@ -38,6 +39,56 @@ def test_matvec_is_the_product_of_its_bfloat16_operands(rows: int, k_len: int, n
     assert got.dtype == BF16 and got.shape == (rows, n_len)
     # one bfloat16 rounding of the fp32 sum (2^-8 relative), plus fp32 summation order
     torch.testing.assert_close(got.float(), exact, rtol=2**-8, atol=1e-4 * k_len**0.5)
+
+
+PANELS = build_status() is None and torch.ops.servelab.panel_products_available()
+needs_panels = pytest.mark.skipif(not PANELS, reason="the build has no AVX-512 BF16")
+
+
+def _padded_panels(w: torch.Tensor) -> torch.Tensor:
+    """The panel layout built by indexing: [ceil(N / 32), ceil(K / 2), 32, 2], zero-padded."""
+    n_len, k_len = w.shape
+    panels, pairs = -(-n_len // 32), -(-k_len // 2)
+    padded = torch.zeros(panels * 32, pairs * 2, dtype=w.dtype)
+    padded[:n_len, :k_len] = w
+    return padded.view(panels, 32, pairs, 2).permute(0, 2, 1, 3).contiguous()
+
+
+@needs_panels
+@pytest.mark.parametrize(
+    ("rows", "k_len", "n_len"), [(9, 64, 5), (15, 101, 130), (64, 576, 200), (70, 1536, 96)]
+)
+def test_panel_products_are_the_product_of_their_bfloat16_operands(
+    rows: int, k_len: int, n_len: int
+) -> None:
+    generator = torch.Generator().manual_seed(rows + k_len)
+    x = torch.randn(rows, k_len, generator=generator).to(BF16)
+    w = torch.randn(n_len, k_len, generator=generator).to(BF16)
+    panels = torch.ops.servelab.pack_panels(w)
+    assert torch.equal(panels, _padded_panels(w))
+    got = torch.ops.servelab.panel_linear(x, panels, n_len)
+    assert got.dtype == BF16 and got.shape == (rows, n_len)
+    exact = x.float() @ w.float().t()
+    torch.testing.assert_close(got.float(), exact, rtol=2**-8, atol=1e-4 * k_len**0.5)
+    with pytest.raises(RuntimeError, match="panels are `pack_panels` of a bfloat16 weight"):
+        torch.ops.servelab.panel_linear(x, panels, n_len + 32)
+
+
+@needs_panels
+@pytest.mark.parametrize(("rows", "k_len", "n_len"), [(13, 96, 70), (64, 577, 160)])
+def test_panel_swiglu_rounds_as_the_eager_swiglu(rows: int, k_len: int, n_len: int) -> None:
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, k_len, generator=generator).to(BF16)
+    gate, up = (torch.randn(n_len, k_len, generator=generator).to(BF16) for _ in range(2))
+    gate_panels, up_panels = (torch.ops.servelab.pack_panels(w) for w in (gate, up))
+    got = torch.ops.servelab.panel_swiglu(x, gate_panels, up_panels, n_len)
+    # the eager SwiGLU of the same products (same sums, so the same bfloat16 gate and up)
+    gate_y = torch.ops.servelab.panel_linear(x, gate_panels, n_len)
+    up_y = torch.ops.servelab.panel_linear(x, up_panels, n_len)
+    want = torch.nn.functional.silu(gate_y) * up_y
+    # silu's exponential is a polynomial here: at most one bfloat16 step apart, rarely
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6)
+    assert (got == want).float().mean() >= 0.99
 
 
 @pytest.mark.parametrize(
@@ -133,7 +184,7 @@ def _compare_decode_step(model, paged: bool, new: list[int]) -> None:
 
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize(
-    "new", [[1, 1, 1], [1, 3, 2], [5, 4, 6]], ids=["decode", "verify", "onednn-rows"]
+    "new", [[1, 1, 1], [1, 3, 2], [5, 4, 6]], ids=["decode", "verify", "blocked-rows"]
 )
 def test_dense_decode_step_matches_the_layer_modules(paged: bool, new: list[int]) -> None:
     _compare_decode_step(tiny_model(dtype=BF16, vocab_size=4096), paged, new)

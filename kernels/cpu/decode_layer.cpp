@@ -8,8 +8,9 @@
 // operator of paged_attention.cpp), the output projection and residual, RMSNorm, SwiGLU and
 // its residual (the element-wise steps in row_ops.h). Dense weights are multiplied by an
 // AVX-512 BF16 matrix-vector loop that reads each weight row once for all the batch's rows (a
-// portable loop elsewhere) up to kMatvecMaxRows rows, and by oneDNN on its prepacked copy
-// beyond; int4 weights in torch's packed layout by a loop of the same kind for at most
+// portable loop elsewhere) up to kMatvecMaxRows rows, and beyond by the panel products of
+// panel_gemm.h on their packed copy (oneDNN's prepacked copy on a build without AVX-512 BF16);
+// int4 weights in torch's packed layout by a loop of the same kind for at most
 // kInt4MaxRows rows, else by torch's packed int4 CPU kernel. Every intermediate is rounded to
 // bfloat16 where the eager model rounds it, so the two differ only in the order of sums.
 // Registered as the operators `servelab::decode_layer`, and the two products alone (for the
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "paged_attention.h"
+#include "panel_gemm.h"
 #include "row_ops.h"
 
 namespace {
@@ -392,13 +394,13 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed) {
   return op.call(x, packed, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(), "");
 }
 
-// Rows of x up to which dense products run the matrix-vector loop; beyond, oneDNN's blocked
-// kernels on the prepacked weight win (the eager layer's boundary, measured the same way).
+// Rows of x up to which dense products run the matrix-vector loop; beyond, blocked products
+// on a packed copy of the weight win (the eager layer's boundary, measured the same way).
 constexpr int64_t kMatvecMaxRows = 8;
 
-// One projection: dense (`group` 0: `weight` bfloat16 [N, K] and `packed`, oneDNN's prepacked
-// copy) or int4 (`weight` torch's packed int4 bytes, `packed` its [K / group, N, 2] scales and
-// offsets).
+// One projection: dense (`group` 0: `weight` bfloat16 [N, K] and `packed`, its copy packed
+// into panels by `servelab::pack_panels` or oneDNN's prepacked one) or int4 (`weight` torch's
+// packed int4 bytes, `packed` its [K / group, N, 2] scales and offsets).
 struct Linear {
   at::Tensor weight;
   at::Tensor packed;
@@ -409,18 +411,22 @@ struct Linear {
   bool int4_loop(const at::Tensor& x) const {
     return !dense() && int4_matvec_fits(x.size(0), out_features());
   }
-  bool onednn(const at::Tensor& x) const {
+  bool blocked(const at::Tensor& x) const {
     return dense() && packed.defined() && x.size(0) > kMatvecMaxRows;
   }
+  bool onednn(const at::Tensor& x) const { return blocked(x) && packed.is_mkldnn(); }
+  bool panels(const at::Tensor& x) const { return blocked(x) && !packed.is_mkldnn(); }
 
   at::Tensor operator()(const at::Tensor& x) const { return project(x, {this}).front(); }
 
-  // x times each of `linears` (which share the input): the dense ones in one parallel region,
-  // the int4 ones the loop above takes in another, the rest by torch's int4 kernel.
+  // x times each of `linears` (which share the input): the dense ones in one parallel region
+  // (the matrix-vector loop or the panel products), the int4 ones the loop above takes in
+  // another, the rest by oneDNN or torch's int4 kernel.
   static std::vector<at::Tensor> project(const at::Tensor& x,
                                          const std::vector<const Linear*>& linears) {
     std::vector<at::Tensor> ys;
     std::vector<Product> dense;
+    std::vector<servelab::panels::Product> panelled;
     std::vector<Int4Product> int4;
     for (const Linear* linear : linears) {
       if (linear->onednn(x)) {
@@ -434,13 +440,16 @@ struct Linear {
       }
       ys.push_back(at::empty({x.size(0), linear->out_features()}, x.options()));
       bf16* y = ys.back().data_ptr<bf16>();
-      if (linear->dense()) {
+      if (linear->panels(x)) {
+        panelled.push_back({linear->packed.data_ptr<bf16>(), linear->out_features(), y});
+      } else if (linear->dense()) {
         dense.push_back({linear->weight.data_ptr<bf16>(), linear->out_features(), y});
       } else {
         int4.emplace_back(x, linear->weight, linear->packed, linear->group, y);
       }
     }
     if (!dense.empty()) products(x, dense);
+    if (!panelled.empty()) servelab::panels::products(x, panelled);
     if (!int4.empty()) int4_products(x, int4);
     return ys;
   }
@@ -449,7 +458,11 @@ struct Linear {
 // The SwiGLU inner activations silu(x gate^T) * (x up^T).
 at::Tensor gated(const at::Tensor& x, const Linear& gate, const Linear& up) {
   auto y = at::empty({x.size(0), gate.out_features()}, x.options());
-  if (gate.dense() && up.dense() && !gate.onednn(x)) {
+  if (gate.panels(x) && up.panels(x)) {
+    servelab::panels::gated(x, gate.packed, up.packed, gate.out_features(), y);
+    return y;
+  }
+  if (gate.dense() && up.dense() && !gate.blocked(x)) {
     gated_products(x, gate.weight, up.weight, y);
     return y;
   }
@@ -489,6 +502,10 @@ std::vector<Linear> linears_of(at::TensorList tensors, at::IntArrayRef groups) {
       TORCH_CHECK(weight.scalar_type() == at::kBFloat16 && weight.is_contiguous() &&
                       weight.dim() == 2,
                   "dense weights are contiguous bfloat16 [out, in]");
+      const at::Tensor& packed = tensors[2 * i + 1];
+      if (packed.defined() && !packed.is_mkldnn()) {
+        servelab::panels::check_packed(packed, weight.size(1), weight.size(0));
+      }
     }
     linears.push_back({weight, tensors[2 * i + 1], groups[i]});
   }
