@@ -3,9 +3,10 @@
 //
 // Work items are (sequence, KV head): each reads its context's keys and values once for all
 // the query heads of its group and all its new tokens, so the cache is streamed once per
-// step. Items are split across threads by work (positions times rows), and each sequence's
-// whole cache rows are asked into L2 before its first KV head: a head's rows are a strided
-// part of each cache row, which demand misses alone read at a fraction of the bandwidth.
+// step. Items are split across threads by work (positions times rows), and while a thread
+// attends one sequence it asks for the whole cache rows of the next into L2, a few lines per
+// 16 scored positions: a head's rows are a strided part of each cache row, which demand misses
+// alone read at a fraction of the bandwidth.
 // Scores and accumulation are fp32 whatever the cache dtype; a row at position
 // `seq_len - n + i` attends causally to positions 0 .. that position. The portable loops run
 // over the head dimension and are written to be vectorised by the compiler (-O3, the host's
@@ -142,6 +143,52 @@ inline float exp_nonpositive(float x) {
   return p * two_to_n.value;
 }
 
+// The cache lines of one sequence's keys and values (all KV heads: `offsets` of KV head 0,
+// `row_bytes` per position), asked into L2 a few at a time. A thread aims it at the sequence
+// it attends next and steps it while it computes the current one, so that reading the next
+// sequence overlaps the arithmetic on this one; `drain` asks for whatever is left at once (the
+// first sequence of a thread, and the loops that do not step it). Demand misses alone read a
+// KV head's rows, a strided part of each cache row, at a fraction of the memory bandwidth.
+struct LineStream {
+  const char* keys = nullptr;
+  const char* values = nullptr;
+  const int64_t* offsets = nullptr;  // element offsets of each position's cache row
+  int64_t element_bytes = 0, row_bytes = 0, positions = 0;
+  int64_t pos = 0, byte = 0;  // the next line to ask for
+  int64_t per_step = 0;       // line pairs (key and value) per step
+
+  // `steps`: how many times the caller will step it before it needs the lines.
+  void aim(const char* k_cache, const char* v_cache, int64_t element_size,
+           const std::vector<int64_t>& rows, int64_t row_elements, int64_t steps) {
+    keys = k_cache;
+    values = v_cache;
+    offsets = rows.data();
+    element_bytes = element_size;
+    row_bytes = row_elements * element_size;
+    positions = static_cast<int64_t>(rows.size());
+    pos = 0;
+    byte = 0;
+    const int64_t lines = positions * ((row_bytes + 63) / 64);
+    per_step = steps > 0 ? (lines + steps - 1) / steps : lines;
+  }
+
+  void ask(int64_t count) {
+    for (int64_t i = 0; i < count && pos < positions; ++i) {
+      const int64_t at = offsets[pos] * element_bytes + byte;
+      __builtin_prefetch(keys + at, 0, 1);  // locality 1: to L2, measured best
+      __builtin_prefetch(values + at, 0, 1);
+      byte += 64;
+      if (byte >= row_bytes) {
+        byte = 0;
+        ++pos;
+      }
+    }
+  }
+
+  void step() { ask(per_step); }
+  void drain() { ask(positions * ((row_bytes + 63) / 64)); }
+};
+
 // One work item's geometry: `rows` new tokens ending a context of `seq_len` positions, each
 // row with `group` query heads on KV head `kv_head`; lane = row * group + head.
 struct Item {
@@ -239,7 +286,7 @@ inline void prefetch_row(const c10::BFloat16* row, int64_t dim) {
 // sixteen partial sums of 16 positions at a time summed by one transposed reduction, then
 // scaled. Every lane gets every position's score (the softmax reads only what it sees).
 void score_bf16(const Item& it, const c10::BFloat16* q, const c10::BFloat16* k_cache,
-                const c10::BFloat16* v_cache, float scale, float* scores) {
+                const c10::BFloat16* v_cache, float scale, float* scores, LineStream& ahead) {
   const int64_t chunks = it.dim / 32;
   const __m512 factor = _mm512_set1_ps(scale);
   for (int64_t pos0 = 0; pos0 < it.seq_len; pos0 += 16) {
@@ -255,6 +302,7 @@ void score_bf16(const Item& it, const c10::BFloat16* q, const c10::BFloat16* k_c
       prefetch_row<_MM_HINT_T1>(v_cache + it.cache_offset(pos0 + p), it.dim);
     }
     for (int64_t lane = 0; lane < it.lanes(); ++lane) {
+      ahead.step();
       const c10::BFloat16* query = q + it.head_offset(lane);
       __m512bh query_chunk[kMaxChunks / 2];
       for (int64_t c = 0; c < chunks; ++c) {
@@ -364,7 +412,8 @@ void accumulate_avx512(const Item& it, const float* weights, const c10::BFloat16
 template <typename scalar_t>
 void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
                  scalar_t* out, const Item& it, float scale, std::vector<float>& scores,
-                 std::vector<float>& acc, std::vector<float>& query, std::vector<float>& denom) {
+                 std::vector<float>& acc, std::vector<float>& query, std::vector<float>& denom,
+                 LineStream& ahead) {
   const int64_t lanes = it.lanes();
   const int64_t dim = it.dim;
   // the query rows widened to fp32 and scaled, for the score loops that read them so
@@ -385,7 +434,7 @@ void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_c
     if (avx512_fits(it)) {
 #if defined(__AVX512BF16__)
       if (it.dim % 32 == 0) {
-        score_bf16(it, q, k_cache, v_cache, scale, scores.data());
+        score_bf16(it, q, k_cache, v_cache, scale, scores.data(), ahead);
       } else {
         score_avx512(it, widened_query(), k_cache, scores.data());
       }
@@ -425,24 +474,6 @@ void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_c
   }
 }
 
-// Asks for every cache line of a sequence's keys and values, all KV heads (`offsets` of KV
-// head 0, `row` elements per position), into L2 before its first item is attended: a KV head's
-// rows are a strided third of each cache row, and demand misses on that stride alone reached
-// a fraction of the memory bandwidth.
-template <typename scalar_t>
-void prefetch_sequence(const scalar_t* k_cache, const scalar_t* v_cache, const int64_t* offsets,
-                       int64_t seq_len, int64_t row) {
-  const int64_t bytes = row * static_cast<int64_t>(sizeof(scalar_t));
-  for (int64_t pos = 0; pos < seq_len; ++pos) {
-    const char* keys = reinterpret_cast<const char*>(k_cache + offsets[pos]);
-    const char* values = reinterpret_cast<const char*>(v_cache + offsets[pos]);
-    for (int64_t byte = 0; byte < bytes; byte += 64) {
-      __builtin_prefetch(keys + byte, 0, 1);  // locality 1: to L2, measured best
-      __builtin_prefetch(values + byte, 0, 1);
-    }
-  }
-}
-
 template <typename scalar_t>
 void attend_all(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                 at::Tensor& out, const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
@@ -478,25 +509,54 @@ void attend_all(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor
           std::lower_bound(work_before.begin(), work_before.end(), total * thread / threads) -
           work_before.begin());
     };
+    const int64_t item_begin = first_item(thread_begin);
+    const int64_t item_end = std::min(items, first_item(thread_end));
+    const auto map = [&](int64_t b, std::vector<int64_t>& offsets) {
+      const SlotMap slot{paged, block_size, paged ? tables + b * table_width : nullptr,
+                         paged ? 0 : slabs[b]};
+      slot.fill(lens[b], num_kv_heads * dim, offsets);
+    };
+    const auto aim = [&](LineStream& stream, const std::vector<int64_t>& offsets, int64_t steps) {
+      stream.aim(reinterpret_cast<const char*>(k_ptr), reinterpret_cast<const char*>(v_ptr),
+                 sizeof(scalar_t), offsets, num_kv_heads * dim, steps);
+    };
     std::vector<float> scores, acc, query, denom;  // per thread, reused across items
-    std::vector<int64_t> offsets;  // of the sequence `mapped`, shared by its KV heads' items
-    int64_t mapped = -1;
-    for (int64_t index = first_item(thread_begin); index < std::min(items, first_item(thread_end));
-         ++index) {
+    // the cache offsets of the sequence `mapped` (shared by its KV heads' items) and of the
+    // one after it in this thread's range, whose lines `ahead` asks for meanwhile
+    std::vector<int64_t> offsets, next_offsets;
+    int64_t mapped = -1, next = -1;
+    LineStream ahead;
+    for (int64_t index = item_begin; index < item_end; ++index) {
       const int64_t b = index / num_kv_heads;
       const int64_t kv_head = index % num_kv_heads;
       const int64_t rows = starts[b + 1] - starts[b];
       if (rows == 0) continue;
       if (b != mapped) {
-        const SlotMap slot{paged, block_size, paged ? tables + b * table_width : nullptr,
-                           paged ? 0 : slabs[b]};
-        slot.fill(lens[b], num_kv_heads * dim, offsets);
-        prefetch_sequence(k_ptr, v_ptr, offsets.data(), lens[b], num_kv_heads * dim);
+        if (b == next) {
+          ahead.drain();
+          std::swap(offsets, next_offsets);
+        } else {
+          map(b, offsets);
+          aim(ahead, offsets, 0);
+          ahead.drain();
+        }
         mapped = b;
+        // the next sequence with new tokens, asked for over this one's score loops
+        next = -1;
+        const int64_t last = std::min(num_seqs, (item_end + num_kv_heads - 1) / num_kv_heads);
+        for (int64_t later = b + 1; later < last && next < 0; ++later) {
+          if (starts[later + 1] > starts[later]) next = later;
+        }
+        if (next >= 0) {
+          map(next, next_offsets);
+          const int64_t my_items = std::min(item_end, (b + 1) * num_kv_heads) -
+                                   std::max(item_begin, b * num_kv_heads);
+          aim(ahead, next_offsets, my_items * ((lens[b] + 15) / 16) * rows * group);
+        }
       }
       const Item item{starts[b], rows, lens[b], kv_head, group, num_kv_heads, dim, offsets.data()};
       attend_item<scalar_t>(q_ptr, k_ptr, v_ptr, out_ptr, item, fscale, scores, acc, query,
-                            denom);
+                            denom, ahead);
     }
   });
 }
