@@ -70,6 +70,10 @@ def test_panel_products_are_the_product_of_their_bfloat16_operands(
     assert got.dtype == BF16 and got.shape == (rows, n_len)
     exact = x.float() @ w.float().t()
     torch.testing.assert_close(got.float(), exact, rtol=2**-8, atol=1e-4 * k_len**0.5)
+    # a residual is added to the rounded product and rounded again, as the eager add does
+    residual = torch.randn(rows, n_len, generator=generator).to(BF16)
+    plus = torch.ops.servelab.panel_linear(x, panels, n_len, residual)
+    assert torch.equal(plus, got + residual)
     with pytest.raises(RuntimeError, match="panels are `pack_panels` of a bfloat16 weight"):
         torch.ops.servelab.panel_linear(x, panels, n_len + 32)
 

@@ -419,6 +419,16 @@ struct Linear {
 
   at::Tensor operator()(const at::Tensor& x) const { return project(x, {this}).front(); }
 
+  // residual + x W^T, rounded as the eager add rounds: fused into the panel products' store,
+  // else a separate pass.
+  at::Tensor plus(const at::Tensor& x, const at::Tensor& residual) const {
+    if (!panels(x)) return servelab::rows::add(residual, (*this)(x));
+    auto y = at::empty({x.size(0), out_features()}, x.options());
+    servelab::panels::products(x, {{packed.data_ptr<bf16>(), out_features(), y.data_ptr<bf16>(),
+                                    residual.data_ptr<bf16>()}});
+    return y;
+  }
+
   // x times each of `linears` (which share the input): the dense ones in one parallel region
   // (the matrix-vector loop or the panel products), the int4 ones the loop above takes in
   // another, the rest by oneDNN or torch's int4 kernel.
@@ -554,7 +564,7 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& input_norm,
   at::Tensor hidden;
   {
     RECORD_FUNCTION("decode_layer/o_proj", std::vector<c10::IValue>());
-    hidden = servelab::rows::add(x, linears[3](attended.view({tokens, num_heads * dim})));
+    hidden = linears[3].plus(attended.view({tokens, num_heads * dim}), x);
   }
   at::Tensor inner;
   {
@@ -563,7 +573,7 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& input_norm,
                   linears[5]);
   }
   RECORD_FUNCTION("decode_layer/down_proj", std::vector<c10::IValue>());
-  return servelab::rows::add(hidden, linears[6](inner));
+  return linears[6].plus(inner, hidden);
 }
 
 // The dense projection alone, for tests and benchmarks: x [M, K] w [N, K]^T, bfloat16.

@@ -33,7 +33,8 @@ struct Job {
   const bf16* b;  // the second panel, or nullptr
   bf16* y;        // row 0, column `column` of the product's output
   int64_t y_stride;
-  int64_t columns;  // valid output columns from there (at most 64)
+  int64_t columns;         // valid output columns from there (at most 64)
+  const bf16* residual;  // added to the output, same place and stride; or nullptr
 };
 
 // Calls body.template operator()<M>(m) for each tile of at most kTileRows rows.
@@ -130,10 +131,16 @@ inline void tile(const bf16* x, int64_t k_len, const Job& job, Prefetcher& ahead
 template <int M, int P>
 inline void store_products(const __m512 acc[][4], const Job& job, int64_t m0) {
   for (int m = 0; m < M; ++m) {
-    bf16* row = job.y + (m0 + m) * job.y_stride;
+    const int64_t offset = (m0 + m) * job.y_stride;
     for (int c = 0; c < 2 * P; ++c) {
       const __mmask16 mask = tail_mask(job.columns - 16 * c);
-      if (mask != 0) rows::store16(row + 16 * c, acc[m][c], mask);
+      if (mask == 0) continue;
+      __m512 value = acc[m][c];
+      if (job.residual != nullptr) {
+        value = _mm512_add_ps(rows::round16(value),
+                              rows::load16(job.residual + offset + 16 * c, mask));
+      }
+      rows::store16(job.y + offset + 16 * c, value, mask);
     }
   }
 }
@@ -250,7 +257,8 @@ void products(const at::Tensor& x, const std::vector<Product>& outs) {
         const bool pair = q + 1 < std::min(end, first + count) - first;
         jobs.push_back({p.panels + q * panel_values,
                         pair ? p.panels + (q + 1) * panel_values : nullptr,
-                        p.y + q * kPanelColumns, p.n_len, p.n_len - q * kPanelColumns});
+                        p.y + q * kPanelColumns, p.n_len, p.n_len - q * kPanelColumns,
+                        p.residual ? p.residual + q * kPanelColumns : nullptr});
       }
       first += count;
     }
@@ -271,7 +279,7 @@ void gated(const at::Tensor& x, const at::Tensor& gate_panels, const at::Tensor&
     std::vector<Job> jobs;
     for (int64_t q = begin; q < end; ++q) {
       jobs.push_back({gate + q * panel_values, up + q * panel_values, yp + q * kPanelColumns,
-                      n_len, n_len - q * kPanelColumns});
+                      n_len, n_len - q * kPanelColumns, nullptr});
     }
     run_jobs<true>(x, jobs);
   });
@@ -279,12 +287,20 @@ void gated(const at::Tensor& x, const at::Tensor& gate_panels, const at::Tensor&
 
 namespace {
 
-// x [rows, K] times a packed weight with `n_len` outputs, alone (tests, benchmarks).
-at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, int64_t n_len) {
+// x [rows, K] times a packed weight with `n_len` outputs, plus `residual` [rows, n_len] if
+// given, alone (tests, benchmarks).
+at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, int64_t n_len,
+                        const std::optional<at::Tensor>& residual) {
   check_x(x);
   check_packed(panels, x.size(1), n_len);
   auto y = at::empty({x.size(0), n_len}, x.options());
-  products(x, {{panels.data_ptr<bf16>(), n_len, y.data_ptr<bf16>()}});
+  if (residual.has_value()) {
+    TORCH_CHECK(residual->sizes() == y.sizes() && residual->is_contiguous() &&
+                    residual->scalar_type() == at::kBFloat16,
+                "the residual is contiguous bfloat16 [rows, n]");
+  }
+  products(x, {{panels.data_ptr<bf16>(), n_len, y.data_ptr<bf16>(),
+                residual.has_value() ? residual->data_ptr<bf16>() : nullptr}});
   return y;
 }
 
@@ -301,7 +317,7 @@ at::Tensor panel_swiglu(const at::Tensor& x, const at::Tensor& gate_panels,
 TORCH_LIBRARY_FRAGMENT(servelab, m) {
   m.def("panel_products_available() -> bool", &servelab::panels::available);
   m.def("pack_panels(Tensor weight) -> Tensor");
-  m.def("panel_linear(Tensor x, Tensor panels, int n) -> Tensor");
+  m.def("panel_linear(Tensor x, Tensor panels, int n, Tensor? residual=None) -> Tensor");
   m.def("panel_swiglu(Tensor x, Tensor gate_panels, Tensor up_panels, int n) -> Tensor");
 }
 
