@@ -25,7 +25,7 @@ from torch import nn
 
 from harness.engine.batch import ForwardBatch
 from kernels.cpu_attention import FLASH_ROWS, build_status, plan_cpu
-from kernels.linear import PackedLinear, packing_available, panels_available
+from kernels.linear import PackedLinear, packing_available
 
 if TYPE_CHECKING:
     from harness.models.model import DecoderLayer, LlamaModel
@@ -52,12 +52,8 @@ def projection_operands(module: nn.Module) -> tuple[list[torch.Tensor], int] | N
         weight = module.weight.detach()
         if module.bias is not None or weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
             return None
-        if panels_available():
-            packed = (
-                module.panel_weight()  # the copy the layer already holds
-                if isinstance(module, PackedLinear)
-                else torch.ops.servelab.pack_panels(weight)
-            )
+        if torch.ops.servelab.panel_products_available():
+            packed = torch.ops.servelab.pack_panels(weight)
         elif not packing_available():
             return None
         elif isinstance(module, PackedLinear):

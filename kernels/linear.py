@@ -14,19 +14,11 @@ For at most `MATVEC_ROWS` rows (decode steps of few sequences) oneDNN reads the 
 about half the memory bandwidth a plain sum reaches; there the layer calls
 `servelab::matvec` (`kernels/cpu/decode_layer.cpp`, the loop the fused decoder layer uses),
 which streams each weight row once for all rows (measured on the development CPU, two
-threads: a 49152 x 576 weight at 32 GB/s against oneDNN's 18). Up to `PANEL_ROWS` rows, where
-the build has them (AVX-512 BF16), it multiplies on its weight packed into panels
-(`servelab::panel_linear`, `kernels/cpu/panel_gemm.h`), the products the fused decoder layer
-runs beyond 8 rows: they matched or beat oneDNN's at every size up to 256 rows measured, and
-more so when the weight comes from memory; and a model whose decode steps run fused and
-whose other steps (static batching's padded ones, the LM head) run here then sums each row in
-one order. These sums run in other orders than oneDNN's, so their outputs differ from the
-plain layer's by bfloat16 rounding.
+threads: a 49152 x 576 weight at 32 GB/s against oneDNN's 18). Its sums run in another order
+than oneDNN's, so those outputs differ from the plain layer's by bfloat16 rounding.
 """
 
 from __future__ import annotations
-
-from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -36,13 +28,6 @@ from kernels.cpu_attention import build_status
 
 PACKED_DTYPES = (torch.bfloat16,)
 MATVEC_ROWS = 4
-PANEL_ROWS = 256
-
-
-@cache
-def panels_available() -> bool:
-    """Whether the panel products are built here (the C++ operators, with AVX-512 BF16)."""
-    return build_status() is None and bool(torch.ops.servelab.panel_products_available())
 
 
 def packing_available() -> bool:
@@ -59,8 +44,6 @@ class PackedLinear(nn.Linear):
         self.enabled = True
         self._packed: torch.Tensor | None = None
         self._packed_from: tuple[int, int] | None = None  # (data_ptr, version) packed
-        self._panels: torch.Tensor | None = None
-        self._panels_from: tuple[int, int] | None = None
 
     def _usable(self, x: torch.Tensor) -> bool:
         weight = self.weight
@@ -81,24 +64,12 @@ class PackedLinear(nn.Linear):
             self._packed_from = source
         return self._packed
 
-    def panel_weight(self) -> torch.Tensor:
-        """The weight packed into panels (`servelab::pack_panels`), packed again if the weight
-        was replaced; the fused decoder layer multiplies by this copy too."""
-        source = (self.weight.data_ptr(), self.weight._version)
-        if self._panels is None or self._panels_from != source:
-            self._panels = torch.ops.servelab.pack_panels(self.weight.detach())
-            self._panels_from = source
-        return self._panels
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._usable(x):
             return F.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, x.shape[-1]).contiguous()
-        few = self.bias is None and build_status() is None
-        if rows.shape[0] <= MATVEC_ROWS and few:
+        if rows.shape[0] <= MATVEC_ROWS and self.bias is None and build_status() is None:
             out = torch.ops.servelab.matvec(rows, self.weight)
-        elif rows.shape[0] <= PANEL_ROWS and few and panels_available():
-            out = torch.ops.servelab.panel_linear(rows, self.panel_weight(), self.out_features)
         else:
             out = torch.ops.mkldnn._linear_pointwise(
                 rows, self.packed_weight(), self.bias, "none", [], ""
