@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from kernels.attention import Attention, AttentionConfig
-from kernels.cpu_attention import build_status
+from kernels.cpu_build import active_build_status
 from tests.attention_cases import AttentionCase, CaseShape, make_case
 
 CPU = torch.device("cpu")
@@ -69,8 +69,8 @@ def test_prefill_4_prompts_of_128(benchmark) -> None:
 
 @pytest.mark.parametrize("impl", ["torch", "cpu"])
 def test_decode_64_contexts_32_to_256_over_30_layers(benchmark, impl: str) -> None:
-    if impl == "cpu" and build_status() is not None:
-        pytest.skip(f"the CPU operator is not built here: {build_status()}")
+    if impl == "cpu" and active_build_status() is not None:
+        pytest.skip(f"the CPU operator is not built here: {active_build_status()}")
     lengths = torch.linspace(32, 256, 64).round().int().tolist()
     layers = [_case(lengths, [1] * 64) for _ in range(30)]  # same layout, distinct memory
     attention = Attention(AttentionConfig(impl), CPU)

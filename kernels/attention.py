@@ -22,7 +22,8 @@ from harness.engine.batch import ForwardBatch
 from harness.errors import ConfigError
 from kernels import paged_attention_triton as tri
 from kernels.attention_plan import AttentionPlan
-from kernels.cpu_attention import CpuPlan, build_status, plan_cpu, run_cpu
+from kernels.cpu_attention import CpuPlan, plan_cpu, run_cpu
+from kernels.cpu_build import active_build_status
 from kernels.paged_attention_ref import plan_for, run_plan
 
 IMPLS = ("auto", "torch", "triton", "cpu")
@@ -136,13 +137,13 @@ class Attention:
 
 def _cpu_or_torch() -> str:
     """The compiled CPU path where it builds, else the PyTorch reference."""
-    return "cpu" if build_status() is None else "torch"
+    return "cpu" if active_build_status() is None else "torch"
 
 
 def _check_cpu_usable(device: torch.device) -> None:
     if device.type != "cpu":
         raise ConfigError("engine.attention", f"cpu attention runs on the CPU, not {device}")
-    reason = build_status()
+    reason = active_build_status()
     if reason is not None:
         raise ConfigError(
             "engine.attention",

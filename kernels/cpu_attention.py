@@ -3,12 +3,12 @@
 Two paths, chosen per sequence once per batch (`plan_cpu`), every layer reusing the plan:
 
 - Sequences with few new tokens (decode, speculative verification, short chunks) go through
-  `servelab::cpu_paged_attention`, a C++ operator (`kernels/cpu/paged_attention.cpp`) built
-  for this machine on first use and cached: one call per layer for all of them, reading each
+  `cpu_paged_attention`, a C++ operator (`kernels/cpu/paged_attention.cpp`, built per ISA
+  level by `kernels.cpu_build`): one call per layer for all of them, reading each
   sequence's keys and values once per KV head, straight from paged blocks or a slab.
 - Sequences with many new tokens (prefill) go through a flash kernel, which never
-  materialises the score matrix. In bfloat16 on a CPU with AVX-512 BF16 it is
-  `servelab::flash_attention` (`kernels/cpu/flash_attention.cpp`, both products on
+  materialises the score matrix. In bfloat16 at the `avx512-bf16` level it is
+  `flash_attention` (`kernels/cpu/flash_attention.cpp`, both products on
   vdpbf16ps; a 3,000-token causal prompt with 9 query heads on 3 KV heads in 32 ms against
   torch's 81 on the development CPU): one causal call over the cached prefix's keys and
   values (gathered) followed by the new ones. Elsewhere it is torch's CPU flash kernel: a
@@ -22,76 +22,15 @@ cannot be built (no compiler), `kernels.attention` falls back to it.
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
-import time
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 
 import torch
 
 from harness.engine.batch import ForwardBatch
+from kernels.cpu_build import cpu_ops
 
-CPU_DIR = Path(__file__).resolve().parent / "cpu"
-# one library, `servelab`: the attention operators and the fused decoder layer
-SOURCES = tuple(
-    CPU_DIR / name
-    for name in ("paged_attention.cpp", "decode_layer.cpp", "flash_attention.cpp", "panel_gemm.cpp")
-)
-HEADERS = tuple(
-    CPU_DIR / name for name in ("paged_attention.h", "vector_math.h", "row_ops.h", "panel_gemm.h")
-)
 FLASH_ROWS = 16  # sequences with at least this many new tokens take the flash path
-OWN_FLASH_HEAD_DIMS = (32, 64, 128)  # servelab::flash_attention's tiles
-# A build takes about a minute here; a lock older than this was left by a killed build, and
-# torch would wait on it forever.
-STALE_BUILD_LOCK_S = 600.0
-
-log = logging.getLogger(__name__)
-
-
-@cache
-def build_status() -> str | None:
-    """Build (once per process; cached on disk across runs) the C++ operators for this CPU.
-    None when they are available, else why not."""
-    from torch.utils.cpp_extension import load
-
-    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    # the ISA, not the clock: a line such as "cpu MHz" changes between runs on most hosts
-    flags = "".join(sorted({line for line in cpuinfo.splitlines() if line.startswith("flags")}))
-    code = "".join(path.read_text() for path in (*SOURCES, *HEADERS))
-    isa = hashlib.sha256((flags + code).encode()).hexdigest()[:12]
-    name = f"servelab_cpu_attention_{isa}"
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache/torch_extensions"))
-    build_dir = root / "servelab" / name
-    build_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stale_lock(build_dir / "lock")
-    try:
-        load(
-            name=name,
-            sources=[str(path) for path in SOURCES],
-            build_directory=str(build_dir),
-            extra_cflags=["-O3", "-march=native", "-fno-math-errno", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=False,
-        )
-    except (OSError, RuntimeError, ImportError) as exc:
-        log.warning("the CPU attention operator could not be built: %s", exc)
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-def _remove_stale_lock(lock: Path) -> None:
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return
-    if age > STALE_BUILD_LOCK_S:
-        log.warning("removing %s, left %.0f s ago by a build that did not finish", lock, age)
-        lock.unlink(missing_ok=True)
+OWN_FLASH_HEAD_DIMS = (32, 64, 128)  # flash_attention's tiles
 
 
 @dataclass(frozen=True)
@@ -172,9 +111,10 @@ def run_cpu(
     """Attention for every query row (`q` `[T, Hq, D]`; `k`, `v` the step's new keys and values,
     already written to the caches); returns `[T, Hq, D]`."""
     out = torch.empty_like(q)
+    ops = cpu_ops()
     if plan.short_seq_lens.numel():
         short_q = q if plan.short_rows is None else q.index_select(0, plan.short_rows)
-        result = torch.ops.servelab.cpu_paged_attention(
+        result = ops.cpu_paged_attention(
             short_q.contiguous(),
             k_cache,
             v_cache,
@@ -212,7 +152,7 @@ def flash_rows(
     if own_flash_fits(q):
         if seq.prefix_slots is not None:
             k, v = torch.cat((prefix_k, k)), torch.cat((prefix_v, v))
-        return torch.ops.servelab.flash_attention(q, k, v, scale)
+        return cpu_ops().flash_attention(q, k, v, scale)
     group = q.shape[1] // k.shape[1]
     query = q.transpose(0, 1).unsqueeze(0)
     own, own_lse = _flash(query, k, v, group, True, scale)
@@ -223,13 +163,15 @@ def flash_rows(
 
 
 def own_flash_fits(q: torch.Tensor) -> bool:
-    """Whether `servelab::flash_attention` serves these queries: bfloat16, a head dim it
-    tiles, and a build for a CPU with AVX-512 BF16 (the only one that registers it)."""
-    return (
-        q.dtype == torch.bfloat16
-        and q.shape[2] in OWN_FLASH_HEAD_DIMS
-        and hasattr(torch.ops.servelab, "flash_attention")
-    )
+    """Whether the compiled `flash_attention` serves these queries: bfloat16, a head dim it
+    tiles, and the `avx512-bf16` build (the only one that registers it)."""
+    return q.dtype == torch.bfloat16 and q.shape[2] in OWN_FLASH_HEAD_DIMS and own_flash_built()
+
+
+def own_flash_built() -> bool:
+    """Whether the build dispatch uses has the compiled flash kernel."""
+    ops = cpu_ops()
+    return ops is not None and hasattr(ops, "flash_attention")
 
 
 def _flash(

@@ -3,16 +3,19 @@
 At batch 1 the eager decoder layer dispatches some twenty small operators from Python, and
 that, not the weights' bytes, bounds a decode step (profiled on the development CPU: 27 ms
 per token against a 6 ms memory floor, 15 ms of it in oneDNN's matrix-vector products). The
-operator `servelab::decode_layer` (`kernels/cpu/decode_layer.cpp`, built with the attention
-operator) runs a whole layer for a batch whose sequences all have few new tokens (decode
-steps and short verifications, fewer than the flash path takes, any batch size);
+compiled operator `decode_layer` (`kernels/cpu/decode_layer.cpp`, one build per ISA level,
+`kernels.cpu_build`) runs a whole layer for a batch whose sequences all have few new tokens
+(decode steps and short verifications, fewer than the flash path takes, any batch size);
 `FusedDecodeLayers` holds each layer's operands and runs the stack when a batch qualifies
 (bfloat16 on a CPU), and the model runs its modules otherwise. Up to 8 rows its dense
 products are a matrix-vector loop; beyond, the panel products of `kernels/cpu/panel_gemm.h`
-on a copy of each weight packed for them (oneDNN's prepacked copy where the build lacks
-AVX-512 BF16), which prefetch the next weights while they multiply: a decode step of 64
-sequences took 61 ms against 70 with oneDNN's products on the development CPU. The engine
-setting `engine.fused_decode` turns it off; the tests compare the two paths.
+on a copy of each weight packed for them, which prefetch the next weights while they
+multiply (a decode step of 64 sequences took 61 ms against 70 with oneDNN's products on the
+development CPU). Where the build lacks AVX-512 BF16 it multiplies on oneDNN's prepacked copy
+where oneDNN multiplies bfloat16, else by the matrix-vector loop at every row count. Int4
+weights packed in a layout the int4 loop reads (`Capabilities.torch_int4_block`) take it for
+few rows, torch's int4 kernel otherwise. The engine setting `engine.fused_decode` turns it
+off; the tests compare the two paths.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ import torch
 from torch import nn
 
 from harness.engine.batch import ForwardBatch
-from kernels.cpu_attention import FLASH_ROWS, build_status, plan_cpu
-from kernels.linear import PackedLinear, packing_available
+from kernels.capabilities import capabilities
+from kernels.cpu_attention import FLASH_ROWS, plan_cpu
+from kernels.cpu_build import cpu_ops
+from kernels.linear import PackedLinear
 
 if TYPE_CHECKING:
     from harness.models.model import DecoderLayer, LlamaModel
@@ -39,26 +44,28 @@ class LayerOperands:
 
     input_norm: torch.Tensor
     post_attention_norm: torch.Tensor
-    weights: list[torch.Tensor]  # per projection: weight + its packed copy, or int4 packed + scales
+    weights: list[torch.Tensor | None]  # per projection: weight + packed copy, or int4 + scales
     int4_groups: list[int]  # per projection: 0 for dense, else the int4 group
 
 
-def projection_operands(module: nn.Module) -> tuple[list[torch.Tensor], int] | None:
+def projection_operands(
+    module: nn.Module, ops: object
+) -> tuple[list[torch.Tensor | None], int] | None:
     """A projection's two tensors for the fused layer and its int4 group (0: dense), or None
     when the fused layer cannot multiply by it. A dense weight comes with a packed copy, which
     the layer multiplies by for more than a few rows: packed into panels for its own products
-    where the build has them (AVX-512 BF16), else oneDNN's prepacked copy."""
+    where the build has them (AVX-512 BF16), else oneDNN's prepacked copy where oneDNN
+    multiplies bfloat16, else none (the matrix-vector loop takes every row count)."""
     if isinstance(module, nn.Linear):
         weight = module.weight.detach()
         if module.bias is not None or weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
             return None
-        if torch.ops.servelab.panel_products_available():
-            packed = torch.ops.servelab.pack_panels(weight)
-        elif not packing_available():
-            return None
-        elif isinstance(module, PackedLinear):
+        packed: torch.Tensor | None = None
+        if ops.panel_products_available():
+            packed = ops.pack_panels(weight)
+        elif capabilities().onednn_bf16 and isinstance(module, PackedLinear):
             packed = module.packed_weight()  # the copy the layer already holds
-        else:
+        elif capabilities().onednn_bf16:
             packed = torch.ops.mkldnn._reorder_linear_weight(weight)
         return [weight.contiguous(), packed], 0
     kernel = getattr(module, "kernel", None)
@@ -68,16 +75,16 @@ def projection_operands(module: nn.Module) -> tuple[list[torch.Tensor], int] | N
     return None
 
 
-def layer_operands(layer: DecoderLayer) -> LayerOperands | None:
+def layer_operands(layer: DecoderLayer, ops: object) -> LayerOperands | None:
     """One layer's operands, or None when some part of it is outside the fused layer."""
     attn, mlp = layer.self_attn, layer.mlp
     if attn.kv_repeat != 1:
         return None
     owners = (attn, attn, attn, attn, mlp, mlp, mlp)
-    weights: list[torch.Tensor] = []
+    weights: list[torch.Tensor | None] = []
     groups: list[int] = []
     for owner, name in zip(owners, PROJECTIONS, strict=True):
-        operands = projection_operands(getattr(owner, name))
+        operands = projection_operands(getattr(owner, name), ops)
         if operands is None:
             return None
         weights += operands[0]
@@ -94,8 +101,10 @@ class FusedDecodeLayers:
     Built once per engine from the model as loaded: its weights must not be replaced later.
     """
 
-    def __init__(self, model: LlamaModel, layers: list[LayerOperands]) -> None:
+    def __init__(self, model: LlamaModel, layers: list[LayerOperands], ops: object) -> None:
         self.layers = layers
+        self.ops = ops
+        self.int4_block = capabilities().torch_int4_block or 0  # 0: the int4 loop is not used
         config = model.config
         self.num_heads = config.num_heads
         self.eps = config.rms_norm_eps
@@ -123,13 +132,14 @@ class FusedDecodeLayers:
         cos, sin = (part.contiguous() for part in rope)
         slots = batch.slot_mapping.contiguous()
         for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
-            x = torch.ops.servelab.decode_layer(
+            x = self.ops.decode_layer(
                 x,
                 layer.input_norm,
                 layer.post_attention_norm,
                 self.eps,
                 layer.weights,
                 layer.int4_groups,
+                self.int4_block,
                 cos,
                 sin,
                 k_cache,
@@ -152,10 +162,11 @@ def fused_decode_layers(
     dtype, attention not on the CPU operator, a layer it cannot run, or no compiler."""
     if device.type != "cpu" or dtype != torch.bfloat16 or attention_impl != "cpu":
         return None
-    if build_status() is not None:
+    ops = cpu_ops()
+    if ops is None:
         return None
-    operands = [layer_operands(layer) for layer in model.layers]
+    operands = [layer_operands(layer, ops) for layer in model.layers]
     usable = [layer for layer in operands if layer is not None]
     if len(usable) < len(operands):
         return None
-    return FusedDecodeLayers(model, usable)
+    return FusedDecodeLayers(model, usable, ops)

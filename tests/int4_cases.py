@@ -66,3 +66,14 @@ def all_logits(model: LlamaModel, tokens: list[int]) -> torch.Tensor:
     batch = ForwardBatch.single(torch.tensor(tokens), torch.arange(len(tokens)))
     layers = model.config.num_layers
     return model(batch, [None] * layers, [None] * layers, dense_attention)
+
+
+def pack_int4_blocked(values: torch.Tensor, block: int) -> torch.Tensor:
+    """Int4 values `[N, K]` in torch's blocked CPU packing, built by indexing: uint8
+    `[N, K / 2]` holding `[N / block, K, block / 2]` bytes, byte j of row k of block b with
+    output b * block + j in its low nibble and b * block + block / 2 + j in its high one."""
+    n_len, k_len = values.shape
+    half = block // 2
+    blocks = values.to(torch.uint8).view(n_len // block, 2, half, k_len).permute(0, 3, 1, 2)
+    packed = blocks[:, :, 0] | (blocks[:, :, 1] << 4)  # [N / block, K, half]
+    return packed.contiguous().view(n_len, k_len // 2)

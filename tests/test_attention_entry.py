@@ -18,8 +18,9 @@ if not torch.cuda.is_available():
 
 from kernels import paged_attention_triton as tri  # noqa: E402
 from kernels.attention import Attention, AttentionConfig  # noqa: E402
-from kernels.cpu_attention import build_status  # noqa: E402
+from kernels.cpu_build import active_build_status  # noqa: E402
 from tests.attention_cases import AttentionCase, CaseShape, dense_attention, make_case  # noqa: E402
+from tests.conftest import CPU_IMPLS, attention_impl  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 SCALE = 0.125
@@ -27,7 +28,7 @@ MIXED = ([9, 30, 1, 45, 17], [9, 1, 1, 6, 3])
 DECODE = ([9, 30, 1, 45, 17, 64], [1] * 6)
 # fresh prompts and a chunk over a cached prefix long enough for the CPU flash path
 PREFILL = ([40, 50, 64, 17, 5], [40, 20, 1, 17, 2])
-IMPLS = ["torch", "triton", "cpu"]
+IMPLS = ["torch", "triton", *CPU_IMPLS]
 
 
 def _run(attn: Attention, case: AttentionCase) -> torch.Tensor:
@@ -43,7 +44,7 @@ def _run(attn: Attention, case: AttentionCase) -> torch.Tensor:
 
 
 def test_auto_picks_triton_on_cuda_and_the_compiled_cpu_path_elsewhere() -> None:
-    expected = "cpu" if build_status() is None else "torch"
+    expected = "cpu" if active_build_status() is None else "torch"
     assert Attention(AttentionConfig(), torch.device("cpu")).impl == expected
     assert Attention(AttentionConfig("torch"), DEVICE).impl == "torch"
     assert Attention(AttentionConfig("triton"), DEVICE).impl == "triton"
@@ -66,9 +67,12 @@ def test_triton_on_cpu_without_interpreter_is_a_config_error(
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("paged", [True, False], ids=["paged", "contiguous"])
-def test_writes_new_kv_exactly_at_slot_mapping(impl: str, paged: bool) -> None:
-    if impl == "cpu" and DEVICE.type != "cpu":
+def test_writes_new_kv_exactly_at_slot_mapping(
+    impl: str, paged: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if impl.startswith("cpu") and DEVICE.type != "cpu":
         pytest.skip("the CPU path runs on the CPU")
+    impl = attention_impl(impl, monkeypatch)
     case = make_case(*MIXED, CaseShape(paged=paged), device=DEVICE, new_in_cache=False)
     k_before, v_before = case.k_cache.clone(), case.v_cache.clone()
     _run(Attention(AttentionConfig(impl), DEVICE), case)
@@ -89,9 +93,12 @@ def test_writes_new_kv_exactly_at_slot_mapping(impl: str, paged: bool) -> None:
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("paged", [True, False], ids=["paged", "contiguous"])
 @pytest.mark.parametrize("lens", [MIXED, DECODE, PREFILL], ids=["mixed", "decode", "prefill"])
-def test_matches_dense_attention(impl: str, paged: bool, lens: tuple[list, list]) -> None:
-    if impl == "cpu" and DEVICE.type != "cpu":
+def test_matches_dense_attention(
+    impl: str, paged: bool, lens: tuple[list, list], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if impl.startswith("cpu") and DEVICE.type != "cpu":
         pytest.skip("the CPU path runs on the CPU")
+    impl = attention_impl(impl, monkeypatch)
     case = make_case(*lens, CaseShape(paged=paged), device=DEVICE, new_in_cache=False, seed=2)
     out = _run(Attention(AttentionConfig(impl), DEVICE), case)
     assert out.shape == case.q.shape and out.dtype == case.q.dtype
@@ -106,9 +113,12 @@ def test_any_group_size(group: tuple[int, int]) -> None:
     torch.testing.assert_close(out.double().cpu(), dense_attention(case, SCALE), atol=2e-5, rtol=0)
 
 
-@pytest.mark.parametrize("impl", ["torch", "cpu"])
+@pytest.mark.parametrize("impl", ["torch", *CPU_IMPLS])
 @pytest.mark.parametrize("lens", [MIXED, PREFILL], ids=["mixed", "prefill"])
-def test_bfloat16_cpu_paths(impl: str, lens: tuple[list, list]) -> None:
+def test_bfloat16_cpu_paths(
+    impl: str, lens: tuple[list, list], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    impl = attention_impl(impl, monkeypatch)
     case = make_case(*lens, CaseShape(), dtype=torch.bfloat16, new_in_cache=False, seed=6)
     out = Attention(AttentionConfig(impl), torch.device("cpu"))(
         case.q, case.k_new, case.v_new, case.k_cache, case.v_cache, case.forward_batch(), SCALE
@@ -118,10 +128,11 @@ def test_bfloat16_cpu_paths(impl: str, lens: tuple[list, list]) -> None:
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_one_batch_serves_every_layer(impl: str) -> None:
+def test_one_batch_serves_every_layer(impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The plan built on the first layer is reused; each layer still reads its own cache."""
-    if impl == "cpu" and DEVICE.type != "cpu":
+    if impl.startswith("cpu") and DEVICE.type != "cpu":
         pytest.skip("the CPU path runs on the CPU")
+    impl = attention_impl(impl, monkeypatch)
     first = make_case(*MIXED, CaseShape(), device=DEVICE, new_in_cache=False, seed=8)
     second = make_case(*MIXED, CaseShape(), device=DEVICE, new_in_cache=False, seed=8)
     second = dataclasses.replace(

@@ -5,7 +5,8 @@ attention of the same bfloat16 operands for every head dim it tiles, several gro
 lengths that end inside a 64-key block and a 32-position work item, and new rows after a
 cached prefix; and against torch's CPU flash kernel, the path it replaces, on the model's
 shape. The entry point's own bfloat16 prefill cases (`test_attention_entry.py`) run through it
-too. Skipped where the operator is not built for this CPU (no AVX-512 BF16).
+too. Run at each ISA level this CPU runs, skipped at levels whose build has no such operator
+(below `avx512-bf16`).
 """
 
 from __future__ import annotations
@@ -13,16 +14,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu_attention import build_status, own_flash_fits
+from kernels.cpu_attention import own_flash_fits
+from tests.conftest import CpuBuild
 
 BF16 = torch.bfloat16
 
 
-def _available() -> bool:
-    return build_status() is None and hasattr(torch.ops.servelab, "flash_attention")
-
-
-pytestmark = pytest.mark.skipif(not _available(), reason="no AVX-512 BF16 build of the operator")
+@pytest.fixture
+def ops(cpu_build: CpuBuild) -> object:
+    """The flash operator's build, where the level has one."""
+    if not hasattr(cpu_build.ops, "flash_attention"):
+        pytest.skip(f"the {cpu_build.level} build has no flash_attention (AVX-512 BF16)")
+    return cpu_build.ops
 
 
 def _operands(
@@ -59,19 +62,19 @@ def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
     ],
 )
 def test_matches_dense_causal_attention(
-    n: int, L: int, q_heads: int, kv_heads: int, dim: int
+    ops: object, n: int, L: int, q_heads: int, kv_heads: int, dim: int
 ) -> None:
     q, k, v = _operands(n, L, q_heads, kv_heads, dim, seed=n + L + dim)
     scale = dim**-0.5
-    got = torch.ops.servelab.flash_attention(q, k, v, scale)
+    got = ops.flash_attention(q, k, v, scale)
     assert got.dtype == BF16 and got.shape == q.shape
     # probabilities rounded to bfloat16 before the value product, then the output's rounding
     torch.testing.assert_close(got.double(), _dense(q, k, v, scale), atol=1.6e-2, rtol=1e-2)
 
 
-def test_agrees_with_torchs_flash_kernel_on_the_models_shape() -> None:
+def test_agrees_with_torchs_flash_kernel_on_the_models_shape(ops: object) -> None:
     q, k, v = _operands(300, 300, 9, 3, 64, seed=3)
-    got = torch.ops.servelab.flash_attention(q, k, v, 0.125)
+    got = ops.flash_attention(q, k, v, 0.125)
     keys = k.transpose(0, 1).repeat_interleave(3, 0).unsqueeze(0)
     values = v.transpose(0, 1).repeat_interleave(3, 0).unsqueeze(0)
     theirs, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -82,16 +85,16 @@ def test_agrees_with_torchs_flash_kernel_on_the_models_shape() -> None:
     )
 
 
-def test_the_entry_point_takes_it_only_for_bfloat16_and_tiled_head_dims() -> None:
+def test_the_entry_point_takes_it_only_for_bfloat16_and_tiled_head_dims(ops: object) -> None:
     assert own_flash_fits(torch.empty(4, 9, 64, dtype=BF16))
     assert not own_flash_fits(torch.empty(4, 9, 64, dtype=torch.float32))
     assert not own_flash_fits(torch.empty(4, 9, 80, dtype=BF16))
 
 
-def test_unsupported_head_dims_and_dtypes_are_refused() -> None:
+def test_unsupported_head_dims_and_dtypes_are_refused(ops: object) -> None:
     q, k, v = _operands(4, 4, 2, 1, 64, seed=0)
     with pytest.raises(RuntimeError, match="bfloat16"):
-        torch.ops.servelab.flash_attention(q.float(), k.float(), v.float(), 0.125)
+        ops.flash_attention(q.float(), k.float(), v.float(), 0.125)
     q, k, v = _operands(4, 4, 2, 1, 48, seed=0)
     with pytest.raises(RuntimeError, match="head dims"):
-        torch.ops.servelab.flash_attention(q, k, v, 0.125)
+        ops.flash_attention(q, k, v, 0.125)

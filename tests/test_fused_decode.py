@@ -17,12 +17,21 @@ import torch
 
 from harness.engine.batch import ForwardBatch
 from kernels.attention import Attention, AttentionConfig
-from kernels.cpu_attention import FLASH_ROWS, build_status
+from kernels.capabilities import torch_int4_block
+from kernels.cpu_attention import FLASH_ROWS
 from kernels.fused_decode import fused_decode_layers
-from tests.int4_cases import context, served_model, tiny_checkpoint, weights_format
+from tests.conftest import CpuBuild
+from tests.int4_cases import (
+    context,
+    pack_int4_blocked,
+    served_model,
+    tiny_checkpoint,
+    weights_format,
+)
 from tests.tiny import CPU, tiny_model
 
-pytestmark = pytest.mark.skipif(build_status() is not None, reason="no C++ compiler")
+# every test here at each ISA level this CPU runs, on that level's build
+pytestmark = pytest.mark.usefixtures("cpu_build")
 
 BF16 = torch.bfloat16
 MAX_LEN = 64  # slots per sequence in the contiguous layout
@@ -30,19 +39,22 @@ BLOCK = 4
 
 
 @pytest.mark.parametrize(("rows", "k_len", "n_len"), [(1, 64, 5), (3, 100, 130), (8, 577, 33)])
-def test_matvec_is_the_product_of_its_bfloat16_operands(rows: int, k_len: int, n_len: int) -> None:
+def test_matvec_is_the_product_of_its_bfloat16_operands(
+    cpu_build: CpuBuild, rows: int, k_len: int, n_len: int
+) -> None:
     generator = torch.Generator().manual_seed(rows + k_len)
     x = torch.randn(rows, k_len, generator=generator).to(BF16)
     w = torch.randn(n_len, k_len, generator=generator).to(BF16)
     exact = x.float() @ w.float().t()
-    got = torch.ops.servelab.matvec(x, w)
+    got = cpu_build.ops.matvec(x, w)
     assert got.dtype == BF16 and got.shape == (rows, n_len)
     # one bfloat16 rounding of the fp32 sum (2^-8 relative), plus fp32 summation order
     torch.testing.assert_close(got.float(), exact, rtol=2**-8, atol=1e-4 * k_len**0.5)
 
 
-PANELS = build_status() is None and torch.ops.servelab.panel_products_available()
-needs_panels = pytest.mark.skipif(not PANELS, reason="the build has no AVX-512 BF16")
+def _needs_panels(cpu_build: CpuBuild) -> None:
+    if not cpu_build.ops.panel_products_available():
+        pytest.skip(f"the {cpu_build.level} build has no panel products (AVX-512 BF16)")
 
 
 def _padded_panels(w: torch.Tensor) -> torch.Tensor:
@@ -54,65 +66,83 @@ def _padded_panels(w: torch.Tensor) -> torch.Tensor:
     return padded.view(panels, 32, pairs, 2).permute(0, 2, 1, 3).contiguous()
 
 
-@needs_panels
 @pytest.mark.parametrize(
     ("rows", "k_len", "n_len"), [(9, 64, 5), (15, 101, 130), (64, 576, 200), (70, 1536, 96)]
 )
 def test_panel_products_are_the_product_of_their_bfloat16_operands(
-    rows: int, k_len: int, n_len: int
+    cpu_build: CpuBuild, rows: int, k_len: int, n_len: int
 ) -> None:
+    _needs_panels(cpu_build)
+    ops = cpu_build.ops
     generator = torch.Generator().manual_seed(rows + k_len)
     x = torch.randn(rows, k_len, generator=generator).to(BF16)
     w = torch.randn(n_len, k_len, generator=generator).to(BF16)
-    panels = torch.ops.servelab.pack_panels(w)
+    panels = ops.pack_panels(w)
     assert torch.equal(panels, _padded_panels(w))
-    got = torch.ops.servelab.panel_linear(x, panels, n_len)
+    got = ops.panel_linear(x, panels, n_len)
     assert got.dtype == BF16 and got.shape == (rows, n_len)
     exact = x.float() @ w.float().t()
     torch.testing.assert_close(got.float(), exact, rtol=2**-8, atol=1e-4 * k_len**0.5)
     # a residual is added to the rounded product and rounded again, as the eager add does
     residual = torch.randn(rows, n_len, generator=generator).to(BF16)
-    plus = torch.ops.servelab.panel_linear(x, panels, n_len, residual)
+    plus = ops.panel_linear(x, panels, n_len, residual)
     assert torch.equal(plus, got + residual)
     with pytest.raises(RuntimeError, match="panels are `pack_panels` of a bfloat16 weight"):
-        torch.ops.servelab.panel_linear(x, panels, n_len + 32)
+        ops.panel_linear(x, panels, n_len + 32)
 
 
-@needs_panels
 @pytest.mark.parametrize(("rows", "k_len", "n_len"), [(13, 96, 70), (64, 577, 160)])
-def test_panel_swiglu_rounds_as_the_eager_swiglu(rows: int, k_len: int, n_len: int) -> None:
+def test_panel_swiglu_rounds_as_the_eager_swiglu(
+    cpu_build: CpuBuild, rows: int, k_len: int, n_len: int
+) -> None:
+    _needs_panels(cpu_build)
+    ops = cpu_build.ops
     generator = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, k_len, generator=generator).to(BF16)
     gate, up = (torch.randn(n_len, k_len, generator=generator).to(BF16) for _ in range(2))
-    gate_panels, up_panels = (torch.ops.servelab.pack_panels(w) for w in (gate, up))
-    got = torch.ops.servelab.panel_swiglu(x, gate_panels, up_panels, n_len)
+    gate_panels, up_panels = (ops.pack_panels(w) for w in (gate, up))
+    got = ops.panel_swiglu(x, gate_panels, up_panels, n_len)
     # the eager SwiGLU of the same products (same sums, so the same bfloat16 gate and up)
-    gate_y = torch.ops.servelab.panel_linear(x, gate_panels, n_len)
-    up_y = torch.ops.servelab.panel_linear(x, up_panels, n_len)
+    gate_y = ops.panel_linear(x, gate_panels, n_len)
+    up_y = ops.panel_linear(x, up_panels, n_len)
     want = torch.nn.functional.silu(gate_y) * up_y
     # silu's exponential is a polynomial here: at most one bfloat16 step apart, rarely
     torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6)
     assert (got == want).float().mean() >= 0.99
 
 
+@pytest.mark.parametrize("block", [64, 32], ids=["avx512-packing", "avx2-packing"])
 @pytest.mark.parametrize(
-    ("rows", "k_len", "n_len", "group"), [(1, 576, 192, 64), (4, 256, 64, 128)]
+    ("rows", "k_len", "n_len", "group"), [(1, 576, 192, 64), (4, 256, 64, 128), (3, 128, 96, 32)]
 )
 def test_int4_matvec_is_the_product_of_the_dequantised_weight(
-    rows: int, k_len: int, n_len: int, group: int
+    cpu_build: CpuBuild, block: int, rows: int, k_len: int, n_len: int, group: int
 ) -> None:
+    # both of torch's packings, whatever torch runs here: each is built by indexing
+    if n_len % block:
+        pytest.skip(f"{n_len} outputs are not whole blocks of {block}")
     generator = torch.Generator().manual_seed(rows)
     values = torch.randint(0, 16, (n_len, k_len), generator=generator, dtype=torch.int32)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, 2)
+    packed = pack_int4_blocked(values, block)
     pairs = torch.randn(k_len // group, n_len, 2, generator=generator).to(BF16)
     x = torch.randn(rows, k_len, generator=generator).to(BF16)
     scale = pairs[..., 0].float().repeat_interleave(group, 0)  # [K, N]
     offset = pairs[..., 1].float().repeat_interleave(group, 0)
     exact = x.float() @ ((values.t().float() - 8) * scale + offset)
-    got = torch.ops.servelab.int4_matvec(x, packed, pairs, group)
+    got = cpu_build.ops.int4_matvec(x, packed, pairs, group, block)
     torch.testing.assert_close(got.float(), exact, rtol=2**-8, atol=1e-3 * exact.abs().max().item())
     with pytest.raises(RuntimeError, match="at most 4 rows"):
-        torch.ops.servelab.int4_matvec(x.repeat(5, 1), packed, pairs, group)
+        cpu_build.ops.int4_matvec(x.repeat(5, 1), packed, pairs, group, block)
+
+
+def test_the_probe_reads_torchs_own_int4_packing() -> None:
+    values = torch.randint(0, 16, (128, 64), generator=torch.Generator().manual_seed(3))
+    block = torch_int4_block()
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values.to(torch.int32), 2)
+    if block is None:
+        assert not any(torch.equal(packed, pack_int4_blocked(values, b)) for b in (32, 64))
+    else:
+        assert torch.equal(packed, pack_int4_blocked(values, block))
 
 
 def _batch(

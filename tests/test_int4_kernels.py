@@ -11,7 +11,7 @@ from kernels.int4_layout import num_groups, pack_int4, unpack_int4
 from kernels.int4_matmul import choose_kernel
 from kernels.int4_matmul_cpu import int4_matmul_cpu, to_cpu_packed
 from kernels.int4_matmul_ref import int4_matmul_ref
-from kernels.int4_matmul_triton import int4_matmul_triton
+from kernels.int4_matmul_triton import int4_matmul_triton, interpreted
 
 CPU = torch.device("cpu")
 # the Triton kernel runs compiled where CUDA is (scripts/gpu_check.sh), else interpreted
@@ -68,7 +68,7 @@ def test_triton_matches_reference(rows, in_features, out_features, group, dtype)
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize(("rows", "in_features", "group"), [(1, 576, 128), (32, 1536, 128)])
-def test_cpu_packed_matches_reference(rows, in_features, group, dtype):
+def test_cpu_packed_matches_reference(cpu_build, rows, in_features, group, dtype):
     qweight, qzeros, scales, _ = random_int4(in_features, 192, group, seed=5)
     x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(6))
     packed, pairs = to_cpu_packed(qweight, qzeros, scales, group, dtype)
@@ -87,7 +87,13 @@ def test_kernel_choice():
     assert chosen(torch.float16) == "reference"  # measured faster there than torch-packed
     assert chosen(torch.float32) == "reference"  # exact, for quality measurements
     assert chosen(torch.bfloat16, in_features=200) == "reference"  # gcd(200, 128) = 8
-    assert chosen(torch.float32, impl="triton") == "triton"  # interpreted in tests
+    if interpreted():  # tests on a CPU-only host run Triton in its interpreter
+        assert chosen(torch.float32, impl="triton") == "triton"
+    else:  # a CUDA host compiles it, for CUDA tensors only
+        with pytest.raises(ConfigError, match="needs a CUDA device"):
+            chosen(torch.float32, impl="triton")
+    if torch.cuda.is_available():
+        assert chosen(torch.float16, device=torch.device("cuda")) == "triton"
     with pytest.raises(ConfigError, match="strategy.int4_kernel"):
         chosen(torch.bfloat16, in_features=200, impl="torch-packed")
     with pytest.raises(ConfigError, match="strategy.int4_kernel"):

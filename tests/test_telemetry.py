@@ -146,6 +146,8 @@ def test_nvml_samples_are_parsed_and_energy_is_the_counter_delta(
 ) -> None:
     gpu = FakeGpu()
     gpu.install(monkeypatch)
+    # the fake GPU's ordinal is asked of NVML alone: no CUDA runtime (a host may have one GPU)
+    monkeypatch.setattr(telemetry, "_cuda_uuid", lambda index: None)
     path = tmp_path / "telemetry.csv"
     sampler = TelemetrySampler(path, 3600.0, counting_clock(), torch.device("cuda", 1))
     sampler.start()

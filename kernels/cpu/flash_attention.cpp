@@ -19,7 +19,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
-#include <torch/library.h>
+
+#include "ops_library.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -250,10 +251,10 @@ at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(servelab, m) {
+SERVELAB_FRAGMENT(m) {
   m.def("flash_attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(servelab, CPU, m) { m.impl("flash_attention", &flash_attention); }
+SERVELAB_IMPL(CPU, m) { m.impl("flash_attention", &flash_attention); }
 
 #endif

@@ -20,9 +20,9 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
-#include <torch/library.h>
 
 #include "paged_attention.h"
+#include "ops_library.h"
 #include "vector_math.h"
 
 #if defined(__AVX512F__)
@@ -601,12 +601,12 @@ at::Tensor cpu_paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
 
 }  // namespace servelab
 
-TORCH_LIBRARY(servelab, m) {
+SERVELAB_LIBRARY(m) {
   m.def(
       "cpu_paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor query_start_loc, "
       "Tensor seq_lens, Tensor kv_index, bool paged, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(servelab, CPU, m) {
+SERVELAB_IMPL(CPU, m) {
   m.impl("cpu_paged_attention", &servelab::cpu_paged_attention);
 }

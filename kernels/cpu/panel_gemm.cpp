@@ -5,7 +5,6 @@
 #include "panel_gemm.h"
 
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -14,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ops_library.h"
 #include "row_ops.h"
 
 namespace servelab::panels {
@@ -242,7 +242,7 @@ at::Tensor pack(const at::Tensor& weight) {
   return out;
 }
 
-void products(const at::Tensor& x, const std::vector<Product>& outs) {
+void products(const at::Tensor& x, const std::vector<servelab::Product>& outs) {
   check_x(x);
   const int64_t panel_values = pairs_of(x.size(1)) * kPairRow;
   int64_t total = 0;
@@ -255,8 +255,8 @@ void products(const at::Tensor& x, const std::vector<Product>& outs) {
       for (int64_t q = std::max(begin, first) - first; q < std::min(end, first + count) - first;
            q += 2) {
         const bool pair = q + 1 < std::min(end, first + count) - first;
-        jobs.push_back({p.panels + q * panel_values,
-                        pair ? p.panels + (q + 1) * panel_values : nullptr,
+        jobs.push_back({p.weight + q * panel_values,
+                        pair ? p.weight + (q + 1) * panel_values : nullptr,
                         p.y + q * kPanelColumns, p.n_len, p.n_len - q * kPanelColumns,
                         p.residual ? p.residual + q * kPanelColumns : nullptr});
       }
@@ -314,14 +314,14 @@ at::Tensor panel_swiglu(const at::Tensor& x, const at::Tensor& gate_panels,
 }  // namespace
 }  // namespace servelab::panels
 
-TORCH_LIBRARY_FRAGMENT(servelab, m) {
+SERVELAB_FRAGMENT(m) {
   m.def("panel_products_available() -> bool", &servelab::panels::available);
   m.def("pack_panels(Tensor weight) -> Tensor");
   m.def("panel_linear(Tensor x, Tensor panels, int n, Tensor? residual=None) -> Tensor");
   m.def("panel_swiglu(Tensor x, Tensor gate_panels, Tensor up_panels, int n) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(servelab, CPU, m) {
+SERVELAB_IMPL(CPU, m) {
   m.impl("pack_panels", &servelab::panels::pack);
   m.impl("panel_linear", &servelab::panels::panel_linear);
   m.impl("panel_swiglu", &servelab::panels::panel_swiglu);

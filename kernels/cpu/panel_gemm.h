@@ -20,11 +20,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "product.h"
+
 namespace servelab::panels {
 
 constexpr int64_t kPanelColumns = 32;
 
-// Whether this build has the products (AVX-512 BF16); elsewhere callers keep oneDNN's.
+// Whether this build has the products (AVX-512 BF16); elsewhere the decoder layer takes
+// oneDNN's where it multiplies bfloat16, else the matrix-vector loop of matvec.h.
 bool available();
 
 // The packed copy of a bfloat16 weight [N, K].
@@ -33,19 +36,10 @@ at::Tensor pack(const at::Tensor& weight);
 // Fails unless `panels` is what `pack` makes of a weight [n_len, k_len].
 void check_packed(const at::Tensor& panels, int64_t k_len, int64_t n_len);
 
-// One product of the rows of x by a packed weight with `n_len` outputs into y [rows, n_len],
-// plus `residual` [rows, n_len] where given (the decoder's residual adds, fused into the store).
-struct Product {
-  const c10::BFloat16* panels;
-  int64_t n_len;
-  c10::BFloat16* y;
-  const c10::BFloat16* residual = nullptr;
-};
-
 // Each product of x [rows, K] (contiguous bfloat16), fp32 sums rounded to bfloat16 (then the
 // residual added and rounded again, as the eager add rounds), all in one parallel region over
 // their panels.
-void products(const at::Tensor& x, const std::vector<Product>& outs);
+void products(const at::Tensor& x, const std::vector<servelab::Product>& outs);
 
 // y = silu(x gate^T) * (x up^T) [rows, N], rounded as the eager SwiGLU rounds, from the packed
 // gate and up weights (both N outputs).

@@ -1,0 +1,167 @@
+"""The compiled CPU operators (`kernels/cpu/*.cpp`): one build per ISA level, and which one runs.
+
+Each level of `kernels.capabilities` has its own build, compiled with that level's flags
+(never `-march=native`, so a build is the same on every CPU of its level) and cached on disk
+by a hash of the sources, the flags and torch's version. Each registers its operators under
+its own namespace (`torch.ops.servelab_avx2`, ...; `kernels/cpu/ops_library.h`), so one
+process can load every build this CPU runs: the engine takes the build of the level
+dispatch uses (`cpu_ops()`), and the tests run every kernel against each runnable build
+(`cpu_ops(level)`) next to the PyTorch references. A build above this CPU's level is never
+loaded (its code would fault); `compile_check` compiles it without loading, so its branches
+are at least compiled on every machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import sysconfig
+import tempfile
+import time
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from kernels.capabilities import LEVELS, capabilities, level_at_most, runnable_levels
+
+CPU_DIR = Path(__file__).resolve().parent / "cpu"
+SOURCES = tuple(sorted(CPU_DIR.glob("*.cpp")))
+HEADERS = tuple(sorted(CPU_DIR.glob("*.h")))
+# -march per level on x86-64: the psABI's levels, plus what the fast branches test for
+X86_LEVEL_FLAGS = {
+    "baseline": ("-march=x86-64", "-mtune=generic"),
+    "avx2": ("-march=x86-64-v3",),
+    "avx512": ("-march=x86-64-v4",),
+    "avx512-bf16": ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vbmi"),
+}
+COMMON_FLAGS = ("-O3", "-fno-math-errno", "-fopenmp", "-fvisibility=hidden")
+# A build takes about a minute here; a lock older than this was left by a killed build, and
+# torch would wait on it forever.
+STALE_BUILD_LOCK_S = 600.0
+
+log = logging.getLogger(__name__)
+
+
+def namespace(level: str) -> str:
+    """The operator namespace of a level's build: `servelab_avx512_bf16` for `avx512-bf16`."""
+    return "servelab_" + level.replace("-", "_")
+
+
+def level_flags(level: str) -> tuple[str, ...]:
+    """The compiler flags of a level's build (no ISA flags off x86-64: there is one level)."""
+    if level not in LEVELS:
+        raise ValueError(f"unknown ISA level {level!r}; one of {', '.join(LEVELS)}")
+    isa = X86_LEVEL_FLAGS[level] if platform.machine() in ("x86_64", "AMD64") else ()
+    return (*COMMON_FLAGS, *isa, f"-DSERVELAB_OPS={namespace(level)}")
+
+
+def build_name(level: str) -> str:
+    """The cached build's name: the level and a hash of everything that changes its code."""
+    code = "".join(path.name + path.read_text() for path in (*SOURCES, *HEADERS))
+    key = " ".join((torch.__version__, *level_flags(level), code))
+    return f"{namespace(level)}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+@cache
+def build_status(level: str) -> str | None:
+    """Build (once per process; cached on disk across runs) and load a level's operators.
+    None when they are available, else why not."""
+    if level not in runnable_levels():
+        return f"{level} code does not run here (the level is {runnable_levels()[-1]})"
+    from torch.utils.cpp_extension import load
+
+    name = build_name(level)
+    build_dir = extensions_root() / "servelab" / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_lock(build_dir / "lock")
+    flags = level_flags(level)
+    try:
+        load(
+            name=name,
+            sources=[str(path) for path in SOURCES],
+            build_directory=str(build_dir),
+            extra_cflags=list(flags),
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
+    except (OSError, RuntimeError, ImportError) as exc:
+        log.warning("the CPU operators for %s could not be built: %s", level, exc)
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def cpu_ops(level: str | None = None) -> object | None:
+    """The operator namespace of `level`'s build (default: the level dispatch uses), or None
+    where it cannot be built (no compiler)."""
+    level = level or capabilities().level
+    if build_status(level) is not None:
+        return None
+    return getattr(torch.ops, namespace(level))
+
+
+def active_build_status() -> str | None:
+    """`build_status` of the level dispatch uses."""
+    return build_status(capabilities().level)
+
+
+def compile_check(level: str) -> subprocess.CompletedProcess[str]:
+    """Compile every source at `level` without linking or loading (for levels above this CPU's:
+    their branches are compiled here, though only a CPU of that level can run them)."""
+    from torch.utils.cpp_extension import include_paths
+
+    includes = [f"-I{path}" for path in include_paths()]
+    python_include = sysconfig.get_paths()["include"]
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    compiler = os.environ.get("CXX", "c++")
+    with tempfile.TemporaryDirectory() as out:
+        procs = [
+            subprocess.Popen(
+                [
+                    compiler,
+                    "-std=c++20",
+                    "-fPIC",
+                    abi,
+                    *level_flags(level),
+                    *includes,
+                    f"-I{python_include}",
+                    "-c",
+                    str(source),
+                    "-o",
+                    f"{out}/{source.stem}.o",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for source in SOURCES
+        ]
+        outputs = [proc.communicate()[0] for proc in procs]
+    failed = [proc.returncode for proc in procs if proc.returncode]
+    return subprocess.CompletedProcess(
+        [compiler, level], failed[0] if failed else 0, "".join(outputs), ""
+    )
+
+
+def extensions_root() -> Path:
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache/torch_extensions"))
+
+
+def _remove_stale_lock(lock: Path) -> None:
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_BUILD_LOCK_S:
+        log.warning("removing %s, left %.0f s ago by a build that did not finish", lock, age)
+        lock.unlink(missing_ok=True)
+
+
+def levels_not_run() -> tuple[str, ...]:
+    """The levels whose builds are compiled here but not run (above the CPU's or the
+    override's level)."""
+    return tuple(level for level in LEVELS if not level_at_most(level, runnable_levels()[-1]))
