@@ -22,9 +22,11 @@ here too, and `ATEN_CPU_CAPABILITY` / `ONEDNN_MAX_CPU_ISA` set before start-up l
 from __future__ import annotations
 
 import glob
+import json
 import os
 import platform
 import shutil
+import sys
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
@@ -50,14 +52,17 @@ REPORTED_FLAGS = (
     "avx512vl",
     "avx512dq",
     "avx512_bf16",
+    "avx512_fp16",
     "avx512vbmi",
     "avx512_vnni",
     "avx_vnni",
     "avx_ne_convert",
     "amx_tile",
     "amx_bf16",
+    "amx_fp16",
 )
 BF16_HARDWARE_FLAGS = ("avx512_bf16", "amx_bf16")  # a bf16 product in one instruction
+FP16_HARDWARE_FLAGS = ("avx512_fp16", "amx_fp16")
 
 
 def cpu_flags() -> frozenset[str]:
@@ -119,6 +124,7 @@ class Capabilities:
     torch_cpu_capability: str  # the vector ISA torch's own CPU kernels dispatch to
     onednn_bf16: bool  # oneDNN prepacks and multiplies bf16 here (within the level)
     bf16_native: bool  # the CPU multiplies bf16 in hardware (within the level)
+    fp16_native: bool  # the same for fp16
     torch_int4_block: int | None  # outputs per block of torch's int4 CPU packing; None: unknown
     cuda: bool
     gpu_visible: bool
@@ -144,10 +150,17 @@ def capabilities() -> Capabilities:
         torch_cpu_capability=torch.backends.cpu.get_cpu_capability(),
         onednn_bf16=avx512 and _onednn_bf16_supported(),
         bf16_native=level == "avx512-bf16" and any(f in flags for f in BF16_HARDWARE_FLAGS),
+        fp16_native=avx512 and any(f in flags for f in FP16_HARDWARE_FLAGS),
         torch_int4_block=torch_int4_block(),
         cuda=torch.cuda.is_available(),
         gpu_visible=gpu_visible(),
     )
+
+
+def native_levels() -> tuple[str, ...]:
+    """Every level this CPU executes, lowest first, whatever the override."""
+    native = native_level(cpu_flags(), platform.machine())
+    return LEVELS[: LEVELS.index(native) + 1]
 
 
 def runnable_levels() -> tuple[str, ...]:
@@ -187,3 +200,23 @@ def torch_int4_block(probe_outputs: int = 64) -> int | None:
         if torch.equal(packed, (low | (high << 4)).flatten()):
             return block
     return None
+
+
+def main(argv: list[str]) -> int:
+    """`python -m kernels.capabilities`: the probe as JSON; `--above LEVEL`: exit status 0 when
+    this CPU's level (the override's, where one is set) is above LEVEL, else 1 (for scripts
+    that run a lower level's tests only where that is not the level already)."""
+    if argv[:1] == ["--above"] and len(argv) == 2:
+        if argv[1] not in LEVELS:
+            print(f"unknown level {argv[1]!r}; one of {', '.join(LEVELS)}", file=sys.stderr)
+            return 2
+        return 0 if not level_at_most(capabilities().level, argv[1]) else 1
+    if argv:
+        print("usage: python -m kernels.capabilities [--above LEVEL]", file=sys.stderr)
+        return 2
+    print(json.dumps(capabilities().record(), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

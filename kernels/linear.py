@@ -6,9 +6,11 @@ as the product itself (measured on the development CPU, bfloat16, one thread: a
 1 x 576 x 1536 product in 91 us plain, 44 us prepacked; 64 rows 623 us and 565 us), and the
 outputs are bit-identical. `PackedLinear` is an `nn.Linear` (same parameter, same state dict)
 that packs its weight once, on its first CPU forward in bfloat16, and packs again only if the
-weight is replaced. fp32 stays on the plain layer: it is the mode exactness checks run in, and
-its packed kernels round differently from the plain ones for some batch sizes. Anywhere else
-(CUDA, other dtypes, `enabled=False`) it is the plain layer too.
+weight is replaced. fp32 stays off oneDNN's packed kernels (it is the mode exactness checks
+run in, and they round differently from the plain ones for some batch sizes): up to a few
+rows it takes the compiled `linear_f32` (`kernels/cpu/linear_f32.cpp`), whose sums do not
+depend on the row count, beyond them the plain layer. Anywhere else (CUDA, fp16,
+`enabled=False`) it is the plain layer too.
 
 oneDNN prepacks bfloat16 only where it multiplies it (`Capabilities.onednn_bf16`: AVX-512
 and its bf16 support, within the ISA level). Elsewhere (AVX2, the portable level) a bfloat16
@@ -36,19 +38,27 @@ from kernels.cpu_build import cpu_ops
 
 PACKED_DTYPES = (torch.bfloat16,)
 MATVEC_ROWS = 4
+# fp32 rows up to which the compiled `linear_f32` beats torch's product (MKL), measured on an
+# AVX2-only Zen 3, one thread: the decoder's projections up to 8 rows (1.4-2.7x), the LM head
+# (a 49152 x 576 weight, read from memory) up to 64 (1.05-2.7x); `benchmarks/bench_linear_f32.py`.
+F32_ROWS = 8
+F32_LM_HEAD_ROWS = 64
 
 
 class PackedLinear(nn.Linear):
     """`nn.Linear` whose CPU forward runs on a oneDNN-prepacked copy of its weight."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = False, f32_rows: int = F32_ROWS
+    ) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.enabled = True
+        self.f32_rows = f32_rows  # fp32 rows up to which `linear_f32` runs
         self._packed: torch.Tensor | None = None
         self._packed_from: tuple[int, int] | None = None  # (data_ptr, version) packed
 
     def _usable(self, x: torch.Tensor) -> bool:
-        """Whether this forward takes a compiled path: bfloat16 on the CPU, not disabled."""
+        """Whether this forward may take a compiled path: on the CPU, not disabled."""
         weight = self.weight
         return (
             self.enabled
@@ -56,7 +66,6 @@ class PackedLinear(nn.Linear):
             and x.device.type == "cpu"
             and weight.device.type == "cpu"
             and x.dtype == weight.dtype
-            and weight.dtype in PACKED_DTYPES
         )
 
     def packed_weight(self) -> torch.Tensor:
@@ -68,9 +77,14 @@ class PackedLinear(nn.Linear):
         return self._packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        usable = self._usable(x)
-        ops = cpu_ops() if usable else None
-        onednn = usable and capabilities().onednn_bf16
+        if not self._usable(x):
+            return F.linear(x, self.weight, self.bias)
+        if x.dtype == torch.float32:
+            return self._forward_f32(x)
+        if x.dtype not in PACKED_DTYPES:
+            return F.linear(x, self.weight, self.bias)
+        ops = cpu_ops()
+        onednn = capabilities().onednn_bf16
         if ops is None and not onednn:
             return F.linear(x, self.weight, self.bias)
         rows = x.reshape(-1, x.shape[-1]).contiguous()
@@ -82,8 +96,15 @@ class PackedLinear(nn.Linear):
             )
         return out.view(*x.shape[:-1], self.out_features)
 
+    def _forward_f32(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        ops = cpu_ops() if rows.shape[0] <= self.f32_rows else None
+        if ops is None:
+            return F.linear(x, self.weight)
+        return ops.linear_f32(rows, self.weight).view(*x.shape[:-1], self.out_features)
+
 
 def packed_linear(in_features: int, out_features: int, name: str) -> nn.Module:
     """The linear factory for dense weights: a layer that prepacks on the CPU."""
-    del name
-    return PackedLinear(in_features, out_features)
+    rows = F32_LM_HEAD_ROWS if name == "lm_head" else F32_ROWS
+    return PackedLinear(in_features, out_features, f32_rows=rows)

@@ -22,7 +22,13 @@ from harness.models.embedded import EMBEDDED_MODELS
 from harness.models.fetch import fetch_wheel_model
 from harness.models.tokenizer import load_tokenizer
 from kernels.capabilities import OVERRIDE_ENV, capabilities, runnable_levels
-from kernels.cpu_build import build_status, cpu_ops
+from kernels.cpu_build import build_status, cpu_ops, prebuild
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The compiled operators of every ISA level build while the first tests run."""
+    del session
+    prebuild()
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +46,9 @@ REAL_MODEL_FIXTURES = {"embedded_model_file", "tokenizer"}
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The real model and its tokenizer are for tests marked `integration` only, so that
-    `pytest -m "not integration"` stays the fast unit suite."""
+    `pytest -m "not integration"` stays the fast unit suite. Tests marked `last` (waiting on
+    the background compiles `prebuild` started) run after all the others."""
+    items.sort(key=lambda item: item.get_closest_marker("last") is not None)
     unmarked = [
         item.nodeid
         for item in items

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.capabilities import capabilities
-from kernels.linear import MATVEC_ROWS, PackedLinear
+from kernels.linear import F32_LM_HEAD_ROWS, F32_ROWS, MATVEC_ROWS, PackedLinear, packed_linear
 from tests.conftest import CpuBuild
 
 
@@ -71,11 +71,38 @@ def test_without_onednn_bf16_an_edited_weight_is_read_as_it_is_now(cpu_build: Cp
     torch.testing.assert_close(layer(x).float(), _exact(layer, x), rtol=2**-8, atol=1e-3)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_other_dtypes_run_the_plain_layer(dtype: torch.dtype) -> None:
-    layer = PackedLinear(32, 16).to(dtype)
-    x = torch.randn(3, 32, dtype=dtype)
+def test_fp16_runs_the_plain_layer() -> None:
+    layer = PackedLinear(32, 16).to(torch.float16)
+    x = torch.randn(3, 32, dtype=torch.float16)
     assert torch.equal(layer(x), F.linear(x, layer.weight)) and layer._packed is None
+
+
+@pytest.mark.parametrize("k_len", [576, 37])
+def test_fp32_rows_up_to_the_limit_take_the_compiled_product(cpu_build: CpuBuild, k_len) -> None:
+    torch.manual_seed(k_len)
+    layer = PackedLinear(k_len, 41)
+    for rows in (1, 3, F32_ROWS):
+        x = torch.randn(rows, k_len)
+        got = layer(x)
+        assert torch.equal(got, cpu_build.ops.linear_f32(x, layer.weight))
+        torch.testing.assert_close(got, F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+    beyond = torch.randn(F32_ROWS + 1, k_len)
+    assert torch.equal(layer(beyond), F.linear(beyond, layer.weight))
+
+
+def test_the_compiled_fp32_product_does_not_depend_on_the_rows_beside(cpu_build) -> None:
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(11, 200, generator=generator)
+    w = torch.randn(33, 200, generator=generator)
+    whole = cpu_build.ops.linear_f32(x, w)
+    for first, count in ((0, 1), (3, 2), (5, 6), (10, 1)):
+        part = cpu_build.ops.linear_f32(x[first : first + count], w)
+        assert torch.equal(part, whole[first : first + count])
+
+
+def test_the_lm_head_takes_the_compiled_fp32_product_for_more_rows() -> None:
+    assert packed_linear(576, 49152, "lm_head").f32_rows == F32_LM_HEAD_ROWS
+    assert packed_linear(576, 1536, "layers.0.mlp.up_proj").f32_rows == F32_ROWS
 
 
 def test_disabled_runs_the_plain_layer(cpu_build: CpuBuild) -> None:

@@ -95,6 +95,7 @@ def engine_settings(
     return EngineSettings(
         device=CPU,
         dtype=torch.float32,
+        dtype_reason="set",
         kv_budget_bytes=kv_bytes,
         kv_budget_fraction=None,
         max_batch_size=max_num_seqs,

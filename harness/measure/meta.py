@@ -57,6 +57,9 @@ ENV_OF_INTEREST = (
     "MKL_NUM_THREADS",
     "TRITON_INTERPRET",
     "HF_HUB_OFFLINE",
+    "SERVELAB_CPU_ISA",
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
 )
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3

@@ -27,6 +27,8 @@ def render_summary(summary: dict, run_dir: str, console: Console | None = None) 
     head.add_row(
         "status", summary["status"] + (f" ({summary['error']})" if summary["error"] else "")
     )
+    if summary.get("dtype"):
+        head.add_row("dtype", f"{summary['dtype']['name']} ({summary['dtype']['reason']})")
     head.add_row("completed / failed", f"{summary['completed']} / {summary['failed']}")
     head.add_row("duration", f"{_num(summary['duration_s'])} s")
     head.add_row("request throughput", f"{_num(summary['request_throughput'])} req/s")

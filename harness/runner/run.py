@@ -49,8 +49,16 @@ from harness.runner.backends.base import Backend
 from harness.runner.build import ServedModel, build_engine, load_for_strategy
 from harness.runner.draft import check_drafting, load_draft
 from harness.runner.replay import replay, to_request
-from harness.runner.settings import EngineSettings, cache_dir_of, engine_settings
+from harness.runner.settings import (
+    DTYPES,
+    EngineSettings,
+    cache_dir_of,
+    cpu_fallback_note,
+    engine_settings,
+)
 from harness.runner.step_delay import StepDelay, delay_flag, step_delay_s
+from kernels.int4_matmul import Int4Kernel
+from kernels.paths import RunKernels, kernel_record
 from reports.run_report import build_run_report
 from strategies.settings import StrategySettings, strategy_settings
 from workloads.build import build_workload
@@ -189,12 +197,19 @@ class InProcessBackend(Backend):
         self.peaks = roofline.peaks if roofline else None
 
     def describe(self) -> dict:
+        settings = self.prepared.engine_cfg
         return {
+            "dtype": {"name": dtype_name(settings.dtype), "reason": settings.dtype_reason},
+            "device_fallback": cpu_fallback_note() if self.device_auto_on_cpu() else None,
+            "kernels": kernel_record(run_kernels(self.prepared)),
             "strategy": self.prepared.strategy.describe(),
             "weight_bytes": self.prepared.served.weight_bytes,
             "weights": served_weights_summary(self.prepared, cache_dir_of(self.cfg)),
             "peaks": peaks_record(self.peaks, cache_dir_of(self.cfg)) if self.peaks else None,
         }
+
+    def device_auto_on_cpu(self) -> bool:
+        return str(self.cfg.engine.get("device", "auto")) == "auto" and self.device.type == "cpu"
 
     def replay(
         self, clock: Callable[[], float], writer: RunWriter, run_dir: Path, progress: bool
@@ -222,6 +237,28 @@ class InProcessBackend(Backend):
         steps = read_steps(run_dir)
         beaten = check_peaks(self.peaks, steps, self.prepared.engine_cfg, self.cfg)
         return [Flag(PEAKS_BEATEN, text) for text in beaten]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {v: k for k, v in DTYPES.items()}[dtype]
+
+
+def run_kernels(prepared: Prepared) -> RunKernels:
+    """What the dispatch of this run's engine depends on (for `meta.json`'s `kernels`)."""
+    engine, settings = prepared.engine, prepared.engine_cfg
+    model = engine.model
+    return RunKernels(
+        device=settings.device,
+        dtype=settings.dtype,
+        attention_impl=engine.attention.impl,
+        fused_layer=model.layer_runner is not None,
+        fused_setting=settings.fused_decode,
+        int4_kernels=tuple(
+            module.kernel.name
+            for module in model.modules()
+            if isinstance(getattr(module, "kernel", None), Int4Kernel)
+        ),
+    )
 
 
 def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
@@ -281,6 +318,8 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         add_flags(summary, backend.flags(run_dir))
         if "weights" in meta:
             summary["weights"] = meta["weights"]
+        if "dtype" in meta:
+            summary["dtype"] = meta["dtype"]
         writer.json("summary.json", summary)
         write_report(run_dir)
     return summary

@@ -1,0 +1,74 @@
+"""Time fp32 products at decode-sized batches: torch's product (MKL) against `linear_f32`.
+
+For each row count and each weight shape of the embedded model (a decoder projection, the
+down projection, the LM head) it prints GFLOP/s and the rate the weight is read at for both,
+the speed-up, and the largest difference between the two outputs. The row limits in
+`kernels/linear.py` (`F32_ROWS`, `F32_LM_HEAD_ROWS`) come from this table.
+
+    python -m benchmarks.bench_linear_f32                  # one thread, rows 1..256
+    python -m benchmarks.bench_linear_f32 --threads 2 --rows 1 3 8 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from kernels.capabilities import capabilities
+from kernels.cpu_build import active_build_status, cpu_ops
+
+SHAPES = ((1536, 576), (576, 1536), (49152, 576))  # (out, in): up/gate, down, LM head
+
+
+def median_s(call: Callable[[], object], repeats: int) -> float:
+    for _ in range(2):
+        call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 3, 8, 16, 32, 64, 128, 256])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    ops = cpu_ops()
+    if ops is None:
+        raise SystemExit(f"bench_linear_f32: the compiled operators: {active_build_status()}")
+    torch.set_num_threads(args.threads)
+    print(
+        f"level {capabilities().level}, torch {torch.backends.cpu.get_cpu_capability()}, "
+        f"{args.threads} thread(s)"
+    )
+    print(
+        f"{'rows':>5} {'weight':>10} {'torch GF/s':>11} {'GB/s':>6} {'ours GF/s':>10} "
+        f"{'GB/s':>6} {'speed-up':>9} {'max diff':>9}"
+    )
+    generator = torch.Generator().manual_seed(0)
+    for rows in args.rows:
+        for n_len, k_len in SHAPES:
+            x = torch.randn(rows, k_len, generator=generator)
+            w = torch.randn(n_len, k_len, generator=generator)
+            theirs = median_s(lambda x=x, w=w: F.linear(x, w), args.repeats)
+            ours = median_s(lambda x=x, w=w: ops.linear_f32(x, w), args.repeats)
+            flops, weight_bytes = 2 * rows * n_len * k_len, n_len * k_len * 4
+            diff = (ops.linear_f32(x, w) - F.linear(x, w)).abs().max().item()
+            print(
+                f"{rows:>5} {n_len:>5}x{k_len:<4} {flops / theirs / 1e9:>11.1f} "
+                f"{weight_bytes / theirs / 1e9:>6.1f} {flops / ours / 1e9:>10.1f} "
+                f"{weight_bytes / ours / 1e9:>6.1f} {theirs / ours:>8.2f}x {diff:>9.1e}"
+            )
+
+
+if __name__ == "__main__":
+    main()
