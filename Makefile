@@ -53,13 +53,15 @@ PORTABLE_TESTS ?= tests/test_capabilities.py tests/test_cpu_builds.py tests/test
   tests/test_fused_decode.py tests/test_int4_kernels.py tests/test_int4_weights.py \
   tests/test_attention_entry.py tests/test_engine_static.py tests/test_engine_iteration.py \
   tests/test_kv_paged_engine.py tests/test_spec_engine.py
+# Tests compute on one torch thread each (tests/conftest.py), so they run in one worker per core.
+TEST_WORKERS ?= auto
 test: $(STAMP) browser
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS)
 	@if $(PY) -m kernels.capabilities --above $(PORTABLE_ISA); then \
 	  echo "portable pass: the kernel and engine tests at $(PORTABLE_ISA)"; \
 	  SERVELAB_CPU_ISA=$(PORTABLE_ISA) ATEN_CPU_CAPABILITY=$(PORTABLE_ISA) ONEDNN_MAX_CPU_ISA=AVX2 \
-	    $(PY) -m pytest -q -p no:cacheprovider $(PORTABLE_TESTS); \
+	    $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) $(PORTABLE_TESTS); \
 	else \
 	  echo "portable pass skipped: this CPU's level is $(PORTABLE_ISA) or lower, the first pass ran it"; \
 	fi

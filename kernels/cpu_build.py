@@ -13,6 +13,7 @@ are at least compiled on every machine.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -125,7 +126,10 @@ def compile_check(level: str) -> str | None:
     this CPU's: their branches are compiled here, though only a CPU of that level runs them).
     None when every source compiled (remembered on disk for these sources), else the
     compiler's output."""
-    with _LOCKS["check", level]:
+    lock = extensions_root() / "servelab" / f"{build_name(level)}.compiling"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with _LOCKS["check", level], lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another process may be compiling the same sources
         return _compile_check(level)
 
 

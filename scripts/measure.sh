@@ -15,20 +15,23 @@ sections=("$@")
 
 for section in "${sections[@]}"; do
   case "$section" in
-    cpu-speed)  # the speed yardstick side by side: servelab's vllm strategy (bf16, batch 64) and
+    cpu-speed)  # the speed yardstick side by side: servelab's vllm strategy (batch 64) and
       # vLLM's CPU build offline on the same 64 prompts (scripts/peers/ installs and exports it),
+      # each in the best dtype this machine has (bf16 where the CPU multiplies it, else fp32),
       # servelab before and after vLLM so drift shows; then the step shapes against the floor.
       # A finished run directory is never run again, so an earlier sitting's runs go first.
       rm -rf $OUT/cpu-speed
       $S calibrate --refresh
       PYTHONPATH=. $PY scripts/peers/dump_workload.py
+      vllm_dtype=$($PY -c "from kernels.capabilities import capabilities as c
+print('bfloat16' if c().bf16_native else 'float32')")
       for turn in 1 2; do
-        $S strategy=vllm workload=offline engine.dtype=bf16 engine.max_batch_size=64 \
+        $S strategy=vllm workload=offline engine.dtype=auto engine.max_batch_size=64 \
           engine.kv_budget=512MiB hydra.run.dir=$OUT/cpu-speed/servelab-$turn
       done
       "${VLLM_VENV:-/work/peers/vllm-venv}/bin/python" scripts/peers/vllm_offline.py --repeats 3 \
-        --out $OUT/cpu-speed/vllm.json
-      $S strategy=vllm workload=offline engine.dtype=bf16 engine.max_batch_size=64 \
+        --dtype "$vllm_dtype" --out $OUT/cpu-speed/vllm.json
+      $S strategy=vllm workload=offline engine.dtype=auto engine.max_batch_size=64 \
         engine.kv_budget=512MiB hydra.run.dir=$OUT/cpu-speed/servelab-3
       $PY -m benchmarks.bench_steps --repeats 3 | tee $OUT/cpu-speed/steps.txt ;;
     fidelity)  # what the measurement fixes moved, at one load (Poisson 2 req/s, 32 MiB): the code

@@ -26,9 +26,13 @@ from kernels.cpu_build import build_status, cpu_ops, prebuild
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """The compiled operators of every ISA level build while the first tests run."""
-    del session
-    prebuild()
+    """The compiled operators of every ISA level build while the first tests run (in each
+    process that runs tests: not in pytest-xdist's controller)."""
+    controller = session.config.getoption("numprocesses", None) and (
+        "PYTEST_XDIST_WORKER" not in os.environ
+    )
+    if not controller:
+        prebuild()
 
 
 @pytest.fixture(scope="session")
