@@ -39,21 +39,31 @@ from kernels.cpu_build import cpu_ops
 PACKED_DTYPES = (torch.bfloat16,)
 MATVEC_ROWS = 4
 # fp32 rows up to which the compiled `linear_f32` beats torch's product (MKL), measured on an
-# AVX2-only Zen 3, one thread: the decoder's projections up to 8 rows (1.4-2.7x), the LM head
-# (a 49152 x 576 weight, read from memory) up to 64 (1.05-2.7x); `benchmarks/bench_linear_f32.py`.
-F32_ROWS = 8
+# AVX2-only Zen 3 (`python -m benchmarks.bench_linear_f32 --threads N`): the decoder's
+# projections up to 8 rows on one thread (1.4-2.7x; 0.75-0.95x at 16-32), up to 32 on two
+# (1.07-2.9x; 0.87-0.95x at 64, where MKL's blocked kernels scale better); the LM head (a
+# 49152 x 576 weight, read from memory) up to 64 either way (1.05-2.8x).
+F32_ROWS_ONE_THREAD = 8
+F32_ROWS = 32
 F32_LM_HEAD_ROWS = 64
+
+
+def f32_row_limit(lm_head: bool) -> int:
+    """The fp32 rows up to which a layer takes `linear_f32`, for this many torch threads."""
+    if lm_head:
+        return F32_LM_HEAD_ROWS
+    return F32_ROWS_ONE_THREAD if torch.get_num_threads() == 1 else F32_ROWS
 
 
 class PackedLinear(nn.Linear):
     """`nn.Linear` whose CPU forward runs on a oneDNN-prepacked copy of its weight."""
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool = False, f32_rows: int = F32_ROWS
+        self, in_features: int, out_features: int, bias: bool = False, lm_head: bool = False
     ) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.enabled = True
-        self.f32_rows = f32_rows  # fp32 rows up to which `linear_f32` runs
+        self.lm_head = lm_head  # its fp32 rows take `linear_f32` up to F32_LM_HEAD_ROWS
         self._packed: torch.Tensor | None = None
         self._packed_from: tuple[int, int] | None = None  # (data_ptr, version) packed
 
@@ -98,7 +108,7 @@ class PackedLinear(nn.Linear):
 
     def _forward_f32(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        ops = cpu_ops() if rows.shape[0] <= self.f32_rows else None
+        ops = cpu_ops() if rows.shape[0] <= f32_row_limit(self.lm_head) else None
         if ops is None:
             return F.linear(x, self.weight)
         return ops.linear_f32(rows, self.weight).view(*x.shape[:-1], self.out_features)
@@ -106,5 +116,4 @@ class PackedLinear(nn.Linear):
 
 def packed_linear(in_features: int, out_features: int, name: str) -> nn.Module:
     """The linear factory for dense weights: a layer that prepacks on the CPU."""
-    rows = F32_LM_HEAD_ROWS if name == "lm_head" else F32_ROWS
-    return PackedLinear(in_features, out_features, f32_rows=rows)
+    return PackedLinear(in_features, out_features, lm_head=name == "lm_head")

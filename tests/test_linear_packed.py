@@ -11,7 +11,15 @@ import torch
 import torch.nn.functional as F
 
 from kernels.capabilities import capabilities
-from kernels.linear import F32_LM_HEAD_ROWS, F32_ROWS, MATVEC_ROWS, PackedLinear, packed_linear
+from kernels.linear import (
+    F32_LM_HEAD_ROWS,
+    F32_ROWS,
+    F32_ROWS_ONE_THREAD,
+    MATVEC_ROWS,
+    PackedLinear,
+    f32_row_limit,
+    packed_linear,
+)
 from tests.conftest import CpuBuild
 
 
@@ -81,12 +89,14 @@ def test_fp16_runs_the_plain_layer() -> None:
 def test_fp32_rows_up_to_the_limit_take_the_compiled_product(cpu_build: CpuBuild, k_len) -> None:
     torch.manual_seed(k_len)
     layer = PackedLinear(k_len, 41)
-    for rows in (1, 3, F32_ROWS):
+    limit = f32_row_limit(lm_head=False)  # tests run one torch thread
+    assert limit == F32_ROWS_ONE_THREAD
+    for rows in (1, 3, limit):
         x = torch.randn(rows, k_len)
         got = layer(x)
         assert torch.equal(got, cpu_build.ops.linear_f32(x, layer.weight))
         torch.testing.assert_close(got, F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
-    beyond = torch.randn(F32_ROWS + 1, k_len)
+    beyond = torch.randn(limit + 1, k_len)
     assert torch.equal(layer(beyond), F.linear(beyond, layer.weight))
 
 
@@ -100,9 +110,13 @@ def test_the_compiled_fp32_product_does_not_depend_on_the_rows_beside(cpu_build)
         assert torch.equal(part, whole[first : first + count])
 
 
-def test_the_lm_head_takes_the_compiled_fp32_product_for_more_rows() -> None:
-    assert packed_linear(576, 49152, "lm_head").f32_rows == F32_LM_HEAD_ROWS
-    assert packed_linear(576, 1536, "layers.0.mlp.up_proj").f32_rows == F32_ROWS
+def test_the_lm_head_takes_the_compiled_fp32_product_for_more_rows(cpu_build: CpuBuild) -> None:
+    head, up = packed_linear(576, 300, "lm_head"), packed_linear(576, 300, "layers.0.mlp.up_proj")
+    x = torch.randn(F32_LM_HEAD_ROWS, 576)
+    assert torch.equal(head(x), cpu_build.ops.linear_f32(x, head.weight))
+    assert torch.equal(up(x), F.linear(x, up.weight))
+    torch.set_num_threads(2)  # more threads: MKL wins later (restored by one_torch_thread)
+    assert f32_row_limit(lm_head=False) == F32_ROWS
 
 
 def test_disabled_runs_the_plain_layer(cpu_build: CpuBuild) -> None:
