@@ -174,3 +174,10 @@ def test_format_rate_picks_a_prefix() -> None:
     assert format_rate(4.35e12, "B/s") == "4.35 TB/s"
     assert format_rate(8.12e14, "FLOP/s") == "812 TFLOP/s"
     assert format_rate(12.0, "B/s") == "12 B/s"
+
+
+@pytest.mark.parametrize(("probe_s", "side"), [(1e-6, 2048), (0.02, 704), (10.0, 256)])
+def test_a_slow_product_is_measured_smaller(monkeypatch, probe_s: float, side: int) -> None:
+    # a 256-side product in probe_s: the measured side keeps one product under MAX_PRODUCT_S
+    monkeypatch.setattr(calibrate, "_time_cpu", lambda fn: probe_s)
+    assert calibrate.matmul_side(torch.device("cpu"), torch.float32, calibrate.CPU_BUDGET) == side

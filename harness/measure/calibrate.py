@@ -120,9 +120,26 @@ def _time_cuda(fn: Callable[[], object]) -> float:
     return start.elapsed_time(end) / 1000.0
 
 
+PROBE_N = 256  # the side of the product that sizes the measured one
+MAX_PRODUCT_S = 0.5  # the measured product is made smaller than budget.matmul_n to stay under
+
+
+def matmul_side(device: torch.device, dtype: torch.dtype, budget: Budget) -> int:
+    """The side of the measured product: `budget.matmul_n`, or smaller (a multiple of 64, at
+    least PROBE_N unless the budget's is smaller) where one product that size would take over MAX_PRODUCT_S. A CPU without
+    native bf16 multiplies it at a fraction of a GFLOP/s (0.28 on an AVX2-only Zen 3): a
+    2048-side product there took a minute, and calibration several."""
+    a = torch.randn(PROBE_N, PROBE_N, device=device, dtype=dtype)
+    torch.matmul(a, a)
+    probe = _time_cuda if device.type == "cuda" else _time_cpu
+    rate = 2.0 * PROBE_N**3 / probe(lambda: torch.matmul(a, a))
+    affordable = int((rate * MAX_PRODUCT_S / 2.0) ** (1 / 3)) // 64 * 64
+    return max(min(PROBE_N, budget.matmul_n), min(budget.matmul_n, affordable))
+
+
 def measure_matmul_flops(device: torch.device, dtype: torch.dtype, budget: Budget) -> float:
-    """FLOP/s of a square matrix product of side `budget.matmul_n` in `dtype`."""
-    n = budget.matmul_n
+    """FLOP/s of a square matrix product in `dtype` (side `matmul_side`)."""
+    n = matmul_side(device, dtype, budget)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
