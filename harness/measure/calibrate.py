@@ -126,9 +126,9 @@ MAX_PRODUCT_S = 0.5  # the measured product is made smaller than budget.matmul_n
 
 def matmul_side(device: torch.device, dtype: torch.dtype, budget: Budget) -> int:
     """The side of the measured product: `budget.matmul_n`, or smaller (a multiple of 64, at
-    least PROBE_N unless the budget's is smaller) where one product that size would take over MAX_PRODUCT_S. A CPU without
-    native bf16 multiplies it at a fraction of a GFLOP/s (0.28 on an AVX2-only Zen 3): a
-    2048-side product there took a minute, and calibration several."""
+    least PROBE_N unless the budget's is smaller) where one product that size would take over
+    MAX_PRODUCT_S. A CPU without native bf16 multiplies it at a fraction of a GFLOP/s (0.28 on
+    an AVX2-only Zen 3): a 2048-side product there took a minute, and calibration several."""
     a = torch.randn(PROBE_N, PROBE_N, device=device, dtype=dtype)
     torch.matmul(a, a)
     probe = _time_cuda if device.type == "cuda" else _time_cpu
