@@ -27,12 +27,12 @@ for section in "${sections[@]}"; do
 print('bfloat16' if c().bf16_native else 'float32')")
       for turn in 1 2; do
         $S strategy=vllm workload=offline engine.dtype=auto engine.max_batch_size=64 \
-          engine.kv_budget=512MiB hydra.run.dir=$OUT/cpu-speed/servelab-$turn
+          engine.kv_budget=1GiB hydra.run.dir=$OUT/cpu-speed/servelab-$turn
       done
       "${VLLM_VENV:-/work/peers/vllm-venv}/bin/python" scripts/peers/vllm_offline.py --repeats 3 \
         --dtype "$vllm_dtype" --out $OUT/cpu-speed/vllm.json
       $S strategy=vllm workload=offline engine.dtype=auto engine.max_batch_size=64 \
-        engine.kv_budget=512MiB hydra.run.dir=$OUT/cpu-speed/servelab-3
+        engine.kv_budget=1GiB hydra.run.dir=$OUT/cpu-speed/servelab-3
       $PY -m benchmarks.bench_steps --repeats 3 | tee $OUT/cpu-speed/steps.txt ;;
     fidelity)  # what the measurement fixes moved, at one load (Poisson 2 req/s, 32 MiB): the code
       # before them (FIDELITY_BEFORE, default cfb4d7e, run from a git worktree) beside this code;
