@@ -8,7 +8,7 @@ registries and nowhere else, so adding an option is one module and one registry 
 
 Config fields are plain `bool`, `int`, `float` or `str` (optionally `| None`); a field's
 `metadata` may add `choices` (a tuple, or a callable returning one, for names that come from
-another registry), `minimum` and `help` (one line, shown by `servelab --help`). A config
+another registry), `minimum` and `help` (one line saying what the key does). A config
 class may define `check(self)` for rules that tie fields together.
 """
 
@@ -143,12 +143,3 @@ def _coerce(name: str, value: Any, kind: type) -> Any:
             raise ConfigError(name, f"{value!r} must be a number")
         return float(value)
     return str(value)
-
-
-def config_help(cls: type) -> list[str]:
-    """One line per key an option reads: name, default and its `help` metadata."""
-    lines = []
-    for field in fields(cls):
-        default = field.default if field.default is not MISSING else "required"
-        lines.append(f"{field.name}={default}  {field.metadata.get('help', '')}".rstrip())
-    return lines

@@ -22,10 +22,8 @@ from strategies.decoding import DECODING
 from strategies.heads import HEADS
 from strategies.kv import KV
 from strategies.policy import POLICIES
-from strategies.registry import Choice, Registry
+from strategies.registry import Choice
 from strategies.weights import WEIGHTS
-
-AXES: tuple[Registry, ...] = (BATCHING, POLICIES, KV, HEADS, WEIGHTS, DECODING)
 
 
 @dataclass(frozen=True)

@@ -68,9 +68,6 @@ class Node:
     def raw(self, key: str) -> object:
         return plain(self.values.get(key))
 
-    def is_set(self, key: str) -> bool:
-        return self.values.get(key) is not None
-
     def integer(self, key: str, default: int | None = None, minimum: int | None = None) -> int:
         value = self.optional_integer(key, minimum)
         if value is None:
