@@ -13,8 +13,8 @@ on a copy of each weight packed for them, which prefetch the next weights while 
 multiply (a decode step of 64 sequences took 61 ms against 70 with oneDNN's products on the
 development CPU). Where the build lacks AVX-512 BF16 it multiplies on oneDNN's prepacked copy
 where oneDNN multiplies bfloat16, else by the matrix-vector loop at every row count. Int4
-weights packed in a layout the int4 loop reads (`Capabilities.torch_int4_block`) take it for
-few rows, torch's int4 kernel otherwise. The engine setting `engine.fused_decode` turns it
+weights take the int4 loop for few rows where it pays (`int4_loop_block`), torch's int4
+kernel otherwise. The engine setting `engine.fused_decode` turns it
 off; the tests compare the two paths.
 """
 
@@ -30,6 +30,7 @@ from harness.engine.batch import ForwardBatch
 from kernels.capabilities import capabilities
 from kernels.cpu_attention import FLASH_ROWS, plan_cpu
 from kernels.cpu_build import cpu_ops
+from kernels.int4_matmul_cpu import int4_loop_block
 from kernels.linear import PackedLinear
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ class FusedDecodeLayers:
     def __init__(self, model: LlamaModel, layers: list[LayerOperands], ops: object) -> None:
         self.layers = layers
         self.ops = ops
-        self.int4_block = capabilities().torch_int4_block or 0  # 0: the int4 loop is not used
+        self.int4_block = int4_loop_block() or 0  # 0: torch's int4 kernel for every row count
         config = model.config
         self.num_heads = config.num_heads
         self.eps = config.rms_norm_eps

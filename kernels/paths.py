@@ -16,6 +16,7 @@ import torch
 from kernels.capabilities import Capabilities, capabilities
 from kernels.cpu_attention import own_flash_built
 from kernels.cpu_build import active_build_status, cpu_ops
+from kernels.int4_matmul_cpu import int4_loop_block
 from kernels.linear import f32_row_limit
 
 
@@ -127,8 +128,12 @@ def int4_matmul(run: RunKernels, caps: Capabilities) -> Path:
         return Path("none", "dense weights")
     names = ", ".join(sorted(set(run.int4_kernels)))
     if "torch-packed" in run.int4_kernels and run.dtype == torch.bfloat16:
-        if caps.torch_int4_block is None:
-            return Path(f"{names}: torch's int4 kernel", "torch's packing is one no loop reads")
+        if int4_loop_block() is None:
+            return Path(
+                f"{names}: torch's int4 kernel",
+                f"level {caps.level}, torch packing blocks of {caps.torch_int4_block}: the int4 "
+                "loop pays only on its AVX-512 BF16 branch",
+            )
         return Path(
             f"{names}: compiled int4_matvec for at most 4 rows, torch's int4 kernel beyond",
             f"torch packs blocks of {caps.torch_int4_block} outputs "

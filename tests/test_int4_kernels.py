@@ -9,7 +9,7 @@ import torch
 from harness.errors import ConfigError
 from kernels.int4_layout import num_groups, pack_int4, unpack_int4
 from kernels.int4_matmul import choose_kernel
-from kernels.int4_matmul_cpu import int4_matmul_cpu, to_cpu_packed
+from kernels.int4_matmul_cpu import int4_loop_block, int4_matmul_cpu, to_cpu_packed
 from kernels.int4_matmul_ref import int4_matmul_ref
 from kernels.int4_matmul_triton import int4_matmul_triton, interpreted
 
@@ -100,3 +100,15 @@ def test_kernel_choice():
         chosen(torch.bfloat16, impl="triton")  # the interpreter gets bfloat16 wrong
     with pytest.raises(ConfigError, match="divisible by 8"):
         choose_kernel("auto", CPU, torch.bfloat16, 576, 196, 128)
+
+
+def test_few_rows_take_the_int4_loop_only_where_it_pays(cpu_build):
+    # the loop's portable branch is correct but 5-12x slower than torch's AVX2 kernel
+    qweight, qzeros, scales, _ = random_int4(576, 192, 64, seed=7)
+    packed, pairs = to_cpu_packed(qweight, qzeros, scales, 64, torch.bfloat16)
+    x = torch.randn(2, 576, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    got = int4_matmul_cpu(x, packed, pairs, 64)
+    torchs = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 64, pairs)
+    assert (int4_loop_block() is not None) == (cpu_build.level == "avx512-bf16")
+    if int4_loop_block() is None:
+        assert torch.equal(got, torchs)
