@@ -10,29 +10,17 @@ torch's packing block) and of `aten._weight_int4pack_mm_for_cpu`. `int4_loop_blo
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
-
 import torch
 
+from benchmarks.bench_int4 import time_call
 from kernels.capabilities import capabilities
 from kernels.cpu_build import active_build_status, cpu_ops
 from kernels.int4_layout import num_groups, pack_int4
 from kernels.int4_matmul_cpu import to_cpu_packed
 
+CPU = torch.device("cpu")
+REPEATS = 50
 SHAPES = ((576, 1536, 64), (1536, 576, 128), (576, 192, 64))  # (in, out, group)
-
-
-def median_us(call: Callable[[], object], repeats: int = 50) -> float:
-    for _ in range(3):
-        call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
 
 
 def main() -> None:
@@ -52,15 +40,19 @@ def main() -> None:
                 pack_int4(values), pack_int4(zeros), scales, group, torch.bfloat16
             )
             x = torch.randn(rows, in_features, generator=generator).to(torch.bfloat16)
-            loop = median_us(
+            loop = 1e6 * time_call(
                 lambda x=x, p=packed, s=pairs, g=group: ops.int4_matvec(
                     x, p, s, g, caps.torch_int4_block
-                )
+                ),
+                CPU,
+                REPEATS,
             )
-            theirs = median_us(
+            theirs = 1e6 * time_call(
                 lambda x=x, p=packed, s=pairs, g=group: torch.ops.aten._weight_int4pack_mm_for_cpu(
                     x, p, g, s
-                )
+                ),
+                CPU,
+                REPEATS,
             )
             print(
                 f"rows {rows} {out_features}x{in_features} g{group}: int4 loop {loop:.0f} us, "

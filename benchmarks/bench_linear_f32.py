@@ -12,28 +12,16 @@ the speed-up, and the largest difference between the two outputs. The row limits
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks.bench_int4 import time_call
 from kernels.capabilities import capabilities
 from kernels.cpu_build import active_build_status, cpu_ops
 
+CPU = torch.device("cpu")
 SHAPES = ((1536, 576), (576, 1536), (49152, 576))  # (out, in): up/gate, down, LM head
-
-
-def median_s(call: Callable[[], object], repeats: int) -> float:
-    for _ in range(2):
-        call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -59,8 +47,8 @@ def main() -> None:
         for n_len, k_len in SHAPES:
             x = torch.randn(rows, k_len, generator=generator)
             w = torch.randn(n_len, k_len, generator=generator)
-            theirs = median_s(lambda x=x, w=w: F.linear(x, w), args.repeats)
-            ours = median_s(lambda x=x, w=w: ops.linear_f32(x, w), args.repeats)
+            theirs = time_call(lambda x=x, w=w: F.linear(x, w), CPU, args.repeats)
+            ours = time_call(lambda x=x, w=w: ops.linear_f32(x, w), CPU, args.repeats)
             flops, weight_bytes = 2 * rows * n_len * k_len, n_len * k_len * 4
             diff = (ops.linear_f32(x, w) - F.linear(x, w)).abs().max().item()
             print(
