@@ -74,7 +74,10 @@ _BUILT: dict[str, str | None] = {}
 
 def build_status(level: str) -> str | None:
     """Build (once per process; cached on disk across runs) and load a level's operators.
-    None when they are available, else why not. Thread-safe: `prebuild` may be building it."""
+    None when they are available, else why not. Thread-safe: `prebuild` may be building it;
+    once known, the answer is read without the lock (every linear layer's forward asks)."""
+    if level in _BUILT:
+        return _BUILT[level]
     with _LOCKS["build", level]:
         if level not in _BUILT:
             _BUILT[level] = _build(level)
