@@ -227,4 +227,5 @@ def test_the_headline_gate_composes_every_run_it_plans(tmp_path: Path) -> None:
     configs = composed(plan, compose)
     assert len(plan.runs) == 3 * 3 + 4 and len(configs) == len(plan.runs) + 2
     online = configs[plan.runs[0].run_dir]
-    assert (online.workload.name, online.engine.kv_budget) == ("comparison", "16MiB")
+    assert (online.workload.name, online.engine.kv_budget) == ("comparison", "32MiB")
+    assert online.engine.dtype == "fp32"
