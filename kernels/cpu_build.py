@@ -13,6 +13,7 @@ are at least compiled on every machine.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -22,8 +23,8 @@ import subprocess
 import sysconfig
 import tempfile
 import threading
-import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -41,9 +42,6 @@ X86_LEVEL_FLAGS = {
     "avx512-bf16": ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vbmi"),
 }
 COMMON_FLAGS = ("-O3", "-fno-math-errno", "-fopenmp", "-fvisibility=hidden")
-# A build takes about a minute here; a lock older than this was left by a killed build, and
-# torch would wait on it forever.
-STALE_BUILD_LOCK_S = 600.0
 
 log = logging.getLogger(__name__)
 
@@ -92,18 +90,19 @@ def _build(level: str) -> str | None:
     name = build_name(level)
     build_dir = extensions_root() / "servelab" / name
     build_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stale_lock(build_dir / "lock")
     flags = level_flags(level)
     try:
-        load(
-            name=name,
-            sources=[str(path) for path in SOURCES],
-            build_directory=str(build_dir),
-            extra_cflags=list(flags),
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=False,
-        )
+        with _exclusive(build_dir.with_name(f"{name}.building")):
+            _remove_orphaned_baton(build_dir / "lock")
+            load(
+                name=name,
+                sources=[str(path) for path in SOURCES],
+                build_directory=str(build_dir),
+                extra_cflags=list(flags),
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+                verbose=False,
+            )
     except (OSError, RuntimeError, ImportError) as exc:
         log.warning("the CPU operators for %s could not be built: %s", level, exc)
         return f"{type(exc).__name__}: {exc}"
@@ -130,9 +129,7 @@ def compile_check(level: str) -> str | None:
     None when every source compiled (remembered on disk for these sources), else the
     compiler's output."""
     lock = extensions_root() / "servelab" / f"{build_name(level)}.compiling"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with _LOCKS["check", level], lock.open("w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)  # another process may be compiling the same sources
+    with _LOCKS["check", level], _exclusive(lock):  # another process may compile them too
         return _compile_check(level)
 
 
@@ -188,14 +185,23 @@ def extensions_root() -> Path:
     return Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache/torch_extensions"))
 
 
-def _remove_stale_lock(lock: Path) -> None:
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return
-    if age > STALE_BUILD_LOCK_S:
-        log.warning("removing %s, left %.0f s ago by a build that did not finish", lock, age)
-        lock.unlink(missing_ok=True)
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` across processes; the kernel drops it when its holder
+    dies, however it dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
+def _remove_orphaned_baton(baton: Path) -> None:
+    """torch's build waits for as long as its `lock` file exists, and a build killed midway
+    (Ctrl-C, a timeout) leaves it behind. Under `_exclusive`, no live process is building this
+    directory, so a baton there was orphaned: remove it rather than wait forever."""
+    if baton.exists():
+        log.warning("removing %s, left by a build that did not finish", baton)
+        baton.unlink(missing_ok=True)
 
 
 def levels_not_run() -> tuple[str, ...]:

@@ -5,11 +5,23 @@ that level runs them, and no one else would see them fail to compile)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 from kernels.capabilities import LEVELS, capabilities, runnable_levels
-from kernels.cpu_build import compile_check, cpu_ops, level_flags, levels_not_run, namespace
+from kernels.cpu_build import (
+    _build,
+    _exclusive,
+    build_name,
+    compile_check,
+    cpu_ops,
+    extensions_root,
+    level_flags,
+    levels_not_run,
+    namespace,
+)
 from tests.conftest import CpuBuild
 
 
@@ -48,3 +60,18 @@ def test_levels_above_this_cpu_compile(level: str) -> None:
     if level == "none":
         pytest.skip("this CPU runs every level: each build is loaded and tested")
     assert compile_check(level) is None
+
+
+def test_a_build_killed_midway_does_not_stall_the_next(cpu_build: CpuBuild) -> None:
+    """A build interrupted (Ctrl-C, a timeout) leaves torch's `lock` file in its directory,
+    and torch waits for as long as it exists. The next build of that level, holding the
+    cross-process build lock, removes it and loads."""
+    name = build_name(cpu_build.level)
+    build_dir = extensions_root() / "servelab" / name
+    with _exclusive(build_dir.with_name(f"{name}.building")):  # no other worker mid-build
+        (build_dir / "lock").touch()
+    outcome: list[str | None] = []
+    loader = threading.Thread(target=lambda: outcome.append(_build(cpu_build.level)), daemon=True)
+    loader.start()
+    loader.join(300)
+    assert outcome == [None] and not (build_dir / "lock").exists()
