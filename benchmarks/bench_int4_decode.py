@@ -25,10 +25,8 @@ import torch
 from harness.commands.config import compose
 from harness.engine.request import Request, SamplingParams
 from harness.models.model import LlamaModel
-from harness.runner.build import build_engine, load_for_strategy
 from harness.runner.replay import serve_all
-from harness.runner.settings import engine_settings
-from strategies.settings import strategy_settings
+from harness.runner.startup import start_engine
 from workloads.text import text_section
 
 
@@ -94,13 +92,11 @@ def bench(config: BenchConfig) -> Iterator[str]:
                     *config.overrides,
                 ]
             )
-            settings = engine_settings(cfg.engine)
-            strategy = strategy_settings(cfg.strategy)
-            served = load_for_strategy(cfg, settings, strategy, progress=True)
-            engine = build_engine(served.model, settings, strategy, time.perf_counter)
+            started = start_engine(cfg, time.perf_counter)
+            served, engine = started.served, started.engine
             timer = LinearTimer(served.model)
             sampling = SamplingParams(max_tokens=config.steps, ignore_eos=True)
-            tokenizer = served.loaded.tokenizer
+            tokenizer = started.tokenizer
             requests = [
                 Request(id=str(i), prompt_ids=p, sampling=sampling)
                 for i, p in enumerate(prompts(batch, config.prompt, tokenizer))

@@ -26,12 +26,9 @@ import torch
 from harness.commands.config import compose
 from harness.engine.engine import Engine
 from harness.engine.request import Request, SamplingParams
-from harness.measure.calibrate import measure_peaks
 from harness.measure.roofline import step_cost, utilisation
-from harness.runner.build import build_engine, load_for_strategy
-from harness.runner.run import roofline_of
-from harness.runner.settings import cache_dir_of, engine_settings
-from strategies.settings import strategy_settings
+from harness.runner.build import build_engine
+from harness.runner.startup import start_engine
 
 CASES = ("prefill-3000", "prefill-8x200", "decode-64", "decode-1")
 
@@ -87,12 +84,15 @@ def main() -> None:
     args = parser.parse_args()
     cfg = compose(["strategy=vllm", "engine.kv_budget=512MiB", "engine.max_batch_size=64",
                    "engine.max_num_batched_tokens=4096", *args.overrides])  # fmt: skip
-    settings = engine_settings(cfg.engine)
-    strategy = strategy_settings(cfg.strategy)
-    served = load_for_strategy(cfg, settings, strategy)
-    peaks = measure_peaks(settings.device, settings.dtype, cache_dir_of(cfg))
-    roofline = roofline_of(served, settings, peaks)
     clock_start = time.perf_counter()
+    started = start_engine(cfg, lambda: time.perf_counter() - clock_start)
+    settings, strategy, served = started.settings, started.strategy, started.served
+    roofline = started.roofline
+    if roofline is None or roofline.peaks is None:
+        raise SystemExit(
+            "bench_steps divides by the calibrated peaks: drop telemetry.roofline=false"
+        )
+    peaks = roofline.peaks
 
     def factory() -> Engine:
         return build_engine(

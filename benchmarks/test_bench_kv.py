@@ -8,7 +8,7 @@ import torch
 from harness.engine.kv_cache import KVLayout, allocate_kv_cache
 from harness.engine.request import Request, SamplingParams
 from strategies.kv.block_pool import BlockPool
-from strategies.kv.paged import PagedKVManager
+from strategies.kv.paged import PagedConfig, PagedKVManager
 from strategies.kv.prefix_cache import CachedBlock, PrefixCache
 
 BLOCK = 16
@@ -33,7 +33,7 @@ def test_paged_manager_request_of_512_tokens(benchmark) -> None:
     cache = allocate_kv_cache(
         LAYOUT, 4096 * BLOCK * LAYOUT.bytes_per_token, BLOCK, torch.device("cpu")
     )
-    manager = PagedKVManager(4096, BLOCK, False, "recompute", cache)
+    manager = PagedKVManager(PagedConfig(BLOCK, False, "recompute"), cache)
     benchmark.group = "paged KV blocks"
 
     def lifetime() -> int:

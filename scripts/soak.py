@@ -95,17 +95,15 @@ def soak_engine(args: argparse.Namespace) -> dict:
 
     from harness.commands.config import compose
     from harness.engine.request import Request, SamplingParams
-    from harness.runner.build import build_engine, load_for_strategy
-    from harness.runner.settings import engine_settings
-    from strategies.settings import strategy_settings
+    from harness.runner.loop import EngineDriver, NothingScheduled
+    from harness.runner.startup import start_engine
 
     torch.set_num_threads(1)
     cfg = compose([f"model={MODEL}", f"strategy={args.strategy}", *args.overrides])
-    settings = engine_settings(cfg.engine)
-    strategy = strategy_settings(cfg.strategy)
-    served = load_for_strategy(cfg, settings, strategy, progress=False)
     start = time.perf_counter()
-    engine = build_engine(served.model, settings, strategy, lambda: time.perf_counter() - start)
+    started = start_engine(cfg, lambda: time.perf_counter() - start, progress=False)
+    engine, strategy = started.engine, started.strategy
+    driver = EngineDriver(engine, hooks=started.step_hooks())
     process = psutil.Process()
     rng = random.Random(args.seed)
     prefixes = [[rng.randint(VOCAB_LOW, VOCAB_HIGH) for _ in range(48)] for _ in range(4)]
@@ -121,15 +119,16 @@ def soak_engine(args: argparse.Namespace) -> dict:
             sampling = SamplingParams(max_tokens=rng.randint(1, 96), ignore_eos=True)
             request = Request(str(added), prompt, sampling, t_scheduled=time.perf_counter())
             added += 1
-            if engine.add_request(request):
+            if driver.admit(request):
                 in_flight.add(request)
             else:
                 reasons["rejected"] += 1
                 errors.append(f"request {request.id} rejected: {request.error}")
                 done += 1
-        result = engine.step()
         steps += 1
-        if result is None:
+        try:
+            result = driver.step()
+        except NothingScheduled:
             errors.append(f"step {steps}: nothing ran with {len(in_flight)} requests in flight")
             break
         for request in result.delivered:
@@ -142,7 +141,7 @@ def soak_engine(args: argparse.Namespace) -> dict:
             done += 1
             if done % args.sample_every == 0:
                 memory.add(time.perf_counter() - start, process.memory_info().rss)
-    kv = engine.scheduler.kv
+    kv = engine.kv
     stats = kv.stats()
     kv.check_integrity()
     pool = getattr(kv, "pool", None)

@@ -87,9 +87,9 @@ class Registry(Generic[T]):
     def _listing(self) -> str:
         return ", ".join(self.options)
 
-    def choose(self, node: DictConfig | dict, default: str | None = None) -> Choice[T]:
+    def choose(self, node: DictConfig | dict) -> Choice[T]:
         """The option `node[axis]` names, with its config read from the same node."""
-        value = node.get(self.axis, default)
+        value = node.get(self.axis)
         if value is None:
             raise ConfigError(f"strategy.{self.axis}", f"not set; choose one of: {self._listing()}")
         option = self.option(str(value))

@@ -19,11 +19,16 @@ from harness.models.head_layout import HeadLayout
 from harness.models.weights_format import WeightsFormat
 from strategies.batching import BATCHING
 from strategies.decoding import DECODING
+from strategies.decoding.proposers import PROPOSERS, DraftSource
+from strategies.decoding.speculative import SpeculativeConfig
 from strategies.heads import HEADS
 from strategies.kv import KV
 from strategies.policy import POLICIES
 from strategies.registry import Choice
 from strategies.weights import WEIGHTS
+
+REGISTRIES = (BATCHING, POLICIES, KV, HEADS, WEIGHTS, DECODING, PROPOSERS)
+AXES = tuple(registry.axis for registry in REGISTRIES)  # the proposer last: speculative only
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,14 @@ class StrategySettings:
     heads: Choice[HeadLayout]
     weights: Choice[WeightsFormat]
     decoding: Choice[Decoder]
+    proposer: Choice[DraftSource]  # read always, used by speculative decoding only
+
+    @property
+    def draft_source(self) -> DraftSource | None:
+        """The proposer that drafts, when the decoding is speculative."""
+        return (
+            self.proposer.build() if isinstance(self.decoding.config, SpeculativeConfig) else None
+        )
 
     @property
     def kv_block_size(self) -> int:
@@ -44,18 +57,14 @@ class StrategySettings:
     def describe(self) -> dict[str, Any]:
         """Every axis's choice and the keys it read (what the run actually used)."""
         described: dict[str, Any] = {"name": self.name}
-        for axis in ("batching", "policy", "kv", "heads", "weights", "decoding"):
+        for axis in AXES[:-1]:
             described.update(getattr(self, axis).describe())
+        if self.draft_source is not None:
+            described.update(self.proposer.describe())
         return described
 
 
 def strategy_settings(node: DictConfig | dict) -> StrategySettings:
-    return StrategySettings(
-        name=str(node.get("name", "custom")),
-        batching=BATCHING.choose(node),
-        policy=POLICIES.choose(node, "fcfs"),
-        kv=KV.choose(node),
-        heads=HEADS.choose(node, "gqa"),
-        weights=WEIGHTS.choose(node, "dense"),
-        decoding=DECODING.choose(node, "standard"),
-    )
+    """Every axis chosen from `node`, which names an option on each (the presets do)."""
+    choices = {registry.axis: registry.choose(node) for registry in REGISTRIES}
+    return StrategySettings(name=str(node.get("name", "custom")), **choices)

@@ -253,7 +253,7 @@ class Driver:
     def _never_fits(self, request: Request) -> bool:
         """Rejection, decided independently of the engine: more KV than the whole cache, or
         (without chunked prefill) a prompt larger than one step's token budget."""
-        kv = self.engine.scheduler.kv
+        kv = self.engine.kv
         too_big = request.max_total_tokens > kv.total_slots
         budget = self.scenario.max_num_batched_tokens
         unsplittable = (
@@ -283,7 +283,7 @@ class Driver:
             return
         request = running[rollback.target % len(running)]
         keep = max(0, request.num_computed_tokens - rollback.back)
-        self.engine.scheduler.kv.truncate(request, keep)
+        self.engine.kv.truncate(request, keep)
         assert request.num_computed_tokens == keep
         self.outcome.rollbacks += 1
 
@@ -313,7 +313,7 @@ class Driver:
         """KV conserved; each live request in exactly one place; a request the scheduler no
         longer holds holds no KV. (Static batching keeps a delivered member in its batch,
         and with `pad_finished` its KV, until the batch ends.)"""
-        kv = self.engine.scheduler.kv
+        kv = self.engine.kv
         kv.check_integrity()
         queued = list(self.scheduler.waiting) + list(self.scheduler.running)
         placed = {id(r) for r in queued}
@@ -336,5 +336,5 @@ class Driver:
         ended = [*outcome.delivered, *outcome.cancelled, *outcome.rejected]
         assert sorted(ended) == list(range(len(self.scenario.arrivals))), "lost or duplicated"
         assert not self.live
-        stats = self.engine.scheduler.kv.stats()
+        stats = self.engine.kv.stats()
         assert (stats.allocated_slots, stats.live_slots) == (0, 0), "KV not returned"

@@ -28,7 +28,7 @@ def _step_until(engine: Engine, done, limit: int = 100) -> None:
         if done():
             return
         engine.step()
-        check = getattr(engine.scheduler.kv, "check_integrity", None)
+        check = getattr(engine.kv, "check_integrity", None)
         if check is not None:
             check()
     raise AssertionError("condition not reached")
@@ -55,14 +55,14 @@ def test_cancel_running_and_waiting_frees_their_kv(model: LlamaModel, kv: str) -
         engine.add_request(request)
     running, waiting = requests[1], requests[3]
     _step_until(engine, lambda: len(running.output_ids) >= 3)
-    assert engine.scheduler.kv.holds(running) and not engine.scheduler.kv.holds(waiting)
+    assert engine.kv.holds(running) and not engine.kv.holds(waiting)
     assert engine.cancel(running) and engine.cancel(waiting)
     assert (running.finish_reason, waiting.finish_reason) == ("cancelled", "cancelled")
-    assert running.t_done is not None and not engine.scheduler.kv.holds(running)
+    assert running.t_done is not None and not engine.kv.holds(running)
     _finish(engine)
     kept = [0, 2]
     _assert_exact(model, [requests[i] for i in kept], [prompts[i] for i in kept], [8, 6])
-    stats = engine.scheduler.kv.stats()
+    stats = engine.kv.stats()
     assert (stats.allocated_slots, stats.live_slots) == (0, 0)
     assert len(running.output_ids) < counts[1] and waiting.output_ids == []
 
@@ -96,7 +96,7 @@ def test_cancel_a_held_member_of_a_static_batch(model: LlamaModel) -> None:
         delivered += result.delivered if result else []
     assert delivered == requests[1:]
     _assert_exact(model, requests[1:], prompts[1:], counts[1:])
-    assert engine.scheduler.kv.stats().allocated_slots == 0
+    assert engine.kv.stats().allocated_slots == 0
 
 
 def test_cancel_a_request_swapped_out_by_preemption(model: LlamaModel) -> None:
@@ -109,7 +109,7 @@ def test_cancel_a_request_swapped_out_by_preemption(model: LlamaModel) -> None:
         engine.add_request(request)
     _step_until(engine, lambda: any(r.preemptions for r in requests))
     victim = next(r for r in requests if r.preemptions)
-    kv = engine.scheduler.kv
+    kv = engine.kv
     assert victim in kv._swapped  # a step that preempts admits nothing: it waits, swapped out
     assert engine.cancel(victim) and not kv.holds(victim)
     _finish(engine)
@@ -134,7 +134,7 @@ def test_cancel_the_last_unfinished_member_of_a_static_batch_ends_it(model: Llam
     _step_until(engine, lambda: requests[0].t_done is not None)
     assert engine.cancel(requests[1])
     assert not engine.has_unfinished()
-    assert engine.scheduler.kv.stats().allocated_slots == 0
+    assert engine.kv.stats().allocated_slots == 0
     engine.add_request(requests[2])
     _finish(engine)
     _assert_exact(model, requests[2:], prompts[2:], counts[2:])

@@ -99,7 +99,7 @@ def test_static_batching_over_paged_kv_never_deadlocks_on_a_held_member() -> Non
         serve(engine, requests, check=lambda e: e.scheduler.kv.check_integrity())
         for request, prompt, count in zip(requests, prompts, [2, 12], strict=True):
             assert request.output_ids == greedy_reference(model, prompt, count)
-        assert engine.scheduler.kv.pool.num_free + engine.scheduler.kv.pool.num_cached == 4
+        assert engine.kv.pool.num_free + engine.kv.pool.num_cached == 4
 
 
 def test_second_batch_waits_for_the_whole_first_batch() -> None:

@@ -13,8 +13,8 @@ import torch
 from harness.engine.kv_cache import KVLayout, allocate_kv_cache
 from harness.engine.request import Request, SamplingParams
 from harness.errors import ConfigError
-from strategies.kv import prefix_cache
-from strategies.kv.paged import PagedKVManager
+from strategies.kv import KV, prefix_cache
+from strategies.kv.paged import PagedConfig, PagedKVManager
 
 CPU = torch.device("cpu")
 
@@ -25,7 +25,7 @@ def _manager(
     layout = KVLayout(num_layers=2, stored_kv_heads=1, head_dim=2, dtype=torch.float32)
     budget = num_blocks * block_size * layout.bytes_per_token
     cache = allocate_kv_cache(layout, budget, block_size, CPU)
-    return PagedKVManager(num_blocks, block_size, prefix, preemption, cache)
+    return PagedKVManager(PagedConfig(block_size, prefix, preemption), cache)
 
 
 def _request(tokens: list[int], name: str = "r", max_tokens: int = 4) -> Request:
@@ -283,8 +283,7 @@ def test_fits_empty_counts_whole_blocks() -> None:
 
 
 def test_bad_settings_are_one_line_config_errors() -> None:
-    cache = _manager().kv_cache
     with pytest.raises(ConfigError, match="strategy.preemption: 'drop' is not one of"):
-        PagedKVManager(8, 4, False, "drop", cache)
-    with pytest.raises(ConfigError, match="strategy.block_size: the KV cache has 8 blocks of 4"):
-        PagedKVManager(4, 8, False, "recompute", cache)
+        KV.choose({"kv": "paged", "preemption": "drop"})
+    with pytest.raises(ConfigError, match="strategy.block_size: 0 must be at least 1"):
+        KV.choose({"kv": "paged", "block_size": 0})

@@ -42,7 +42,7 @@ def model() -> LlamaModel:
 
 
 def _check(engine: Engine) -> None:
-    engine.scheduler.kv.check_integrity()
+    engine.kv.check_integrity()
 
 
 def _assert_exact(
@@ -64,7 +64,7 @@ def test_paged_outputs_match_the_reference(model: LlamaModel, block_size: int) -
     records = serve(engine, requests, check=_check)
     _assert_exact(model, requests, prompts, counts)
     assert all(r["kv_allocated_slots"] % block_size == 0 for r in records)
-    final = engine.scheduler.kv.stats()
+    final = engine.kv.stats()
     assert (final.allocated_slots, final.live_slots) == (0, 0)
     assert final.extra["kv_blocks_free"] == 256 // block_size
     assert sum(r["preempted"] for r in records) == 0
@@ -137,7 +137,8 @@ def test_paged_wastes_only_block_tails_where_contiguous_reserves_the_maximum(
             Request(str(i), list(p), SamplingParams(max_tokens=20)) for i, p in enumerate(prompts)
         ]
         engine = make_engine(model, strategy("iteration", kv, block_size=4), kv_slots=200)
-        engine.stop_token_ids = frozenset(stops)  # every request stops after 3 of its 20 tokens
+        # every request stops after 3 of its 20 tokens
+        engine.update.stop_token_ids = frozenset(stops)
         records = serve(engine, requests)
         assert [r.output_ids for r in requests] == references
         assert [r.finish_reason for r in requests] == ["stop"] * 3

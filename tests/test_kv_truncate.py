@@ -13,15 +13,16 @@ import torch
 from harness.engine.kv_cache import KVLayout, allocate_kv_cache
 from harness.engine.request import Request, SamplingParams
 from strategies.kv.contiguous import ContiguousKVManager
-from strategies.kv.paged import PagedKVManager
+from strategies.kv.paged import PagedConfig, PagedKVManager
 
 CPU = torch.device("cpu")
 
 
 def _paged(num_blocks: int = 8, block_size: int = 4) -> PagedKVManager:
     layout = KVLayout(num_layers=1, stored_kv_heads=1, head_dim=2, dtype=torch.float32)
-    cache = allocate_kv_cache(layout, num_blocks * block_size * layout.bytes_per_token, 4, CPU)
-    return PagedKVManager(num_blocks, block_size, True, "recompute", cache)
+    budget = num_blocks * block_size * layout.bytes_per_token
+    cache = allocate_kv_cache(layout, budget, block_size, CPU)
+    return PagedKVManager(PagedConfig(block_size, True, "recompute"), cache)
 
 
 def _request(prompt: list[int], name: str = "r") -> Request:

@@ -66,8 +66,8 @@ def test_mha_layout_serves_the_tokens_of_native_gqa_with_three_times_the_cache()
         compose([*OVERRIDES, "strategy=vllm", "strategy.heads=mha", "engine.kv_budget=64MiB"])
     )
     assert repeated.outputs == native.outputs
-    native_layout = native.prepared.engine.kv_cache.layout
-    repeated_layout = repeated.prepared.engine.kv_cache.layout
+    native_layout = native.prepared.engine.runner.cache.layout
+    repeated_layout = repeated.prepared.engine.runner.cache.layout
     assert repeated_layout.bytes_per_token == 3 * native_layout.bytes_per_token
 
 

@@ -10,8 +10,9 @@ import pytest
 from harness.commands.config import compose
 from harness.engine.engine import Engine
 from harness.measure.metrics import summarize
-from harness.measure.rundir import read_jsonl, read_requests, read_steps
-from harness.runner.run import run, slo_of
+from harness.measure.rundir import read_requests, read_steps
+from harness.measure.slo import SLO
+from harness.runner.run import run
 
 OVERRIDES = ["model=dummy-tiny", "telemetry.roofline=false", "engine.dtype=fp32"]
 
@@ -25,7 +26,7 @@ def test_summary_is_recomputable_from_the_records(tmp_path: Path) -> None:
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk == json.loads(json.dumps(summary))
     requests = read_requests(tmp_path)
-    recomputed = summarize(requests, read_steps(tmp_path), slo_of(cfg))
+    recomputed = summarize(requests, read_steps(tmp_path), SLO.of_config(cfg))
     for key, value in recomputed.items():
         assert on_disk[key] == pytest.approx(value), key
     assert on_disk["schema"] == 2 and on_disk["status"] == "complete"
@@ -52,7 +53,7 @@ def test_a_crash_mid_run_keeps_the_records_and_marks_the_summary(
         run(compose([*OVERRIDES, "strategy=orca"]), tmp_path, progress=False)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and "device lost" in summary["error"]
-    assert len(read_jsonl(tmp_path / "steps.jsonl")) == 5
+    assert len(read_steps(tmp_path)) == 5
     assert summary["steps"] == 5
     # every request in flight is written as failed, with the error (before: none was written)
     requests = read_requests(tmp_path)

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from harness.commands.config import compose
 from harness.errors import ConfigError
+from harness.runner.loop import EngineDriver
 from harness.serving.app import ServerState, create_app
 from harness.serving.engine_loop import EngineLoop
 from harness.serving.intake import Intake, ModelCard
@@ -42,8 +43,8 @@ class LetterTokenizer:
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[TestClient, EngineLoop]]:
     engine = make_engine(tiny_model(), strategy("iteration", "paged"), kv_slots=1024)
-    loop = EngineLoop(engine, max_in_flight=IN_FLIGHT, wait_s=0.01)
-    card = ModelCard(MODEL, CONTEXT, engine.model.config.vocab_size, 0)
+    loop = EngineLoop(EngineDriver(engine), max_in_flight=IN_FLIGHT, wait_s=0.01)
+    card = ModelCard(MODEL, CONTEXT, engine.runner.model.config.vocab_size, 0)
     tokenizer = LetterTokenizer()
     state = ServerState(
         loop=loop,

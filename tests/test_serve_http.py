@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.commands.config import compose
 from harness.errors import ConfigError
-from harness.measure.rundir import read_requests
+from harness.measure.rundir import read_requests, read_steps
 from harness.records import RequestRecord
 from harness.runner.run import run
 from reports.grouping import group_runs
@@ -341,6 +341,11 @@ def test_over_http_the_same_tokens_and_ttft_within_the_transport_overhead(
         ttft_engine = served_side.token_times[0] - served_side.t_scheduled
         lag = got.t_send - got.t_scheduled
         assert 0 <= ttft_http - ttft_engine <= lag + transport, (rid, ttft_http, ttft_engine)
+    computed = [s for s in read_steps(record_dir) if s.num_seqs > 0]
+    assert computed and all(  # the server's steps carry the roofline counters a run's do
+        {"flops", "bytes", "mfu", "mbu"} <= set(s.counters) and s.counters["flops"] > 0
+        for s in computed
+    )
     (group,) = group_runs([load_run(tmp_path / "inprocess"), load_run(tmp_path / "http")])
     assert group.labels == [f"openai:{MODEL}", "vllm"]  # one comparison, side by side
     meta = json.loads((tmp_path / "http" / "meta.json").read_text())

@@ -72,7 +72,7 @@ def _only_verified(kv: object, requests: list[Request]) -> None:
 
 def _checker(requests: list[Request]):
     def check(engine: Engine) -> None:
-        _only_verified(engine.scheduler.kv, requests)
+        _only_verified(engine.kv, requests)
         proposer = getattr(engine.decoder, "proposer", None)
         if isinstance(proposer, ModelDrafter):
             _only_verified(proposer.kv, requests)
@@ -185,11 +185,11 @@ def test_the_drafter_cache_takes_its_share_of_the_budget(model: LlamaModel) -> N
     layerskip = make_engine(model, _spec("iteration", "paged", "layerskip"), kv_slots=96)
     drafter = layerskip.decoder.proposer
     assert isinstance(drafter, ModelDrafter)
-    assert drafter.cache.num_slots == layerskip.kv_cache.num_slots
+    assert drafter.runner.cache.num_slots == layerskip.runner.cache.num_slots
     # one of the tiny model's two layers drafts: a token costs 1.5x, so 2/3 of the slots
-    assert plain.kv_cache.num_slots == 96
-    assert layerskip.kv_cache.num_slots == 64
-    assert layerskip.kv_cache.nbytes + drafter.cache.nbytes <= plain.kv_cache.nbytes
+    assert plain.runner.cache.num_slots == 96
+    assert layerskip.runner.cache.num_slots == 64
+    assert layerskip.runner.cache.nbytes + drafter.runner.cache.nbytes <= plain.runner.cache.nbytes
 
 
 @pytest.mark.parametrize("proposer", ["ngram", "draft"])

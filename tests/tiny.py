@@ -77,6 +77,7 @@ def strategy(batching: str = "static", kv: str = "contiguous", **overrides) -> S
         heads="gqa",
         weights="dense",
         decoding="standard",
+        proposer="ngram",
         chunked_prefill=False,
         block_size=4,
         prefix_caching=False,

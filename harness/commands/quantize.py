@@ -85,13 +85,13 @@ def measure(cfg: DictConfig, windows: int) -> Measured:
         raise ConfigError("model", "quantize needs a model with weights and a tokenizer")
     ids = tokenizer.encode(text_section("evaluation"))
     nll, predictions = 0.0, []
-    model, attention = prepared.served.model, prepared.engine.attention
+    model, attention = prepared.served.model, prepared.engine.runner.attention
     for logits, targets in window_logits(model, ids, attention, max_windows=windows):
         nll += F.cross_entropy(logits, targets, reduction="sum").item()
         predictions.append(logits.argmax(-1))
     chosen = torch.cat(predictions)
     return Measured(
-        prepared.strategy.weights.value,
+        prepared.started.strategy.weights.value,
         prepared.served.weight_bytes,
         math.exp(nll / chosen.shape[0]),
         int(chosen.shape[0]),

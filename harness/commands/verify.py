@@ -23,11 +23,12 @@ from rich.table import Table
 
 from harness.commands.config import check_group_choices, compose
 from harness.engine.batch import ForwardBatch
-from harness.engine.engine import Engine, StepResult
+from harness.engine.engine import Engine
 from harness.engine.kv_cache import KVLayout, allocate_kv_cache
+from harness.engine.step_update import StepResult
 from harness.errors import ConfigError
 from harness.models.model import AttentionFn, LlamaModel
-from harness.runner.replay import serve_all, to_request
+from harness.runner.replay import serve_all
 from harness.runner.run import Prepared, prepare
 
 REFERENCE = "fastertransformer"
@@ -71,7 +72,7 @@ def serve_outputs(cfg: DictConfig) -> Served:
     """Serve the workload offline under `cfg`."""
     start = time.perf_counter()
     prepared = prepare(cfg, lambda: time.perf_counter() - start)
-    requests = [to_request(spec, i) for i, spec in enumerate(prepared.workload.requests)]
+    requests = prepared.requests
     if any(not r.sampling.greedy for r in requests):
         raise ConfigError("workload.sampling.temperature", "verify compares greedy outputs; use 0")
     steps = serve_all(prepared.engine, requests)
@@ -109,7 +110,9 @@ def compare(
             min(len(expected), len(got)),
         )
         margin = next_token_margin(
-            reference_engine.model, reference_engine.attention, prompts[rid] + expected[:position]
+            reference_engine.runner.model,
+            reference_engine.runner.attention,
+            prompts[rid] + expected[:position],
         )
         reference_token = expected[position] if position < len(expected) else -1
         strategy_token = got[position] if position < len(got) else -1

@@ -101,6 +101,16 @@ class Request:
         self.error = error
         self.draft_ids = []
 
+    def deliver(self, now: float) -> None:
+        """The complete response is handed back now: the one place `t_done` is set."""
+        self.t_done = now
+
+    def close(self, reason: str, now: float, error: str | None = None) -> None:
+        """End a request that leaves without being served to its end (rejected, cancelled,
+        failed): finished and delivered at once."""
+        self.finish(reason, error)
+        self.deliver(now)
+
     def all_token_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 

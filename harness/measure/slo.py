@@ -59,6 +59,20 @@ class SLO:
             raise ConfigError("slo.attainment", f"{share!r} must be a share in (0, 1]")
         return cls(**values, attainment=float(share))
 
+    @classmethod
+    def of_config(cls, cfg: Mapping[str, Any]) -> SLO:
+        """The `slo` node of a run's whole config, checked (a bad value is a ConfigError)."""
+        return cls.from_config(cfg.get("slo"))
+
+    @classmethod
+    def of_record(cls, node: Mapping[str, Any] | None) -> SLO | None:
+        """The SLO a finished run recorded; None when the record holds values the rule cannot
+        read (a report then draws everything else)."""
+        try:
+            return cls.from_config(node)
+        except ValueError:
+            return None
+
     @property
     def configured(self) -> bool:
         return any(getattr(self, key) is not None for key in LIMITS)

@@ -22,7 +22,9 @@ from omegaconf import DictConfig
 
 from harness.engine.engine import Engine
 from harness.engine.kv_cache import KVCache, KVLayout, allocate_kv_cache
+from harness.engine.model_runner import ModelRunner
 from harness.engine.scheduling import SchedulerLimits
+from harness.engine.step_update import StepUpdate
 from harness.models.head_layout import HeadLayout
 from harness.models.load import Checkpoint, LoadedModel, load_model, tokenizer_for
 from harness.models.model import LlamaModel
@@ -31,7 +33,6 @@ from harness.runner.settings import EngineSettings, cache_dir_of
 from kernels.attention import Attention, AttentionConfig
 from kernels.fused_decode import fused_decode_layers
 from strategies.decoding.context import DecoderContext
-from strategies.decoding.speculative import drafter_network
 from strategies.registry import Choice
 from strategies.settings import StrategySettings
 from workloads.text import text_section
@@ -132,7 +133,8 @@ def build_engine(
     speculative strategy that drafts with a network (the target's first layers, or
     `draft_model`) gets a second cache for it (see `kv_caches`)."""
     config = model.config
-    drafter = drafter_network(strategy.decoding.config, model, draft_model)
+    source = strategy.draft_source
+    drafter = source.network(model, draft_model) if source is not None else None
     cache, drafter_cache = kv_caches(model, drafter, settings, strategy.kv_block_size)
     kv = strategy.kv.build(cache)
     limits = SchedulerLimits(settings.max_batch_size, settings.max_num_batched_tokens)
@@ -148,20 +150,19 @@ def build_engine(
         attention=attention,
         device=settings.device,
         build_kv=strategy.kv.build,
+        draft_source=source,
         drafter=drafter,
         drafter_cache=drafter_cache,
     )
-    return Engine(
-        model=model,
-        kv_cache=cache,
+    update = StepUpdate(
+        kv=kv,
         scheduler=scheduler,
         decoder=strategy.decoding.build(context),
-        attention=attention,
-        device=settings.device,
         clock=clock,
         max_context=config.max_context,
         stop_token_ids=config.eos_token_ids,
     )
+    return Engine(ModelRunner(model, cache, attention, settings.device), update)
 
 
 def kv_caches(

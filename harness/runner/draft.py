@@ -17,36 +17,27 @@ from harness.models.load import model_config_of
 from harness.models.model import LlamaModel
 from harness.runner.build import ServedModel, load_served
 from harness.runner.settings import CONF_DIR, EngineSettings, cache_dir_of
-from strategies.decoding.speculative import TARGET, SpeculativeConfig
+from strategies.decoding.proposers import TARGET, DraftModelSource
 from strategies.heads import HEADS
 from strategies.settings import StrategySettings
 from strategies.weights import WEIGHTS
 
 
-def speculative_config(strategy: StrategySettings) -> SpeculativeConfig | None:
-    config = strategy.decoding.config
-    return config if isinstance(config, SpeculativeConfig) else None
-
-
 def check_drafting(cfg: DictConfig, strategy: StrategySettings) -> None:
     """One line, before anything loads, for a drafter that cannot work with this target."""
-    config = speculative_config(strategy)
-    if config is None or config.proposer == "ngram":
+    source = strategy.draft_source
+    if source is None:
         return
     cache_dir = cache_dir_of(cfg)
     target = model_config_of(cfg.model, cache_dir)
-    if config.proposer == "layerskip" and config.layerskip_layers >= target.num_layers:
-        raise ConfigError(
-            "strategy.layerskip_layers",
-            f"{config.layerskip_layers} is not fewer than the target's {target.num_layers} "
-            "layers; draft with fewer",
-        )
-    if config.proposer == "draft":
-        draft = model_config_of(draft_model_node(cfg, config.draft_model), cache_dir)
+    source.check(target)
+    if isinstance(source, DraftModelSource):
+        name = source.config.draft_model
+        draft = model_config_of(draft_model_node(cfg, name), cache_dir)
         if draft.vocab_size != target.vocab_size:
             raise ConfigError(
                 "strategy.draft_model",
-                f"{config.draft_model} has a vocabulary of {draft.vocab_size}, the target "
+                f"{name} has a vocabulary of {draft.vocab_size}, the target "
                 f"{target.vocab_size}; the draft must share the target's tokenizer",
             )
 
@@ -74,9 +65,10 @@ def load_draft(
     progress: bool = True,
 ) -> LlamaModel | None:
     """The draft model the strategy names (None unless it drafts with a second model)."""
-    config = speculative_config(strategy)
-    if config is None or config.proposer != "draft":
+    source = strategy.draft_source
+    if not isinstance(source, DraftModelSource):
         return None
+    config = source.config
     if config.draft_model == TARGET and config.draft_weights == strategy.weights.value:
         return served.model
     node = OmegaConf.to_container(cfg.strategy, resolve=True)

@@ -18,17 +18,22 @@ import queue
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from tqdm import tqdm
 
-from harness.engine.engine import Engine, StepResult
+from harness.engine.engine import Engine
 from harness.engine.request import Request, SamplingParams
+from harness.engine.step_update import StepResult
 from harness.measure.rundir import RunWriter
+from harness.runner.loop import IDLE_WAIT_S, EngineDriver, StepHook
 from workloads.spec import RequestSpec, Workload
 
-IDLE_WAIT_S = 0.5  # longest the engine loop blocks on an empty inbox before looking again
+
+def requests_of(workload: Workload) -> list[Request]:
+    """The engine requests of a workload, in its order (the one place they are built)."""
+    return [to_request(spec, index) for index, spec in enumerate(workload.requests)]
 
 
 def to_request(spec: RequestSpec, index: int) -> Request:
@@ -46,14 +51,6 @@ def to_request(spec: RequestSpec, index: int) -> Request:
         t_scheduled=spec.arrival,
         excluded=spec.excluded,
     )
-
-
-class StepHook(Protocol):
-    """Called around every engine step (profiler windows, roofline annotation)."""
-
-    def step_started(self, step: int) -> None: ...
-
-    def step_finished(self, result: StepResult) -> None: ...
 
 
 class Inbox(Protocol):
@@ -128,15 +125,13 @@ def serve_all(
     """Offline, no clock: add every request, step until all are delivered; the step results.
 
     `on_step(engine)` runs after every step (integrity checks in tests)."""
+    driver = EngineDriver(engine)
     for request in requests:
         request.t_send = request.t_scheduled
-        engine.add_request(request)
+        driver.admit(request)
     results = []
     while engine.has_unfinished():
-        result = engine.step()
-        if result is None:
-            raise RuntimeError("the scheduler has unfinished requests but scheduled none")
-        results.append(result)
+        results.append(driver.step())
         if on_step is not None:
             on_step(engine)
     return results
@@ -157,34 +152,29 @@ def progress_bar(total: int, enabled: bool) -> tqdm:
 
 def replay(
     engine: Engine,
+    requests: list[Request],
     workload: Workload,
     clock: Callable[[], float],
     writer: RunWriter,
-    hooks: list[StepHook] | None = None,
+    hooks: Sequence[StepHook] = (),
     progress: bool = True,
-) -> list[Request]:
-    """Serve every request of the workload; returns them, in workload order, delivered."""
-    hooks = hooks or []
-    requests = [to_request(spec, i) for i, spec in enumerate(workload.requests)]
+) -> None:
+    """Serve `requests` (the workload's, from `requests_of`) as the workload sends them."""
     inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
     client = Client(requests, clock, inbox, workload.concurrency, workload.think_s)
-    in_flight: dict[int, Request] = {}
+    driver = EngineDriver(engine, writer, hooks)
     recorded = 0
     bar = progress_bar(len(requests), progress)
 
-    def record(request: Request) -> None:
+    def closed(request: Request) -> None:
         nonlocal recorded
-        in_flight.pop(id(request), None)
-        writer.request(request.record())
         client.completed(request)
         recorded += 1
         bar.update(1)
 
     def receive(request: Request) -> None:
-        if engine.add_request(request):
-            in_flight[id(request)] = request
-        else:
-            record(request)  # rejected: it can never be served here
+        if not driver.admit(request):
+            closed(request)  # rejected: it can never be served here
 
     client.start()
     try:
@@ -198,31 +188,11 @@ def replay(
                 receive(inbox.get_nowait())
             if not engine.has_unfinished():
                 continue
-            for hook in hooks:
-                hook.step_started(engine.step_index)
-            result = engine.step()
-            if result is None:
-                raise RuntimeError("the scheduler has unfinished requests but scheduled none")
-            for hook in hooks:
-                hook.step_finished(result)
-            writer.step(result.record)
-            for request in result.delivered:
-                record(request)
+            for request in driver.step().delivered:
+                closed(request)
     except BaseException as exc:
-        fail_in_flight(list(in_flight.values()), f"{type(exc).__name__}: {exc}", clock, writer)
+        driver.fail_in_flight(f"{type(exc).__name__}: {exc}")
         raise
     finally:
         client.stop()
         bar.close()
-    return requests
-
-
-def fail_in_flight(
-    requests: list[Request], error: str, clock: Callable[[], float], writer: RunWriter
-) -> None:
-    """Write every request the failed run was serving, as failed with the run's error."""
-    now = clock()
-    for request in requests:
-        request.finish("error", error)
-        request.t_done = now
-        writer.request(request.record())

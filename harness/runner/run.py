@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from harness.engine.engine import Engine, StepResult
+from harness.engine.engine import Engine
+from harness.engine.request import Request
 from harness.errors import ConfigError
-from harness.measure.calibrate import Peaks, measure_peaks, provenance, remeasure_if_beaten
+from harness.measure.calibrate import Peaks, provenance, remeasure_if_beaten
 from harness.measure.flags import (
     PEAKS_BEATEN,
     TEST_STEP_DELAY,
@@ -37,30 +38,26 @@ from harness.measure.flags import (
 from harness.measure.meta import collect_meta
 from harness.measure.metrics import summarize
 from harness.measure.profiling import StepProfiler
-from harness.measure.roofline import ModelShape, StepRoofline
 from harness.measure.rundir import SCHEMA_VERSION, RunWriter, read_requests, read_steps
 from harness.measure.slo import SLO
 from harness.measure.telemetry import TelemetryResult, TelemetrySampler
 from harness.measure.weights_quality import read_quality, weights_summary
-from harness.models.load import tokenizer_for
 from harness.records import StepRecord
 from harness.runner.backends import backend_of, peer_backend
 from harness.runner.backends.base import Backend
-from harness.runner.build import ServedModel, build_engine, load_for_strategy
-from harness.runner.draft import check_drafting, load_draft
-from harness.runner.replay import replay, to_request
+from harness.runner.build import ServedModel
+from harness.runner.replay import replay, requests_of
 from harness.runner.settings import (
     DTYPES,
     EngineSettings,
     cache_dir_of,
     cpu_fallback_note,
-    engine_settings,
 )
-from harness.runner.step_delay import StepDelay, delay_flag, step_delay_s
+from harness.runner.startup import Started, check_settings, start_engine
+from harness.runner.step_delay import delay_flag, step_delay_s
 from kernels.int4_matmul import Int4Kernel
 from kernels.paths import RunKernels, kernel_record
 from reports.run_report import build_run_report
-from strategies.settings import StrategySettings, strategy_settings
 from workloads.build import build_workload
 from workloads.spec import Workload
 
@@ -69,95 +66,51 @@ from workloads.spec import Workload
 class Prepared:
     """Everything a run needs, validated and built, before the clock starts."""
 
-    engine_cfg: EngineSettings
-    strategy: StrategySettings
-    served: ServedModel
+    started: Started
     workload: Workload
-    engine: Engine
-    roofline: StepRoofline | None
+    requests: list[Request]  # the workload's, as the engine serves them
+
+    @property
+    def engine(self) -> Engine:
+        return self.started.engine
+
+    @property
+    def served(self) -> ServedModel:
+        return self.started.served
 
 
 def prepare(cfg: DictConfig, clock: Callable[[], float], progress: bool = True) -> Prepared:
-    settings = engine_settings(cfg.engine)
-    strategy = strategy_settings(cfg.strategy)
-    slo_of(cfg)  # checked before any work
-    step_delay_s(cfg.engine)
-    check_drafting(cfg, strategy)
-    torch.manual_seed(settings.seed)
-    served = load_for_strategy(cfg, settings, strategy, progress)
-    draft_model = load_draft(cfg, settings, strategy, served, progress)
-    tokenizer = served.loaded.tokenizer or tokenizer_for(cfg.model, cache_dir_of(cfg))
-    workload = build_workload(cfg.workload, tokenizer, served.loaded.config.max_context)
-    engine = build_engine(served.model, settings, strategy, clock, draft_model)
-    check_workload(workload, engine)
-    roofline = None
-    if cfg.telemetry.get("roofline", True):
-        peaks = measure_peaks(settings.device, settings.dtype, cache_dir_of(cfg))
-        roofline = roofline_of(served, settings, peaks)
-    return Prepared(settings, strategy, served, workload, engine, roofline)
+    SLO.of_config(cfg)  # checked, with every other setting, before any work
+    check_settings(cfg)
+    started = start_engine(cfg, clock, progress)
+    workload = build_workload(
+        cfg.workload, started.tokenizer, started.served.loaded.config.max_context
+    )
+    requests = requests_of(workload)
+    check_workload(requests, started.engine)
+    return Prepared(started, workload, requests)
 
 
-def slo_of(cfg: DictConfig) -> SLO:
-    return SLO.from_config(cfg.get("slo"))
-
-
-def check_workload(workload: Workload, engine: Engine) -> None:
+def check_workload(requests: list[Request], engine: Engine) -> None:
     """Refuse, before any work, a workload this engine cannot serve at all.
 
     A prompt the strategy's step budget can never take is a configuration error; a request
     that can never fit the KV cache is rejected when it arrives and recorded, unless no
     request of the workload fits, which leaves nothing to measure."""
     refused = []
-    for index, spec in enumerate(workload.requests):
-        request = to_request(spec, index)
-        limit = engine.scheduler.limit_error(request)
-        if limit is not None:
-            raise limit
-        reason = engine.rejection(request)
-        if reason is not None:
-            refused.append((spec.id, reason))
-    if refused and len(refused) == len(workload.requests):
+    for request in requests:
+        rejection = engine.rejection(request)
+        if rejection is not None and rejection.limit is not None:
+            raise rejection.limit
+        if rejection is not None:
+            refused.append((request.id, rejection.reason))
+    if refused and len(refused) == len(requests):
         rid, reason = refused[0]
         raise ConfigError(
             "engine.kv_budget",
             f"no request can be served: request {rid} {reason}; raise engine.kv_budget or "
             "shorten the requests",
         )
-
-
-def roofline_of(served: ServedModel, settings: EngineSettings, peaks: Peaks) -> StepRoofline:
-    config = served.loaded.config
-    shape = ModelShape(
-        num_layers=config.num_layers,
-        hidden_size=config.hidden_size,
-        num_heads=config.num_heads,
-        num_kv_heads=config.num_kv_heads,
-        head_dim=config.head_dim,
-        intermediate_size=config.intermediate_size,
-        vocab_size=config.vocab_size,
-        tie_embeddings=config.tie_embeddings,
-    )
-    element = torch.empty((), dtype=settings.dtype).element_size()
-    return StepRoofline(
-        shape, served.weight_bytes, element, element, served.model.kv_heads_stored, peaks
-    )
-
-
-class RooflineHook:
-    """Annotates every step record with the FLOPs and bytes its batch required."""
-
-    def __init__(self, roofline: StepRoofline) -> None:
-        self.roofline = roofline
-
-    def step_started(self, step: int) -> None:
-        del step
-
-    def step_finished(self, result: StepResult) -> None:
-        shape = result.shape
-        if shape.query_lens:
-            self.roofline.annotate(
-                result.record, shape.query_lens, shape.seq_lens, shape.num_logits
-            )
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -186,23 +139,23 @@ class InProcessBackend(Backend):
         self.prepared = prepared
         self.cfg = cfg
         self.workload = prepared.workload
-        self.device = prepared.engine_cfg.device
+        self.device = prepared.started.settings.device
         self.model_file = prepared.served.loaded.path
         self.model_sha256 = prepared.served.loaded.sha256
         self.seeds = {
-            "engine": prepared.engine_cfg.seed,
+            "engine": prepared.started.settings.seed,
             "workload": int(cfg.workload.get("seed", 0)),
         }
-        roofline = prepared.roofline
+        roofline = prepared.started.roofline
         self.peaks = roofline.peaks if roofline else None
 
     def describe(self) -> dict:
-        settings = self.prepared.engine_cfg
+        settings = self.prepared.started.settings
         return {
             "dtype": {"name": dtype_name(settings.dtype), "reason": settings.dtype_reason},
             "device_fallback": cpu_fallback_note() if self.device_auto_on_cpu() else None,
             "kernels": kernel_record(run_kernels(self.prepared)),
-            "strategy": self.prepared.strategy.describe(),
+            "strategy": self.prepared.started.strategy.describe(),
             "weight_bytes": self.prepared.served.weight_bytes,
             "weights": served_weights_summary(self.prepared, cache_dir_of(self.cfg)),
             "peaks": peaks_record(self.peaks, cache_dir_of(self.cfg)) if self.peaks else None,
@@ -221,13 +174,10 @@ class InProcessBackend(Backend):
             num_steps=int(profile.num_steps),
             out_dir=run_dir,
         )
-        roofline = self.prepared.roofline
-        hooks = [profiler] + ([RooflineHook(roofline)] if roofline else [])
-        delay = step_delay_s(self.cfg.engine)
-        if delay > 0:
-            hooks.append(StepDelay(delay))
+        hooks = [profiler, *self.prepared.started.step_hooks()]
+        engine, requests = self.prepared.engine, self.prepared.requests
         try:
-            replay(self.prepared.engine, self.workload, clock, writer, hooks, progress)
+            replay(engine, requests, self.workload, clock, writer, hooks, progress)
         finally:
             profiler.close()
 
@@ -235,7 +185,7 @@ class InProcessBackend(Backend):
         if self.peaks is None:
             return []
         steps = read_steps(run_dir)
-        beaten = check_peaks(self.peaks, steps, self.prepared.engine_cfg, self.cfg)
+        beaten = check_peaks(self.peaks, steps, self.prepared.started.settings, self.cfg)
         return [Flag(PEAKS_BEATEN, text) for text in beaten]
 
 
@@ -245,12 +195,12 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def run_kernels(prepared: Prepared) -> RunKernels:
     """What the dispatch of this run's engine depends on (for `meta.json`'s `kernels`)."""
-    engine, settings = prepared.engine, prepared.engine_cfg
-    model = engine.model
+    engine, settings = prepared.engine, prepared.started.settings
+    model = engine.runner.model
     return RunKernels(
         device=settings.device,
         dtype=settings.dtype,
-        attention_impl=engine.attention.impl,
+        attention_impl=engine.runner.attention.impl,
         fused_layer=model.layer_runner is not None,
         fused_setting=settings.fused_decode,
         int4_kernels=tuple(
@@ -272,7 +222,7 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
     if kind == "inprocess":
         backend: Backend = InProcessBackend(prepare(cfg, clock, progress), cfg)
     else:
-        slo_of(cfg)  # checked before any work
+        SLO.of_config(cfg)  # checked before any work
         backend = peer_backend(kind, cfg, progress)
     writer = RunWriter(run_dir)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -329,7 +279,7 @@ def served_weights_summary(prepared: Prepared, cache_dir: Path) -> dict:
     """The weights the run served: option, bytes, how made, recorded quality."""
     served = prepared.served
     return weights_summary(
-        prepared.strategy.weights.value,
+        prepared.started.strategy.weights.value,
         served.weights_id,
         served.weight_bytes,
         served.weights.record(),
@@ -402,7 +352,7 @@ def summary_for(
         "status": "failed" if error else "complete",
         "error": error,
     }
-    summary.update(summarize(requests, steps, slo_of(cfg), peaks))
+    summary.update(summarize(requests, steps, SLO.of_config(cfg), peaks))
     summary["not_recorded"] = None if planned is None else planned - len(requests)
     summary["telemetry"] = {
         "source": telemetry.source,

@@ -12,7 +12,7 @@ import time
 
 from omegaconf import DictConfig
 
-from harness.engine.engine import StepResult
+from harness.engine.step_update import StepResult
 from harness.errors import ConfigError
 
 KEY = "test_step_delay_s"

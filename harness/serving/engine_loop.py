@@ -11,9 +11,11 @@ At most `max_in_flight` requests are in the loop at once (submitted and not yet 
 queued, running, or waiting for their last event); `submit` refuses one more, so a flood of
 clients queues nowhere unbounded and the front end answers 429 at once.
 
-With a `RunWriter`, the loop records what it served exactly as an in-process run does
-(`steps.jsonl`, and a `requests.jsonl` line per delivered, rejected or cancelled request,
-arrival being when the server received the request), on its own clock.
+Admitting, cancelling, stepping and recording go through the same `EngineDriver` as an
+in-process run, with the same step hooks (`Started.step_hooks`): with a `RunWriter`, the loop
+records what it served exactly as a run does (`steps.jsonl` with the roofline counters, and
+a `requests.jsonl` line per delivered, rejected or cancelled request, arrival being when the
+server received the request), on its own clock.
 """
 
 from __future__ import annotations
@@ -25,11 +27,9 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from harness.engine.engine import Engine
 from harness.engine.request import Request
-from harness.measure.rundir import RunWriter
+from harness.runner.loop import IDLE_WAIT_S, EngineDriver, fail_in_flight
 
-IDLE_WAIT_S = 0.5  # the longest an idle loop sleeps before looking at its inbox again
 MAX_IN_FLIGHT = 512  # requests in the loop at once, unless told otherwise
 log = logging.getLogger(__name__)
 
@@ -80,19 +80,15 @@ class LoopStats:
 
 class EngineLoop:
     def __init__(
-        self,
-        engine: Engine,
-        writer: RunWriter | None = None,
-        wait_s: float = IDLE_WAIT_S,
-        max_in_flight: int = MAX_IN_FLIGHT,
+        self, driver: EngineDriver, wait_s: float = IDLE_WAIT_S, max_in_flight: int = MAX_IN_FLIGHT
     ) -> None:
-        self.engine = engine
-        self.writer = writer
+        self.driver = driver
+        self.engine = driver.engine
         self.wait_s = wait_s
         self.max_in_flight = max_in_flight
         self._in_flight = 0  # submitted and not yet closed (under _count_lock)
         self._count_lock = threading.Lock()
-        self.stats = LoopStats(kv_total_slots=engine.scheduler.kv.total_slots)
+        self.stats = LoopStats(kv_total_slots=driver.engine.kv.total_slots)
         self.error: str | None = None  # why the loop stopped, if it failed
         self._inbox: queue.SimpleQueue[Stream] = queue.SimpleQueue()
         self._cancels: queue.SimpleQueue[Stream] = queue.SimpleQueue()
@@ -166,7 +162,7 @@ class EngineLoop:
             except queue.Empty:
                 break
             request = stream.request
-            if self.engine.add_request(request):
+            if self.driver.admit(request):
                 self._streams[request] = stream
                 self._prompt_tokens += request.prompt_len
             else:
@@ -181,16 +177,12 @@ class EngineLoop:
             except queue.Empty:
                 break
             request = stream.request
-            if self._streams.pop(request, None) is not None and self.engine.cancel(request):
+            if self._streams.pop(request, None) is not None and self.driver.cancel(request):
                 events.append((stream, self._close(request)))
         self._dispatch(events)
 
     def _step(self) -> None:
-        result = self.engine.step()
-        if result is None:
-            raise RuntimeError("the scheduler has unfinished requests but scheduled none")
-        if self.writer is not None:
-            self.writer.step(result.record)
+        result = self.driver.step()
         events: list[tuple[Stream, Event]] = []
         for request, stream in self._streams.items():
             count = len(request.output_ids)
@@ -206,13 +198,11 @@ class EngineLoop:
         self._publish()
 
     def _close(self, request: Request) -> Done:
-        """Count and record a request that left the engine; its last event."""
+        """Count a request that left the engine (the driver recorded it); its last event."""
         reason = request.finish_reason or "error"
         self._finished[reason] = self._finished.get(reason, 0) + 1
         with self._count_lock:
             self._in_flight -= 1
-        if self.writer is not None:
-            self.writer.request(request.record())
         return Done(reason, request.error)
 
     def _dispatch(self, events: list[tuple[Stream, Event]]) -> None:
@@ -223,7 +213,7 @@ class EngineLoop:
             self._loop.call_soon_threadsafe(_deliver, events)
 
     def _publish(self) -> None:
-        kv = self.engine.scheduler.kv.stats()
+        kv = self.engine.kv.stats()
         self.stats = LoopStats(
             running=self.engine.scheduler.num_running(),
             waiting=self.engine.scheduler.num_waiting(),
@@ -239,6 +229,7 @@ class EngineLoop:
 
     def _fail_remaining(self, error: str) -> None:
         """Every request still queued or in flight ends with `error` (the loop is over)."""
+        admitted = {id(request) for request in self.driver.fail_in_flight(error)}
         pending = list(self._streams.values())
         self._streams.clear()
         while True:
@@ -246,14 +237,9 @@ class EngineLoop:
                 pending.append(self._inbox.get_nowait())
             except queue.Empty:
                 break
-        events: list[tuple[Stream, Event]] = []
-        now = self.engine.clock()
-        for stream in pending:
-            request = stream.request
-            request.finish("error", error)
-            request.t_done = now
-            events.append((stream, self._close(request)))
-        self._dispatch(events)
+        queued = [s.request for s in pending if id(s.request) not in admitted]
+        fail_in_flight(queued, error, self.engine.clock, self.driver.sink)
+        self._dispatch([(stream, self._close(stream.request)) for stream in pending])
         self._publish()
 
 

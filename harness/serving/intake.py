@@ -140,7 +140,9 @@ class Intake:
             seed=body.seed if body.seed is not None else next(self._seeds),
         )
         request = Request(rid, prompt, sampling, t_scheduled=arrival, t_send=arrival)
-        reason = self.engine.rejection(request)
-        if reason is not None:
-            raise APIError(400, f"this server can never serve the request: {reason}", "max_tokens")
+        rejection = self.engine.rejection(request)
+        if rejection is not None:
+            raise APIError(
+                400, f"this server can never serve the request: {rejection.reason}", "max_tokens"
+            )
         return request

@@ -18,21 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-import torch
 import uvicorn
 from omegaconf import DictConfig, OmegaConf
 
 from harness.engine.kv_cache import parse_bytes
 from harness.errors import ConfigError
 from harness.measure.rundir import RunWriter
-from harness.models.load import tokenizer_for
-from harness.runner.build import build_engine, load_for_strategy
-from harness.runner.draft import check_drafting, load_draft
-from harness.runner.settings import api_key_from_env, cache_dir_of, engine_settings
+from harness.runner.loop import EngineDriver
+from harness.runner.settings import api_key_from_env
+from harness.runner.startup import check_settings, start_engine
 from harness.serving.app import ServerState, create_app
 from harness.serving.engine_loop import EngineLoop
 from harness.serving.intake import Intake, ModelCard
-from strategies.settings import strategy_settings
 
 MIN_BODY_BYTES = 1024  # the smallest body bound that still takes an ordinary request
 CUT_AFTER_S = 5.0  # after the grace: how long ended responses may flush before a cut
@@ -130,21 +127,17 @@ def _ignore(sig: int, frame: FrameType | None) -> None:
 
 
 def serve(cfg: DictConfig, progress: bool = True) -> None:
-    settings = engine_settings(cfg.engine)
-    strategy = strategy_settings(cfg.strategy)
+    check_settings(cfg)
     options = serve_settings(cfg.serve)
-    check_drafting(cfg, strategy)
     sock = bind(options.host, options.port)
-    torch.manual_seed(settings.seed)
     start = time.perf_counter()
 
     def clock() -> float:
         return time.perf_counter() - start
 
-    served = load_for_strategy(cfg, settings, strategy, progress)
-    draft_model = load_draft(cfg, settings, strategy, served, progress)
-    tokenizer = served.loaded.tokenizer or tokenizer_for(cfg.model, cache_dir_of(cfg))
-    engine = build_engine(served.model, settings, strategy, clock, draft_model)
+    started = start_engine(cfg, clock, progress)
+    engine, tokenizer, served = started.engine, started.tokenizer, started.served
+    strategy = started.strategy
     writer = None
     if options.record_dir is not None:
         writer = RunWriter(options.record_dir)
@@ -156,7 +149,8 @@ def serve(cfg: DictConfig, progress: bool = True) -> None:
         vocab_size=config.vocab_size,
         created=int(time.time()),
     )
-    engine_loop = EngineLoop(engine, writer, max_in_flight=options.max_concurrent)
+    driver = EngineDriver(engine, writer, started.step_hooks())
+    engine_loop = EngineLoop(driver, max_in_flight=options.max_concurrent)
     state = ServerState(
         loop=engine_loop,
         intake=Intake(engine, tokenizer, card),

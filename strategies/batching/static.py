@@ -37,7 +37,7 @@ class StaticConfig:
         default="batch_end",
         metadata={
             "choices": ("batch_end", "own_finish"),
-            "help": "deliver a response when its batch ends, or at its own last token",
+            "help": "when a member's response is delivered",
         },
     )
     pad_finished: bool = field(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,9 @@ from harness.engine.kv_cache import KVCache
 from harness.engine.kv_manager import KVManager
 from harness.models.model import LlamaModel
 
+if TYPE_CHECKING:
+    from strategies.decoding.proposers import DraftSource
+
 
 @dataclass(frozen=True)
 class DecoderContext:
@@ -26,5 +30,6 @@ class DecoderContext:
     attention: AttentionFn
     device: torch.device
     build_kv: Callable[[KVCache], KVManager]  # the run's KV strategy, for a drafter's own cache
+    draft_source: DraftSource | None = None  # the chosen proposer (speculative decoding)
     drafter: LlamaModel | None = None  # the network that drafts, if the strategy uses one
     drafter_cache: KVCache | None = None  # its KV cache (as many slots as the target's)

@@ -15,18 +15,12 @@ from dataclasses import replace
 
 from torch import nn
 
-from harness.errors import ConfigError
 from harness.models.model import LlamaModel
 
 
 def early_exit(model: LlamaModel, num_layers: int) -> LlamaModel:
-    """A model that runs `model`'s first `num_layers` layers, its final norm and its head."""
-    total = model.config.num_layers
-    if not 1 <= num_layers < total:
-        raise ConfigError(
-            "strategy.layerskip_layers",
-            f"{num_layers} layers: the draft needs at least 1 and fewer than the target's {total}",
-        )
+    """A model that runs `model`'s first `num_layers` layers (1 to fewer than all, as the
+    proposer's check guarantees), its final norm and its head."""
     view = copy.copy(model)  # a new module object whose attributes are the target's
     view._modules = dict(model._modules)  # its own table of children, the same children
     view._modules["layers"] = nn.ModuleList(list(model.layers)[:num_layers])

@@ -25,13 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.engine.batch import AttentionFn
-from harness.engine.kv_cache import KVCache
 from harness.engine.kv_manager import KVManager
-from harness.engine.packing import pack
+from harness.engine.model_runner import Feed, ModelRunner
 from harness.engine.request import Request
 from harness.engine.sampler import DRAFT_STREAM, draw, generator_for, probabilities
-from harness.models.model import LlamaModel
 from strategies.decoding.proposer import Proposal, Proposer, Want
 
 
@@ -47,19 +44,9 @@ class _Drafting:
 
 
 class ModelDrafter(Proposer):
-    def __init__(
-        self,
-        network: LlamaModel,
-        cache: KVCache,
-        kv: KVManager,
-        attention: AttentionFn,
-        device: torch.device,
-    ) -> None:
-        self.network = network
-        self.cache = cache
+    def __init__(self, runner: ModelRunner, kv: KVManager) -> None:
+        self.runner = runner  # the drafting network over its own KV cache
         self.kv = kv
-        self.attention = attention
-        self.device = device
         self._shadows: dict[Request, Request] = {}
         self._no_room = 0
         self._forwards = 0
@@ -117,11 +104,7 @@ class ModelDrafter(Proposer):
             ids += fed
             rows.append(len(ids) - 1)
         shadows = [entry.shadow for entry in drafting]
-        batch = pack(self.kv, shadows, starts, counts, ids, rows)
-        with torch.inference_mode():
-            logits = self.network(
-                batch.to(self.device), self.cache.k, self.cache.v, self.attention
-            ).cpu()
+        logits = self.runner.run(self.kv, Feed(shadows, starts, counts, ids, rows))
         self._forwards += 1
         greedy = logits.argmax(dim=-1).tolist()
         for entry, count, token, row in zip(drafting, counts, greedy, logits, strict=True):

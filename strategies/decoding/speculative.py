@@ -26,28 +26,15 @@ import torch
 
 from harness.engine.decoding import Decoder, Verification
 from harness.engine.request import Request
-from harness.errors import ConfigError
-from harness.models.model import LlamaModel
 from strategies.decoding.acceptance import accept_greedy, accept_sampled
 from strategies.decoding.context import DecoderContext
 from strategies.decoding.gamma import RULES, choose_gamma
-from strategies.decoding.layerskip import early_exit
-from strategies.decoding.model_drafter import ModelDrafter
-from strategies.decoding.ngram import NgramProposer
 from strategies.decoding.proposer import Proposer, Want
 from strategies.registry import Option
-from strategies.weights import WEIGHTS
-
-PROPOSERS = ("ngram", "layerskip", "draft")
-TARGET = "target"  # `draft_model`: the served model's own checkpoint
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    proposer: str = field(
-        default="ngram",
-        metadata={"choices": PROPOSERS, "help": "prompt lookup, the target's early exit, a model"},
-    )
     gamma: int = field(default=4, metadata={"minimum": 1, "help": "drafts per step (the most)"})
     gamma_rule: str = field(
         default="fixed",
@@ -57,47 +44,6 @@ class SpeculativeConfig:
         default=0.1,
         metadata={"minimum": 0.0, "help": "adaptive: one draft token's cost / a target step"},
     )
-    ngram_min: int = field(default=1, metadata={"minimum": 1, "help": "ngram: shortest match"})
-    ngram_max: int = field(default=3, metadata={"minimum": 1, "help": "ngram: longest match"})
-    layerskip_layers: int = field(
-        default=8, metadata={"minimum": 1, "help": "layerskip: target layers the draft runs"}
-    )
-    draft_model: str = field(
-        default=TARGET, metadata={"help": "draft: a model preset (conf/model), or target"}
-    )
-    draft_weights: str = field(
-        default="dense",
-        metadata={"choices": WEIGHTS.names, "help": "draft: the draft model's weights format"},
-    )
-
-    def check(self) -> None:
-        if self.ngram_min > self.ngram_max:
-            raise ConfigError(
-                "strategy.ngram_min",
-                f"{self.ngram_min} is above strategy.ngram_max={self.ngram_max}; lower it",
-            )
-
-
-def drafter_network(
-    config: object, target: LlamaModel, draft_model: LlamaModel | None
-) -> LlamaModel | None:
-    """The network a decoding config drafts with (its KV cache is sized beside the target's):
-    the target's first layers, the loaded draft model, or none."""
-    if not isinstance(config, SpeculativeConfig) or config.proposer == "ngram":
-        return None
-    if config.proposer == "layerskip":
-        return early_exit(target, config.layerskip_layers)
-    if draft_model is None:
-        raise ConfigError(
-            "strategy.draft_model", "proposer=draft but no draft model was loaded; name one"
-        )
-    if draft_model.config.vocab_size != target.config.vocab_size:
-        raise ConfigError(
-            "strategy.draft_model",
-            f"a vocabulary of {draft_model.config.vocab_size}, the target's is "
-            f"{target.config.vocab_size}; the draft must share the target's tokenizer",
-        )
-    return draft_model
 
 
 class SpeculativeDecoder(Decoder):
@@ -200,18 +146,9 @@ class _StepCounters:
 
 
 def build_speculative(config: SpeculativeConfig, context: DecoderContext) -> SpeculativeDecoder:
-    if config.proposer == "ngram":
-        proposer: Proposer = NgramProposer(config.ngram_min, config.ngram_max)
-    else:
-        if context.drafter is None or context.drafter_cache is None:
-            raise RuntimeError(f"proposer {config.proposer}: build_engine gave no drafter")
-        proposer = ModelDrafter(
-            context.drafter,
-            context.drafter_cache,
-            context.build_kv(context.drafter_cache),
-            context.attention,
-            context.device,
-        )
+    if context.draft_source is None:
+        raise RuntimeError("speculative decoding needs a proposer; build_engine gave none")
+    proposer = context.draft_source.build(context)
     return SpeculativeDecoder(config, proposer, context.target.config.max_context)
 
 

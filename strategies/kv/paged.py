@@ -22,7 +22,6 @@ import torch
 from harness.engine.kv_cache import KVCache
 from harness.engine.kv_manager import KVManager, KVStats
 from harness.engine.request import Request
-from harness.errors import ConfigError
 from strategies.kv.block_pool import BlockPool, expect
 from strategies.kv.prefix_cache import CachedBlock, PrefixCache
 from strategies.kv.swap import SwappedKV, copy_block, swap_in, swap_out
@@ -89,35 +88,18 @@ class _Admission:
 
 
 class PagedKVManager(KVManager):
-    def __init__(
-        self,
-        num_blocks: int,
-        block_size: int,
-        prefix_caching: bool,
-        preemption: str,
-        kv_cache: KVCache,
-    ) -> None:
-        if block_size < 1:
-            raise ConfigError("strategy.block_size", f"{block_size} must be a positive integer")
-        if preemption not in PREEMPTION_MODES:
-            raise ConfigError(
-                "strategy.preemption", f"{preemption!r} is not one of {', '.join(PREEMPTION_MODES)}"
-            )
-        if (kv_cache.num_blocks, kv_cache.block_size) != (num_blocks, block_size):
-            raise ConfigError(
-                "strategy.block_size",
-                f"the KV cache has {kv_cache.num_blocks} blocks of {kv_cache.block_size}, the "
-                f"manager expects {num_blocks} of {block_size}; allocate the cache with the "
-                "strategy's block size",
-            )
+    def __init__(self, config: PagedConfig, kv_cache: KVCache) -> None:
+        """Manage `kv_cache`, allocated in blocks of `config.block_size` (`build_engine` sizes
+        it so; the registry checked the config)."""
+        block_size = kv_cache.block_size
         self.block_size = block_size
-        self.num_blocks = num_blocks
-        self.total_slots = num_blocks * block_size
-        self.prefix_caching = prefix_caching
-        self.preemption = preemption
+        self.num_blocks = kv_cache.num_blocks
+        self.total_slots = self.num_blocks * block_size
+        self.prefix_caching = config.prefix_caching
+        self.preemption = config.preemption
         self.kv_cache = kv_cache
         self.prefix_cache = PrefixCache(block_size)
-        self.pool = BlockPool(num_blocks, self.prefix_cache.evict)
+        self.pool = BlockPool(self.num_blocks, self.prefix_cache.evict)
         self._tables: dict[Request, BlockTable] = {}
         self._chains: dict[Request, list[CachedBlock]] = {}  # entries of the leading full blocks
         self._admissions: dict[Request, _Admission] = {}
@@ -430,7 +412,5 @@ PAGED = Option(
     name="paged",
     summary="vLLM: fixed-size blocks on demand, block tables, prefix sharing, preemption",
     config=PagedConfig,
-    build=lambda config, cache: PagedKVManager(
-        cache.num_blocks, cache.block_size, config.prefix_caching, config.preemption, cache
-    ),
+    build=PagedKVManager,
 )

@@ -61,7 +61,7 @@ class Int4Config:
     )
     int4_kernel: str = field(
         default="auto",
-        metadata={"choices": IMPLS, "help": "int4 matmul: auto, triton, torch-packed, reference"},
+        metadata={"choices": IMPLS, "help": "the int4 matmul (auto: by device and dtype)"},
     )
 
 

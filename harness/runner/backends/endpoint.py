@@ -38,7 +38,8 @@ from harness.runner.backends.endpoint_settings import (
 )
 from harness.runner.backends.http_session import HTTPSession, SendStamp
 from harness.runner.backends.stream_tally import ESTIMATED_COUNT, ESTIMATED_TIMES, StreamTally
-from harness.runner.replay import Client, fail_in_flight, progress_bar, to_request
+from harness.runner.loop import fail_in_flight
+from harness.runner.replay import Client, progress_bar, requests_of, to_request
 from workloads.spec import Workload
 
 Clock = Callable[[], float]
@@ -141,7 +142,7 @@ class EndpointBackend(Backend):
             self.session.close()
 
     async def _replay(self, clock: Callable[[], float], writer: RunWriter, progress: bool) -> None:
-        requests = [to_request(spec, i) for i, spec in enumerate(self.workload.requests)]
+        requests = requests_of(self.workload)
         loop = asyncio.get_running_loop()
         finished: asyncio.Queue[Request] = asyncio.Queue()
         in_flight: dict[Request, asyncio.Task[None]] = {}
@@ -183,7 +184,7 @@ class EndpointBackend(Backend):
         except Exception as exc:  # noqa: BLE001  (recorded with the request, the run goes on)
             request.finish("error", f"{type(exc).__name__}: {exc}")
         if request.t_done is None:
-            request.t_done = clock()
+            request.deliver(clock())
 
     async def _stream(self, request: Request, clock: Clock) -> None:
         tally = StreamTally()
@@ -211,7 +212,7 @@ class EndpointBackend(Backend):
                     request.finish("error", f"the stream reported: {chunk['error']}")
                     return
                 tally.add(chunk, now)
-        request.t_done = clock()
+        request.deliver(clock())
         settled = tally.settle(self.tokenizer)
         request.output_ids = settled.output_ids
         request.token_times = settled.token_times

@@ -24,7 +24,8 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from harness.engine.request import Request
 from harness.measure.rundir import RunWriter
 from harness.runner.backends.hf_static import generation_config
-from harness.runner.replay import IDLE_WAIT_S, Client, fail_in_flight, progress_bar, to_request
+from harness.runner.loop import IDLE_WAIT_S, fail_in_flight
+from harness.runner.replay import Client, progress_bar, requests_of
 from workloads.spec import Workload
 
 READY_TIMEOUT_S = 600.0  # allocating the cache of a large KV budget takes a while on a CPU
@@ -64,7 +65,7 @@ def _fill(request: Request, output: Any, offset: float, eos: tuple[int, ...], no
     request.token_times = [t - offset for t in (output.timestamps or [])]
     if output.lifespan[0] > 0:
         request.t_admitted = output.lifespan[0] - offset
-    request.t_done = now
+    request.deliver(now)
     if output.error is not None:
         request.finish("error", str(output.error))
         return
@@ -103,7 +104,7 @@ class ContinuousRunner:
     def replay(
         self, workload: Workload, clock: Callable[[], float], writer: RunWriter, progress: bool
     ) -> None:
-        requests = [to_request(spec, i) for i, spec in enumerate(workload.requests)]
+        requests = requests_of(workload)
         by_id = {r.id: r for r in requests}
         manager = self.manager
         offset = time.perf_counter() - clock()  # transformers stamps on perf_counter

@@ -22,7 +22,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from harness.engine.request import Request
 from harness.measure.rundir import RunWriter
-from harness.runner.replay import IDLE_WAIT_S, Client, fail_in_flight, progress_bar, to_request
+from harness.runner.loop import IDLE_WAIT_S, fail_in_flight
+from harness.runner.replay import Client, progress_bar, requests_of
 from workloads.spec import Workload
 
 
@@ -90,7 +91,7 @@ def run_batch(
         request.token_times = stamps.times[: len(tokens)]
         stopped = bool(tokens) and tokens[-1] in eos and not request.sampling.ignore_eos
         request.finish("stop" if stopped else "length")
-        request.t_done = now
+        request.deliver(now)
 
 
 def replay_static(
@@ -102,7 +103,7 @@ def replay_static(
     eos: tuple[int, ...],
     progress: bool,
 ) -> None:
-    requests = [to_request(spec, i) for i, spec in enumerate(workload.requests)]
+    requests = requests_of(workload)
     inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
     client = Client(requests, clock, inbox, workload.concurrency, workload.think_s)
     waiting: deque[Request] = deque()

@@ -1,0 +1,71 @@
+"""The model runner: the one place a forward runs, for the target model and a draft network.
+
+It packs what a step feeds (`Feed`: per sequence, where its new tokens start and how many,
+the token ids, the rows whose logits are wanted) over a KV manager's slots into one
+`ForwardBatch`, moves it to the device, runs the model over its KV cache with the run's
+attention, and returns the wanted logits on the CPU, where sampling reads them. The engine
+runs the target through one; a speculative drafter runs its network through another. It is
+the seam where a forward can be replaced: anything with `run(kv, feed) -> logits` serves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from harness.engine.batch import AttentionFn, ForwardBatch
+from harness.engine.kv_cache import KVCache
+from harness.engine.kv_manager import KVManager
+from harness.engine.packing import pack
+from harness.engine.request import Request
+
+
+class StepModel(Protocol):
+    """What a runner needs of a model: next-token logits for the rows a batch asks for."""
+
+    def __call__(
+        self,
+        batch: ForwardBatch,
+        k_caches: list[torch.Tensor],
+        v_caches: list[torch.Tensor],
+        attention: AttentionFn,
+    ) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class Feed:
+    """What one forward feeds: sequence `i` feeds `counts[i]` tokens from position
+    `starts[i]` on (its KV slots already grown); `ids` holds every fed token in that order;
+    logits come back for `logits_rows` (indices into `ids`)."""
+
+    requests: list[Request]
+    starts: list[int]
+    counts: list[int]
+    ids: list[int]
+    logits_rows: list[int]
+
+    @property
+    def seq_lens(self) -> list[int]:
+        """Each sequence's context after this forward."""
+        return [start + count for start, count in zip(self.starts, self.counts, strict=True)]
+
+
+class ModelRunner:
+    """Runs `model` over `cache` with `attention` on `device`."""
+
+    def __init__(
+        self, model: StepModel, cache: KVCache, attention: AttentionFn, device: torch.device
+    ) -> None:
+        self.model = model
+        self.cache = cache
+        self.attention = attention
+        self.device = device
+
+    def run(self, kv: KVManager, feed: Feed) -> torch.Tensor:
+        """Logits [len(feed.logits_rows), vocab] on the CPU."""
+        batch = pack(kv, feed.requests, feed.starts, feed.counts, feed.ids, feed.logits_rows)
+        with torch.inference_mode():
+            logits = self.model(batch.to(self.device), self.cache.k, self.cache.v, self.attention)
+        return logits.cpu()

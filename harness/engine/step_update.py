@@ -1,0 +1,178 @@
+"""The one update after a forward: append, accept, roll back, finish, free, deliver, record.
+
+Given what a step scheduled, what it fed and the tokens the decoding strategy accepted from
+its logits, `StepUpdate.apply` moves every request on in one place: each sequence's computed
+count advances by what it fed; each sequence whose next token was due appends its accepted
+tokens (stopping at a stop token, `max_tokens` or the context), its KV is rolled back past
+rejected drafts, and a finished request's decoder state and KV are released and its response
+delivered when the scheduler says so. The step's record is built once, here, from the batch
+as scheduled and the KV as held during the step (before anything was freed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from harness.engine.decoding import Decoder, Verification
+from harness.engine.kv_manager import KVManager, KVStats
+from harness.engine.model_runner import Feed
+from harness.engine.request import Request
+from harness.engine.scheduling import ScheduledSeq, Scheduler, SchedulerOutput
+from harness.records import StepRecord
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """The batch a step ran, for cost accounting: per sequence, tokens fed and context."""
+
+    query_lens: list[int]
+    seq_lens: list[int]
+    num_logits: int
+
+    @classmethod
+    def of(cls, feed: Feed | None) -> StepShape:
+        if feed is None:
+            return cls([], [], 0)
+        return cls(list(feed.counts), feed.seq_lens, len(feed.logits_rows))
+
+
+@dataclass
+class StepResult:
+    delivered: list[Request]  # responses handed back at the end of this step (t_done set)
+    record: StepRecord
+    shape: StepShape
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one step did before the update: its plan, what it fed, what was accepted."""
+
+    step: int
+    plan: SchedulerOutput
+    feed: Feed | None  # None: the step only released held responses, no forward ran
+    due: list[Verification]
+    accepted: list[list[int]]
+    t_start: float
+    model_s: float
+
+
+class StepUpdate:
+    def __init__(
+        self,
+        kv: KVManager,
+        scheduler: Scheduler,
+        decoder: Decoder,
+        clock: Callable[[], float],
+        max_context: int,
+        stop_token_ids: Sequence[int],
+    ) -> None:
+        self.kv = kv
+        self.scheduler = scheduler
+        self.decoder = decoder
+        self.clock = clock
+        self.max_context = max_context
+        self.stop_token_ids = frozenset(stop_token_ids)
+
+    def apply(self, output: StepOutput) -> StepResult:
+        now = self.clock()
+        running = self.scheduler.num_running()  # the batch as scheduled, before any finishes
+        prefill, decode, pad = _token_counts(output.plan.seqs)
+        delivered = _deliver(output.plan.delivered, output.t_start)
+        for seq in output.plan.seqs:
+            seq.request.num_computed_tokens += seq.num_new_tokens
+        kv = self.kv.stats()  # as held during the step, before anything finishes or is freed
+        finished = self._accept(output.due, output.accepted, now)
+        counters = dict(kv.extra)
+        counters.update(self.decoder.step_counters() if output.feed is not None else {})
+        for request in finished:
+            self.decoder.release(request)
+            delivered += _deliver(self.scheduler.on_finished(request), now)
+        tokens = (prefill, decode, pad)
+        record = self._record(output, tokens, running, kv, counters, len(delivered))
+        return StepResult(delivered, record, StepShape.of(output.feed))
+
+    def _accept(
+        self, due: list[Verification], accepted: list[list[int]], now: float
+    ) -> list[Request]:
+        """Append each due sequence's accepted tokens and roll its KV back past rejected
+        drafts; the requests that finished."""
+        finished = []
+        for verification, tokens in zip(due, accepted, strict=True):
+            request = verification.request
+            known = request.num_tokens
+            request.draft_ids = []
+            appended = self._append(request, tokens, now)
+            valid = known + appended - 1  # the last appended token is not computed yet
+            if valid < request.num_computed_tokens:
+                self.kv.truncate(request, valid)
+            if request.is_finished:
+                finished.append(request)
+        return finished
+
+    def _append(self, request: Request, tokens: list[int], now: float) -> int:
+        """Append tokens until one stops the request; how many were appended."""
+        for count, token in enumerate(tokens, start=1):
+            request.output_ids.append(token)
+            request.token_times.append(now)
+            if token in self.stop_token_ids and not request.sampling.ignore_eos:
+                request.finish("stop")
+            elif (
+                len(request.output_ids) >= request.sampling.max_tokens
+                or request.num_tokens >= self.max_context
+            ):
+                request.finish("length")
+            if request.is_finished:
+                return count
+        return len(tokens)
+
+    def _record(
+        self,
+        output: StepOutput,
+        tokens: tuple[int, int, int],
+        running: int,
+        kv: KVStats,
+        counters: dict[str, float],
+        delivered: int,
+    ) -> StepRecord:
+        prefill, decode, pad = tokens
+        return StepRecord(
+            step=output.step,
+            t_start=output.t_start,
+            t_end=self.clock(),
+            model_s=output.model_s,
+            num_seqs=len(output.plan.seqs),
+            prefill_tokens=prefill,
+            decode_tokens=decode,
+            waiting=self.scheduler.num_waiting(),
+            running=running,
+            kv_allocated_slots=kv.allocated_slots,
+            kv_live_slots=kv.live_slots,
+            kv_total_slots=kv.total_slots,
+            kv_waste=kv.waste,
+            preempted=len(output.plan.preempted),
+            pad_tokens=pad,
+            delivered=delivered,
+            counters=counters,
+        )
+
+
+def _token_counts(seqs: list[ScheduledSeq]) -> tuple[int, int, int]:
+    """(prefill, decode, padding) tokens the batch feeds, read before any request moves on:
+    a sequence feeding from its last known token after its prompt is decoding."""
+    prefill = decode = pad = 0
+    for seq in seqs:
+        request = seq.request
+        pad += seq.num_pad_tokens
+        in_decode = request.num_computed_tokens == request.num_tokens - 1
+        if in_decode and request.num_tokens > request.prompt_len:
+            decode += seq.num_new_tokens
+        else:
+            prefill += seq.num_new_tokens
+    return prefill, decode, pad
+
+
+def _deliver(requests: list[Request], now: float) -> list[Request]:
+    for request in requests:
+        request.deliver(now)
+    return list(requests)

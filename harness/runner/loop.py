@@ -1,0 +1,110 @@
+"""The engine loop's body, shared by every way the engine serves: in-process runs (`replay`,
+`serve_all`), the HTTP server's engine thread, the soak script and the benchmarks.
+
+`EngineDriver` admits requests (a rejected one is recorded at once), cancels them, and runs
+one step at a time: the step hooks around it (profiler windows, roofline annotation, the
+test-only delay), the step's record and every delivered response written as it happens.
+When serving fails, `fail_in_flight` writes each request still in flight as failed with the
+error. Where requests come from, and what a delivered response wakes, is the caller's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from harness.engine.engine import Engine
+from harness.engine.request import Request
+from harness.engine.step_update import StepResult
+from harness.records import RequestRecord, StepRecord
+
+IDLE_WAIT_S = 0.5  # longest a loop blocks on an empty inbox before looking again
+
+
+class StepHook(Protocol):
+    """Called around every engine step (profiler windows, roofline annotation)."""
+
+    def step_started(self, step: int) -> None: ...
+
+    def step_finished(self, result: StepResult) -> None: ...
+
+
+class RecordSink(Protocol):
+    """Where a loop writes what it served (the run directory's `RunWriter`)."""
+
+    def request(self, record: RequestRecord) -> None: ...
+
+    def step(self, record: StepRecord) -> None: ...
+
+
+class NothingScheduled(RuntimeError):
+    """The scheduler holds unfinished requests but scheduled none: a scheduler bug."""
+
+    def __init__(self) -> None:
+        super().__init__("the scheduler has unfinished requests but scheduled none")
+
+
+class EngineDriver:
+    def __init__(
+        self, engine: Engine, sink: RecordSink | None = None, hooks: Sequence[StepHook] = ()
+    ) -> None:
+        self.engine = engine
+        self.sink = sink
+        self.hooks = list(hooks)
+        self.in_flight: dict[Request, None] = {}  # admitted, not yet delivered (in order)
+
+    def admit(self, request: Request) -> bool:
+        """Hand a request to the engine; False when it can never be served (it is then
+        finished as `rejected` and recorded)."""
+        if self.engine.add_request(request):
+            self.in_flight[request] = None
+            return True
+        self._record(request)
+        return False
+
+    def cancel(self, request: Request) -> bool:
+        """Drop an admitted request whose client went away (recorded as `cancelled`); False
+        when it was already delivered."""
+        if request not in self.in_flight or not self.engine.cancel(request):
+            return False
+        del self.in_flight[request]
+        self._record(request)
+        return True
+
+    def step(self) -> StepResult:
+        """One engine step, with its hooks; its record and its delivered responses written."""
+        for hook in self.hooks:
+            hook.step_started(self.engine.step_index)
+        result = self.engine.step()
+        if result is None:
+            raise NothingScheduled
+        for hook in self.hooks:
+            hook.step_finished(result)
+        if self.sink is not None:
+            self.sink.step(result.record)
+        for request in result.delivered:
+            self.in_flight.pop(request, None)
+            self._record(request)
+        return result
+
+    def fail_in_flight(self, error: str) -> list[Request]:
+        """End every admitted request not yet delivered as failed with `error`; them."""
+        failed = list(self.in_flight)
+        self.in_flight.clear()
+        fail_in_flight(failed, error, self.engine.clock, self.sink)
+        return failed
+
+    def _record(self, request: Request) -> None:
+        if self.sink is not None:
+            self.sink.request(request.record())
+
+
+def fail_in_flight(
+    requests: list[Request], error: str, clock: Callable[[], float], sink: RecordSink | None
+) -> None:
+    """Write every request a failed run was serving, as failed with the run's error."""
+    now = clock()
+    for request in requests:
+        request.close("error", now, error)
+        if sink is not None:
+            sink.request(request.record())

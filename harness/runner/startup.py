@@ -1,0 +1,112 @@
+"""Start-up: from a composed config to a built engine, the one sequence everything uses.
+
+Runs, the HTTP server, the soak script and the benchmarks all start an engine here, in the
+same order: typed settings (every cheap check before anything loads), the seed, the model as
+the strategy serves it, a draft model if the strategy drafts with one, the tokenizer, the
+engine, and (unless `telemetry.roofline=false`) this machine's calibrated peaks for the
+roofline counters. `step_hooks` are the hooks every engine loop runs with, so a server's
+`steps.jsonl` carries the same flops, bytes, MFU and MBU as an in-process run's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+from transformers import PreTrainedTokenizerBase
+
+from harness.engine.engine import Engine
+from harness.engine.step_update import StepResult
+from harness.measure.calibrate import Peaks, measure_peaks
+from harness.measure.roofline import ModelShape, StepRoofline
+from harness.models.load import tokenizer_for
+from harness.runner.build import ServedModel, build_engine, load_for_strategy
+from harness.runner.draft import check_drafting, load_draft
+from harness.runner.loop import StepHook
+from harness.runner.settings import EngineSettings, cache_dir_of, engine_settings
+from harness.runner.step_delay import StepDelay, step_delay_s
+from strategies.settings import StrategySettings, strategy_settings
+
+
+@dataclass
+class Started:
+    """An engine and what it was built from."""
+
+    settings: EngineSettings
+    strategy: StrategySettings
+    served: ServedModel
+    tokenizer: PreTrainedTokenizerBase
+    engine: Engine
+    roofline: StepRoofline | None  # None: telemetry.roofline=false
+    step_delay_s: float  # the test-only delay before every step (0: none)
+
+    def step_hooks(self) -> list[StepHook]:
+        """The hooks every loop over this engine runs: roofline counters, the test delay."""
+        hooks: list[StepHook] = []
+        if self.roofline is not None:
+            hooks.append(RooflineHook(self.roofline))
+        if self.step_delay_s > 0:
+            hooks.append(StepDelay(self.step_delay_s))
+        return hooks
+
+
+def check_settings(cfg: DictConfig) -> tuple[EngineSettings, StrategySettings]:
+    """Every check that needs nothing loaded: engine and strategy settings, the test delay,
+    the draft model against the target."""
+    settings = engine_settings(cfg.engine)
+    strategy = strategy_settings(cfg.strategy)
+    step_delay_s(cfg.engine)
+    check_drafting(cfg, strategy)
+    return settings, strategy
+
+
+def start_engine(cfg: DictConfig, clock: Callable[[], float], progress: bool = True) -> Started:
+    settings, strategy = check_settings(cfg)
+    torch.manual_seed(settings.seed)
+    served = load_for_strategy(cfg, settings, strategy, progress)
+    draft_model = load_draft(cfg, settings, strategy, served, progress)
+    tokenizer = served.loaded.tokenizer or tokenizer_for(cfg.model, cache_dir_of(cfg))
+    engine = build_engine(served.model, settings, strategy, clock, draft_model)
+    roofline = None
+    if cfg.telemetry.get("roofline", True):
+        peaks = measure_peaks(settings.device, settings.dtype, cache_dir_of(cfg))
+        roofline = roofline_of(served, settings, peaks)
+    delay = step_delay_s(cfg.engine)
+    return Started(settings, strategy, served, tokenizer, engine, roofline, delay)
+
+
+def roofline_of(served: ServedModel, settings: EngineSettings, peaks: Peaks) -> StepRoofline:
+    config = served.loaded.config
+    shape = ModelShape(
+        num_layers=config.num_layers,
+        hidden_size=config.hidden_size,
+        num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        intermediate_size=config.intermediate_size,
+        vocab_size=config.vocab_size,
+        tie_embeddings=config.tie_embeddings,
+    )
+    element = torch.empty((), dtype=settings.dtype).element_size()
+    return StepRoofline(
+        shape, served.weight_bytes, element, element, served.model.kv_heads_stored, peaks
+    )
+
+
+class RooflineHook:
+    """Annotates every step record with the FLOPs and bytes its batch required."""
+
+    def __init__(self, roofline: StepRoofline) -> None:
+        self.roofline = roofline
+
+    def step_started(self, step: int) -> None:
+        del step
+
+    def step_finished(self, result: StepResult) -> None:
+        shape = result.shape
+        if shape.query_lens:
+            self.roofline.annotate(
+                result.record, shape.query_lens, shape.seq_lens, shape.num_logits
+            )
