@@ -16,17 +16,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.measure.metrics import (
-    LATENCY_METRICS,
-    STAT_KEYS,
-    distribution,
-    request_latency,
-    summarize,
-)
+from harness.measure.metrics import distribution, request_latency, summarize
 from harness.measure.slo import SLO
 from harness.records import RequestRecord, StepRecord
-
-__all__ = ["LATENCY_METRICS", "STAT_KEYS"]
 
 REQUEST_COLUMNS = [
     "id",
@@ -80,14 +72,6 @@ def stats(values: np.ndarray | pd.Series) -> dict[str, float]:
     array = np.asarray(values, dtype=float)
     result = distribution(array[~np.isnan(array)].tolist())
     return {key: math.nan if value is None else value for key, value in result.items()}
-
-
-def slo_of(config: dict[str, Any]) -> SLO | None:
-    """The run's SLO, or None when its config holds values the rule cannot read."""
-    try:
-        return SLO.from_config(config)
-    except ValueError:
-        return None
 
 
 def slo_attainment(records: Sequence[RequestRecord], slo: SLO) -> float | None:

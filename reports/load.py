@@ -19,13 +19,12 @@ import pandas as pd
 import yaml
 
 from harness.errors import ConfigError
+from harness.measure.rundir import REQUESTS, STEPS, read_records
 from harness.records import RequestRecord, StepRecord
 
 R = TypeVar("R", RequestRecord, StepRecord)
 
 SUMMARY = "summary.json"
-REQUESTS = "requests.jsonl"
-STEPS = "steps.jsonl"
 TELEMETRY = "telemetry.csv"
 META = "meta.json"
 CONFIG_CANDIDATES = ("config.yaml", ".hydra/config.yaml")
@@ -194,20 +193,8 @@ def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
 
 
 def _read_records(path: Path, kind: type[R], problems: list[str]) -> list[R]:
-    """Every line of a records file that parses as `kind`; the others are counted as skipped
-    (a crash can leave a torn last line)."""
-    if not path.is_file():
-        return []
-    records: list[R] = []
-    skipped = 0
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            payload = json.loads(line)
-            records.append(kind.from_json(payload))
-        except (json.JSONDecodeError, TypeError, AttributeError):
-            skipped += 1
+    """The run directory reader's records, with the lines it left out noted as a problem."""
+    records, skipped = read_records(path, kind)
     if skipped:
         problems.append(f"{path.name}: skipped {skipped} unreadable line(s)")
     return records

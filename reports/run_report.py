@@ -16,13 +16,11 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from harness.measure.slo import SLO
+from harness.measure.summary_schema import LATENCY_METRICS, METRICS, STAT_KEYS
 from reports.colors import assign_colors
 from reports.derive import (
-    LATENCY_METRICS,
-    STAT_KEYS,
     request_metrics,
     slo_attainment,
-    slo_of,
     step_metrics,
     summary_from_records,
 )
@@ -43,30 +41,33 @@ from reports.run_figures import (
 REPORT_NAME = "report.html"
 META_ROWS = 40
 
-THROUGHPUT_ROWS = (
-    ("completed", "completed requests", ""),
-    ("failed", "failed requests", ""),
-    ("duration_s", "duration", "s"),
-    ("request_throughput", "request throughput", "req/s"),
-    ("output_throughput", "output throughput", "tokens/s"),
-    ("total_throughput", "total throughput", "tokens/s"),
-    ("goodput", "goodput", "req/s"),
-    ("kv_waste_mean", "KV waste, mean", "fraction"),
-    ("slo_attainment", "requests meeting the SLO (failed ones as misses)", "fraction"),
-    ("peak_running", "peak running requests", ""),
-    ("preemptions", "preemptions", ""),
-    ("pad_tokens", "padding tokens computed", ""),
-    ("excluded", "excluded requests (warm-up, cool-down)", ""),
-    ("steps", "engine steps", ""),
-    ("model_time_share", "model time share of step time", "fraction"),
-    ("mfu_mean", "MFU, mean", "fraction"),
-    ("mbu_mean", "MBU, mean", "fraction"),
-    ("acceptance_rate", "speculative acceptance rate", "fraction"),
-    ("mean_accepted_length", "tokens emitted per target forward", "tokens"),
-    ("draft_cost_ratio", "draft token cost / target step (c)", "fraction"),
-    ("predicted_speedup", "speedup predicted from acceptance and c", "×"),
-    ("energy_j", "energy", "J"),
-    ("j_per_token", "energy per output token", "J/token"),
+THROUGHPUT_ROWS = tuple(  # (key, label, unit), from the summary schema
+    (name, METRICS[name].label, METRICS[name].unit)
+    for name in (
+        "completed",
+        "failed",
+        "duration_s",
+        "request_throughput",
+        "output_throughput",
+        "total_throughput",
+        "goodput",
+        "kv_waste_mean",
+        "slo_attainment",
+        "peak_running",
+        "preemptions",
+        "pad_tokens",
+        "excluded",
+        "steps",
+        "model_time_share",
+        "mfu_mean",
+        "mbu_mean",
+        "acceptance_rate",
+        "mean_accepted_length",
+        "draft_cost_ratio",
+        "predicted_speedup",
+        "energy_j",
+        "j_per_token",
+    )
 )
 
 
@@ -97,7 +98,7 @@ def _summary(run: RunData, page: Page) -> dict[str, Any]:
             "Summary recomputed from the records (the run wrote no summary.json).", "warn"
         )
         summary = summary_from_records(
-            run.request_records, run.step_records, slo_of(run.slo) or SLO()
+            run.request_records, run.step_records, SLO.of_record(run.slo) or SLO()
         )
     for flag in summary.get("flags") or []:
         page.paragraph(f"Flagged: {flag}", "warn")
@@ -215,7 +216,7 @@ def _float(value: Any) -> float | None:
 
 
 def _slo_rows(run: RunData) -> list[list[Cell]]:
-    slo = slo_of(run.slo)
+    slo = SLO.of_record(run.slo)
     if slo is None or not slo.configured:
         return []
     rows: list[list[Cell]] = [["rule", slo.describe()]]

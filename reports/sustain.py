@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.measure.slo import SLO
-from reports.derive import slo_attainment, slo_of
+from reports.derive import slo_attainment
 from reports.grouping import Group, SweepRun
 
 
@@ -56,7 +56,7 @@ def highest_sustained(label: str, results: list[tuple[float, bool | None]]) -> S
 
 def group_slo(group: Group) -> SLO | None:
     """The group's SLO when it has a limit to judge by."""
-    slo = slo_of(group.slo)
+    slo = SLO.of_record(group.slo)
     return slo if slo is not None and slo.configured else None
 
 

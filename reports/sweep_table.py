@@ -20,7 +20,8 @@ from typing import Any
 from urllib.parse import quote
 
 from harness.errors import ConfigError
-from reports.derive import slo_attainment, slo_of
+from harness.measure.slo import SLO
+from reports.derive import slo_attainment
 from reports.grouping import Group, SweepRun
 from reports.load import RunData, as_dict
 from reports.run_report import REPORT_NAME, correctness_text
@@ -149,7 +150,7 @@ def run_values(group: Group, sweep_run: SweepRun) -> dict[str, Any]:
         values[f"{metric}_p99"] = _number(as_dict(summary.get(metric)).get("p99"))
     for metric in ("ttft", "tpot"):
         values[f"{metric}_p50"] = _number(as_dict(summary.get(metric)).get("p50"))
-    slo = slo_of(run.slo)
+    slo = SLO.of_record(run.slo)
     share = run.summary.get("slo_attainment") if run.summary else None
     if share is None and slo is not None and slo.configured and run.request_records:
         share = slo_attainment(run.request_records, slo)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.measure.flags import INCOMPLETE, refusals
-from harness.measure.rundir import RunWriter, read_jsonl, torn_tail
+from harness.measure.rundir import RunWriter, read_records, read_requests, torn_tail
 from harness.records import RequestRecord
 from harness.runner.summarize import summarize_run
 from tests.server_process import ROOT
@@ -61,7 +61,7 @@ def test_a_run_killed_mid_way_keeps_whole_records_and_summarizes_incomplete(
         assert not torn_tail(path), f"{name} ends in a torn line"
         text = path.read_text()
         assert all(json.loads(line) for line in text.splitlines()), name
-    recorded = len(read_jsonl(run_dir / "requests.jsonl"))
+    recorded = len(read_requests(run_dir))
     assert 20 <= recorded < 2000
 
     result = subprocess.run(
@@ -118,7 +118,8 @@ def test_records_are_written_one_whole_line_each(tmp_path: Path) -> None:
     path = tmp_path / "requests.jsonl"
     with path.open("a") as handle:
         handle.write('{"id": "1", "prompt_len"')
-    assert torn_tail(path) and len(read_jsonl(path)) == 1
+    assert torn_tail(path) and read_records(path, RequestRecord)[1] == 1  # the torn line
+    assert [r.id for r in read_records(path, RequestRecord)[0]] == [long.id]
 
 
 def test_summarize_refuses_a_directory_without_records(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from harness.measure.metrics import distribution, request_latency, summarize
 from harness.measure.slo import SLO
+from harness.measure.summary_schema import DISTRIBUTIONS, METRICS, SCALARS, SPECULATIVE
 from harness.records import RequestRecord, StepRecord
 
 
@@ -210,3 +211,21 @@ def test_speculative_figures_come_from_the_step_counters() -> None:
 def test_plain_runs_have_no_speculative_figures() -> None:
     summary = summarize([_request("a", 0.0, [0.1])], [_step(0.0, 0.1, 4, 4, 1)], SLO())
     assert "acceptance_rate" not in summary
+
+
+def test_summarize_emits_exactly_the_schema_keys() -> None:
+    """Every key `summarize` writes has one row in the summary schema (name, unit, label,
+    kind, direction), and every scalar and distribution row is written: a new metric cannot
+    reach summary.json, the gates or the reports without one."""
+    requests = [_request("a", 0.0, [0.5, 0.75, 1.0]), _request("b", 0.25, [1.0, 1.5])]
+    steps = [_step(0.0, 0.5, 20, 12, 2), _step(0.5, 1.0, 20, 14, 2)]
+    plain = set(summarize(requests, steps, SLO()))
+    assert plain == {m.name for m in (*DISTRIBUTIONS, *SCALARS)}
+    spec_counters = dict(
+        spec_proposed=4, spec_accepted=3, spec_decode_seqs=2, spec_emitted=5,
+        spec_accepted_counts=[0, 1, 1], spec_draft_s=0.1,
+    )  # fmt: skip
+    spec_steps = [_step(0.0, 0.5, 20, 12, 2, counters=dict(spec_counters))]
+    speculative = set(summarize(requests, spec_steps, SLO())) - plain
+    assert speculative == {m.name for m in SPECULATIVE}
+    assert all(m.kind in ("schedule", "timing", "record") for m in METRICS.values())

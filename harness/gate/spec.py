@@ -29,39 +29,14 @@ from harness.commands.config import check_group_choices
 from harness.errors import ConfigError
 from harness.gate.fingerprint import Fingerprint
 from harness.measure.bootstrap import DIRECTIONS
-from harness.measure.metrics import LATENCY_METRICS, STAT_KEYS
+from harness.measure.summary_schema import metric_names
 
 KINDS = ("metric", "identical", "perplexity")
 POLICIES = ("pass", "fail")
 # Counts and shares the schedule decides: comparable across machines as they are.
-SCHEDULE_METRICS = (
-    "kv_waste_mean",
-    "peak_running",
-    "preemptions",
-    "pad_tokens",
-    "steps",
-    "completed",
-    "failed",
-    "rejected",
-    "input_tokens",
-    "output_tokens",
-    "acceptance_rate",
-    "mean_accepted_length",
-)
+SCHEDULE_METRICS = metric_names("schedule")
 # Times and rates: absolute values hold only on the machine that measured them.
-TIMING_METRICS = (
-    "duration_s",
-    "request_throughput",
-    "output_throughput",
-    "total_throughput",
-    "goodput",
-    "slo_attainment",
-    "model_time_share",
-    "mfu_mean",
-    "mbu_mean",
-    "j_per_token",
-    *(f"{name}.{stat}" for name in (*LATENCY_METRICS, "send_lag") for stat in STAT_KEYS),
-)
+TIMING_METRICS = metric_names("timing")
 GATE_KEYS = {
     "name",
     "repeats",

@@ -37,11 +37,9 @@ import numpy as np
 
 from harness.measure.roofline import run_utilisation
 from harness.measure.slo import SLO, RequestLatency
+from harness.measure.summary_schema import LATENCY_METRICS, STAT_KEYS
 from harness.records import RequestRecord, StepRecord
 from strategies.decoding.gamma import expected_speedup
-
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e", "normalized_latency")
-STAT_KEYS = ("mean", "std", "p50", "p90", "p95", "p99")
 
 
 def distribution(values: Sequence[float]) -> dict[str, float | None]:
@@ -147,7 +145,9 @@ def summarize(
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
     }
-    for name in ("ttft", "tpot", "e2e", "normalized_latency"):
+    for name in LATENCY_METRICS:
+        if name == "itl":  # between tokens of a request, not one value per request
+            continue
         values = [getattr(lat, name) for lat in ok if getattr(lat, name) is not None]
         summary[name] = distribution(values)
     summary["itl"] = distribution(inter_token_latencies(counted))

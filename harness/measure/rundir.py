@@ -1,11 +1,13 @@
-"""The run directory writer: append records as they happen, write the summary atomically.
+"""The run directory's writer and its one reader: records appended as they happen, the summary
+written atomically, records read back the same way by runs, `summarize` and the reports.
 
 `requests.jsonl` gets a line when a request finishes, `steps.jsonl` a line per engine step.
 Each line goes to the file in one `write` call on a descriptor opened for appending (no
 buffer in between that could split it), so a process killed at any instant leaves every
-line it wrote whole: a crash keeps everything measured up to it, and no torn line. Readers
-still ignore an unterminated last line (a full disk can cut one). `summary.json` is written
-to a temporary file and renamed into place.
+line it wrote whole: a crash keeps everything measured up to it, and no torn line. The reader
+still leaves out an unterminated last line (a full disk can cut one) and any line that does
+not parse as its record, and counts them (`read_records`). `summary.json` is written to a
+temporary file and renamed into place.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from harness.records import RequestRecord, StepRecord
 
@@ -25,14 +28,6 @@ def write_json_atomic(path: Path, payload: dict) -> None:
     os.replace(partial, path)
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Every complete line of a records file (an unterminated last line is left out)."""
-    if not path.exists():
-        return []
-    lines = path.read_text().split("\n")[:-1]  # the part after the last newline is not whole
-    return [json.loads(line) for line in lines if line.strip()]
-
-
 def torn_tail(path: Path) -> bool:
     """Does the file end in an unterminated (torn) line?"""
     if not path.is_file() or path.stat().st_size == 0:
@@ -42,20 +37,50 @@ def torn_tail(path: Path) -> bool:
         return handle.read(1) != b"\n"
 
 
+REQUESTS = "requests.jsonl"
+STEPS = "steps.jsonl"
+
+
+class Parsed(Protocol):
+    @classmethod
+    def from_json(cls, payload: dict) -> Parsed: ...
+
+
+R = TypeVar("R", bound=Parsed)
+
+
+def read_records(path: Path, kind: type[R]) -> tuple[list[R], int]:
+    """Every whole line of a records file that parses as `kind`, and how many lines were left
+    out (a torn last line, or a line that is not such a record)."""
+    if not path.is_file():
+        return [], 0
+    *lines, tail = path.read_text().split("\n")  # the part after the last newline is torn
+    records: list[R] = []
+    skipped = 1 if tail.strip() else 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            records.append(kind.from_json(json.loads(line)))
+        except (json.JSONDecodeError, TypeError, AttributeError):
+            skipped += 1
+    return records, skipped
+
+
 def read_requests(run_dir: Path) -> list[RequestRecord]:
-    return [RequestRecord.from_json(line) for line in read_jsonl(run_dir / "requests.jsonl")]
+    return read_records(run_dir / REQUESTS, RequestRecord)[0]
 
 
 def read_steps(run_dir: Path) -> list[StepRecord]:
-    return [StepRecord.from_json(line) for line in read_jsonl(run_dir / "steps.jsonl")]
+    return read_records(run_dir / STEPS, StepRecord)[0]
 
 
 class RunWriter:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._requests = _open_append(run_dir / "requests.jsonl")
-        self._steps = _open_append(run_dir / "steps.jsonl")
+        self._requests = _open_append(run_dir / REQUESTS)
+        self._steps = _open_append(run_dir / STEPS)
 
     def request(self, record: RequestRecord) -> None:
         _write_line(self._requests, record.to_json())

@@ -1,9 +1,22 @@
-"""The one-screen table printed at the end of a run."""
+"""The one-screen table printed at the end of a run (labels and units from the summary schema)."""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+
+from harness.measure.summary_schema import LATENCY_METRICS, METRICS
+
+HEAD_ROWS = (  # (summary key, decimals; None for a count)
+    ("duration_s", 2),
+    ("request_throughput", 2),
+    ("output_throughput", 1),
+    ("total_throughput", 1),
+    ("goodput", 2),
+    ("kv_waste_mean", 3),
+    ("peak_running", None),
+    ("preemptions", None),
+)
 
 
 def _ms(value: float | None) -> str:
@@ -12,6 +25,13 @@ def _ms(value: float | None) -> str:
 
 def _num(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _value(value: float | None, digits: int | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    text = str(value) if digits is None else f"{value:.{digits}f}"
+    return f"{text} {unit}" if unit and unit != "fraction" else text
 
 
 def render_summary(summary: dict, run_dir: str, console: Console | None = None) -> None:
@@ -30,14 +50,8 @@ def render_summary(summary: dict, run_dir: str, console: Console | None = None) 
     if summary.get("dtype"):
         head.add_row("dtype", f"{summary['dtype']['name']} ({summary['dtype']['reason']})")
     head.add_row("completed / failed", f"{summary['completed']} / {summary['failed']}")
-    head.add_row("duration", f"{_num(summary['duration_s'])} s")
-    head.add_row("request throughput", f"{_num(summary['request_throughput'])} req/s")
-    head.add_row("output throughput", f"{_num(summary['output_throughput'], 1)} tok/s")
-    head.add_row("total throughput", f"{_num(summary['total_throughput'], 1)} tok/s")
-    head.add_row("goodput", f"{_num(summary['goodput'])} req/s")
-    head.add_row("KV waste (time mean)", f"{_num(summary['kv_waste_mean'], 3)}")
-    head.add_row("peak running", str(summary["peak_running"]))
-    head.add_row("preemptions", str(summary["preemptions"]))
+    for name, digits in HEAD_ROWS:
+        head.add_row(METRICS[name].label, _value(summary[name], digits, METRICS[name].unit))
     if summary.get("mfu_mean") is not None:
         head.add_row(
             "MFU / MBU (mean)",
@@ -54,7 +68,7 @@ def render_summary(summary: dict, run_dir: str, console: Console | None = None) 
     latency.add_column("metric")
     for column in ("mean", "p50", "p90", "p99"):
         latency.add_column(column, justify="right")
-    for name in ("ttft", "tpot", "itl", "e2e", "normalized_latency"):
+    for name in LATENCY_METRICS:
         values = summary[name]
         latency.add_row(name, *(_ms(values[c]) for c in ("mean", "p50", "p90", "p99")))
     console.print(latency)
