@@ -24,24 +24,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# The default comparison: four strategies on the embedded model, each at loads that bracket its
-# knee, one KV budget for all (small enough that memory decides capacity), 48 requests per run
-# so that queues build up where a load is too high; one sweep report over every run. Static
-# batching sustains a fraction of iteration batching's load, so it gets its own rates (found
-# on the development machine, 2026-12-01: static batching holds the SLO at 0.5 req/s and
-# breaks by 1; orca breaks between 2 and 4, orca-chunked between 4 and 8, vllm between 8 and
-# 16, where it attained 0.92 and 0.77).
+# The default comparison: each strategy's knee found on this machine (`servelab search`): a
+# floor probe (one request at a time), a ceiling probe (every request at once), then Poisson
+# rates below the ceiling bisected until the knee is known within search.resolution, within
+# search.budget_s; one KV budget for all, small enough that memory decides capacity (32 MiB of
+# fp32 KV: 728 tokens on every machine, the dtype pinned because the budget is in bytes).
+# Then one report over every probe. RUN_ARGS adds overrides (search.budget_s=3600, ...).
 COMPARISON_DIR ?= runs/comparison/$(NOW)
 NOW := $(shell date +%Y-%m-%d/%H-%M-%S)
-COMPARISON := workload=comparison workload.num_requests=48 engine.kv_budget=32MiB \
-  slo.ttft_s=2 slo.normalized_latency_s=0.1
+COMPARISON := workload=comparison engine.dtype=fp32 engine.kv_budget=32MiB \
+  slo.ttft_s=2 slo.normalized_latency_s=0.1 search.budget_s=1200
 run: $(STAMP)
-	$(VENV)/bin/servelab -m strategy=fastertransformer workload.arrival.rate=0.25,0.5,1 \
-	  $(COMPARISON) hydra.sweep.dir=$(COMPARISON_DIR)/static $(RUN_ARGS)
-	$(VENV)/bin/servelab -m strategy=orca,orca-chunked,vllm workload.arrival.rate=1,2,4,8,16 \
-	  $(COMPARISON) hydra.sweep.dir=$(COMPARISON_DIR)/iteration $(RUN_ARGS)
-	$(VENV)/bin/servelab report $(COMPARISON_DIR)/static $(COMPARISON_DIR)/iteration \
-	  --out $(COMPARISON_DIR)/report.html
+	$(VENV)/bin/servelab search $(COMPARISON) search.out_dir=$(COMPARISON_DIR) $(RUN_ARGS)
+	$(VENV)/bin/servelab report $(COMPARISON_DIR)/*/ --out $(COMPARISON_DIR)/report.html
 
 # The kernel and engine tests again with servelab's dispatch and torch's own kernels lowered to
 # AVX2 (SERVELAB_CPU_ISA, ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA), so that a green run on an

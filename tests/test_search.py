@@ -1,26 +1,134 @@
-"""SLO search: the sustained rule and the bisection, on made-up probes (no model runs)."""
+"""The knee search on made-up systems (no model runs), and the verdict's interval."""
 
 from __future__ import annotations
 
-from harness.commands.search import Probe, bisect_rate, sustained
+import pytest
+
+from harness.search.knee import Knee, KneeSettings, Outcome, find_knee
+from harness.search.verdict import Verdict, attainment, verdict, wilson
+
+SETTINGS = KneeSettings(target=0.9, resolution=0.1, requests=48, max_requests=96, floor_requests=8)
 
 
-def test_a_probe_passes_only_when_its_run_says_it_sustained() -> None:
-    assert sustained({"status": "complete", "sustained": True})
-    assert not sustained({"status": "complete", "sustained": False})
-    assert not sustained({"status": "failed", "sustained": True})
-    assert not sustained({"status": "complete", "sustained": None})  # no SLO configured
+class System:
+    """A made-up strategy: every request meets the SLO below `knee` req/s, none above;
+    `straddle` rates give a share near the target; every probe costs its requests / rate."""
+
+    def __init__(self, knee: float, ceiling: float, straddle: tuple[float, float] = (0, 0)):
+        self.knee, self.top, self.straddle = knee, ceiling, straddle
+        self.calls: list[tuple[str, float | None, int]] = []
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def _outcome(self, met: int, requests: int, seconds: float) -> Outcome:
+        self.now += seconds
+        return Outcome("dir", attainment(met, requests, 0.95), self.top, seconds)
+
+    def floor(self, requests: int) -> Outcome:
+        self.calls.append(("floor", None, requests))
+        return self._outcome(requests if self.knee > 0 else 0, requests, 1.0)
+
+    def ceiling(self, requests: int) -> Outcome:
+        self.calls.append(("ceiling", None, requests))
+        return self._outcome(0, requests, 2.0)
+
+    def at(self, rate: float, requests: int) -> Outcome:
+        self.calls.append(("rate", rate, requests))
+        low, high = self.straddle
+        if low <= rate <= high:
+            met = round(requests * 0.88)  # straddles 0.9 at 48 and at 96 requests
+        else:
+            met = requests if rate <= self.knee else 0
+        return self._outcome(met, requests, requests / rate)
 
 
-def test_bisection_brackets_the_capacity() -> None:
-    probed: list[float] = []
+def _search(system: System, budget_s: float = 1e6) -> Knee:
+    return find_knee("s", system, SETTINGS, budget_s, clock=system.clock)
 
-    def probe(rate: float) -> Probe:
-        probed.append(rate)
-        return Probe(rate, rate <= 3.0, f"run-{rate}", None)
 
-    best, bounded, probes = bisect_rate(probe, 1.0, 8.0, iterations=3)
-    assert probed == [1.0, 8.0, 4.5, 2.75, 3.625]
-    assert best == 2.75 and bounded and len(probes) == 5
-    assert bisect_rate(probe, 4.0, 8.0, 3)[0] is None
-    assert bisect_rate(probe, 1.0, 2.0, 3)[:2] == (2.0, False)
+def test_the_knee_is_bracketed_within_the_resolution() -> None:
+    system = System(knee=3.0, ceiling=10.0)
+    knee = _search(system)
+    assert knee.resolved and knee.ceiling == 10.0
+    assert knee.passed is not None and knee.failed is not None
+    assert knee.passed <= 3.0 < knee.failed and knee.failed / knee.passed <= 1.1
+    rates = [rate for kind, rate, _ in system.calls if kind == "rate"]
+    assert rates[:3] == [10.0, 5.0, 2.5]  # from the ceiling down by halves, then bisection
+    assert [kind for kind, _, _ in system.calls[:2]] == ["floor", "ceiling"]
+
+
+def test_a_slo_missed_one_request_at_a_time_sustains_no_rate() -> None:
+    knee = _search(System(knee=0.0, ceiling=10.0))
+    assert knee.resolved and knee.passed is None and "no rate is sustained" in knee.note
+    assert [p.kind for p in knee.probes] == ["floor"]
+
+
+def test_a_slo_that_never_binds_is_sustained_at_the_ceiling() -> None:
+    knee = _search(System(knee=100.0, ceiling=10.0))
+    assert knee.resolved and knee.passed == 10.0 and knee.failed is None
+    assert "does not bind before saturation" in knee.note
+
+
+def test_a_probe_at_the_knee_is_lengthened_and_steers_by_its_estimate() -> None:
+    system = System(knee=3.0, ceiling=10.0, straddle=(2.4, 2.6))
+    knee = _search(system)
+    at_knee = [p for p in knee.probes if p.kind == "rate" and p.verdict is Verdict.KNEE]
+    assert [(p.rate, p.requests) for p in at_knee] == [(2.5, 96)]  # 48, then 96 requests
+    assert ("rate", 2.5, 48) in system.calls and ("rate", 2.5, 96) in system.calls
+    assert knee.failed == 5.0 and knee.passed is not None and knee.passed < 2.5  # clear verdicts
+
+
+def test_a_probe_that_does_not_fit_the_budget_is_not_run() -> None:
+    system = System(knee=3.0, ceiling=10.0)
+    knee = _search(system, budget_s=40.0)  # floor 1 s, ceiling 2 s, 10 req/s 4.8 s, 5: 9.6 s
+    assert not knee.resolved and "budget spent" in knee.note
+    assert system.now <= 40.0
+
+
+@pytest.mark.parametrize(
+    ("met", "counted", "expected"),
+    [(48, 48, Verdict.PASS), (44, 48, Verdict.KNEE), (30, 48, Verdict.FAIL), (0, 0, Verdict.FAIL)],
+)
+def test_a_verdict_is_pass_or_fail_only_when_its_interval_says_so(
+    met: int, counted: int, expected: Verdict
+) -> None:
+    assert verdict(attainment(met, counted, 0.95), 0.9) is expected
+
+
+def test_the_wilson_interval_matches_its_closed_form() -> None:
+    low, high = wilson(44, 48, 0.95)
+    assert low == pytest.approx(0.8045, abs=1e-4) and high == pytest.approx(0.9671, abs=1e-4)
+    assert wilson(0, 0, 0.95) == (0.0, 1.0)
+
+
+def test_a_strategy_slowed_on_purpose_moves_its_knee_down_by_the_factor(tmp_path) -> None:
+    """The same search on the tiny model with every step delayed by d, then by 2d and every
+    SLO limit doubled: the whole system runs twice as slow (the delay dwarfs the tiny model's
+    own step), so its knee should about halve: the two brackets hold a ratio near 2. Static
+    batching, whose waits grow with the load well before its throughput ceiling."""
+    from harness.commands.config import compose
+    from harness.commands.search import ratio_interval, search
+    from harness.runner.run import run
+
+    def knee_at(delay: float) -> Knee:
+        overrides = [
+            "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false",
+            "workload=random", "workload.input_len.dist=fixed", "workload.input_len.value=8",
+            "workload.output_len.value=6", "engine.max_batch_size=8",
+            f"+engine.test_step_delay_s={delay}", f"slo.e2e_s={14 * delay}",
+            "+slo.attainment=0.75", "search.strategies=[fastertransformer]",
+            "search.requests=32", "search.max_requests=32", "search.floor_requests=4",
+            "search.resolution=0.3",
+            "search.budget_s=200", f"search.out_dir={tmp_path / str(delay)}",
+        ]  # fmt: skip
+        knees, _ = search(overrides, compose, lambda cfg, d: run(cfg, d, progress=False))
+        return knees[0]
+
+    fast, slow = knee_at(0.04), knee_at(0.08)
+    assert fast.resolved and slow.resolved
+    low, high = ratio_interval(fast, slow)  # the tiny model's own step time keeps it under 2
+    assert low is not None and high is not None and low <= 2.2 and high >= 1.6, (low, high)
+    assert fast.estimate is not None and slow.estimate is not None
+    assert fast.estimate / slow.estimate == pytest.approx(2.0, rel=0.3)

@@ -1,18 +1,21 @@
-"""`servelab search`: the highest request rate each strategy sustains under an SLO, by bisection.
+"""`servelab search`: each strategy's knee, the highest rate it sustains under the SLO, as an
+interval found on this machine (`harness.search.knee`).
 
 A rate is sustained by the one SLO rule (`harness.measure.slo`): at least `slo.attainment` of
 the requests meet every configured limit, each latency from arrival, failed requests counted
-as misses; the run's summary says so (`sustained`). Each probe is a full run with
-`workload.arrival.rate` set, kept in its own run directory under
-`search.out_dir/STRATEGY/rate-R`, so the evidence for every answer can be opened (and a
-rerun reuses complete probes).
+as misses; each probe's verdict carries the attainment's interval (`harness.search.verdict`).
+The time budget (`search.budget_s`) is divided among the strategies and said up front; what
+it could not resolve is said at the end. Every probe is a full run in its own directory under
+`search.out_dir/STRATEGY/` (floor, ceiling, rate-R-nN), so the evidence for every answer can
+be opened, a rerun reuses complete probes, and `servelab report` draws them.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -22,105 +25,189 @@ from rich.table import Table
 from harness.commands.config import compose
 from harness.errors import ConfigError
 from harness.measure.slo import SLO
+from harness.search.knee import Knee, KneeSettings, Outcome, find_knee
+from harness.search.verdict import attainment
 
-SUMMARY = "the highest request rate each strategy sustains under the SLO (bisection)"
+SUMMARY = "each strategy's knee: the highest rate it sustains under the SLO, as an interval"
 USAGE = """usage: servelab search [search.strategies=[a,b]] slo.ttft_s=S ... [OVERRIDE ...]
 
-Bisects workload.arrival.rate between search.low and search.high for every strategy; a
-rate is sustained when at least slo.attainment of its requests meet every SLO limit."""
+For every strategy: a floor probe (one request at a time), a ceiling probe (every request at
+once), then Poisson rates below the ceiling, bisected until the knee is known within
+search.resolution, all within search.budget_s; the knee as [highest pass, lowest fail]."""
+
+RunFn = Callable[[DictConfig, Path], dict]
 
 
-@dataclass
-class Probe:
-    rate: float
-    sustained: bool
-    run_dir: str
-    slo_attainment: float | None
+@dataclass(frozen=True)
+class SearchSettings:
+    strategies: list[str]
+    budget_s: float
+    confidence: float
+    out_dir: Path
+    knee: KneeSettings
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> SearchSettings:
+        slo = SLO.of_config(cfg)
+        if not slo.configured:
+            raise ConfigError(
+                "slo", "search needs at least one limit, e.g. slo.ttft_s=2 or slo.tpot_s=0.1"
+            )
+        node = cfg.search
+        strategies = [str(s) for s in node.strategies]
+        if not strategies:
+            raise ConfigError("search.strategies", "name at least one strategy preset")
+        numbers = {key: float(node[key]) for key in ("budget_s", "resolution", "confidence")}
+        counts = {key: int(node[key]) for key in ("requests", "max_requests", "floor_requests")}
+        if numbers["budget_s"] <= 0 or numbers["resolution"] <= 0:
+            raise ConfigError("search.budget_s", "budget_s and resolution must be positive")
+        if not 0 < numbers["confidence"] < 1:
+            raise ConfigError("search.confidence", f"{numbers['confidence']} is not in (0, 1)")
+        if min(counts.values()) < 1 or counts["max_requests"] < counts["requests"]:
+            raise ConfigError(
+                "search.requests", "requests, max_requests >= requests and floor_requests >= 1"
+            )
+        knee = KneeSettings(
+            target=slo.attainment,
+            resolution=numbers["resolution"],
+            requests=counts["requests"],
+            max_requests=counts["max_requests"],
+            floor_requests=counts["floor_requests"],
+        )
+        return cls(
+            strategies, numbers["budget_s"], numbers["confidence"], Path(str(node.out_dir)), knee
+        )
 
 
-@dataclass
-class SearchResult:
-    strategy: str
-    max_rate: float | None  # None: not even the lowest rate is sustained
-    bounded_above: bool  # False: the highest rate tried was sustained
-    probes: list[Probe] = field(default_factory=list)
+class RunProber:
+    """Probes of one strategy as runs of the composed config, each in its own directory."""
 
+    def __init__(
+        self,
+        overrides: list[str],
+        strategy: str,
+        settings: SearchSettings,
+        compose: Callable[[list[str]], DictConfig],
+        run: RunFn,
+    ) -> None:
+        self.overrides = [*overrides, f"strategy={strategy}"]
+        self.out_dir = settings.out_dir / strategy
+        self.confidence = settings.confidence
+        self.compose = compose
+        self.run = run
 
-def sustained(summary: dict) -> bool:
-    """A probe passes when its run completed and the SLO rule says it sustained its load."""
-    return summary.get("status") == "complete" and summary.get("sustained") is True
+    def floor(self, requests: int) -> Outcome:
+        arrival = ["workload.arrival.process=closed_loop", "workload.arrival.concurrency=1"]
+        return self._probe("floor", arrival, requests)
 
+    def ceiling(self, requests: int) -> Outcome:
+        return self._probe("ceiling", ["workload.arrival.process=offline"], requests)
 
-def bisect_rate(
-    probe: Callable[[float], Probe], low: float, high: float, iterations: int
-) -> tuple[float | None, bool, list[Probe]]:
-    """Bisection over [low, high]: (highest sustained rate, bounded above, probes)."""
-    probes = [probe(low)]
-    if not probes[-1].sustained:
-        return None, True, probes
-    probes.append(probe(high))
-    if probes[-1].sustained:
-        return high, False, probes
-    good, bad = low, high
-    for _ in range(iterations):
-        middle = (good + bad) / 2
-        probes.append(probe(middle))
-        if probes[-1].sustained:
-            good = middle
-        else:
-            bad = middle
-    return good, True, probes
+    def at(self, rate: float, requests: int) -> Outcome:
+        arrival = ["workload.arrival.process=poisson", f"workload.arrival.rate={rate:.4g}"]
+        return self._probe(f"rate-{rate:.4g}-n{requests}", arrival, requests)
+
+    def _probe(self, name: str, arrival: list[str], requests: int) -> Outcome:
+        cfg = self.compose([*self.overrides, *arrival, f"workload.num_requests={requests}"])
+        run_dir = self.out_dir / name
+        start = time.monotonic()
+        summary = self.run(cfg, run_dir)
+        seconds = time.monotonic() - start
+        counted = int(summary.get("completed") or 0) + int(summary.get("failed") or 0)
+        share = summary.get("slo_attainment") or 0.0
+        met = round(share * counted) if summary.get("status") == "complete" else 0
+        throughput = summary.get("request_throughput")
+        return Outcome(str(run_dir), attainment(met, counted, self.confidence), throughput, seconds)
 
 
 def search(
-    base_overrides: list[str],
-    compose: Callable[[list[str]], DictConfig],
-    run: Callable[[DictConfig, Path], dict],
-) -> tuple[list[SearchResult], Path]:
-    cfg = compose(base_overrides)
-    if not SLO.from_config(cfg.slo).configured:
-        raise ConfigError(
-            "slo", "search needs at least one limit, e.g. slo.ttft_s=2 or slo.tpot_s=0.1"
-        )
-    node = cfg.search
-    if not node.strategies:
-        raise ConfigError("search.strategies", "name at least one strategy preset")
-    low, high = float(node.low), float(node.high)
-    if not 0 < low < high:
-        raise ConfigError("search.low", f"need 0 < search.low < search.high, got {low}, {high}")
-    out_dir = Path(str(node.out_dir))
-    results = []
-    for strategy in node.strategies:
-
-        def probe(rate: float, strategy: str = strategy) -> Probe:
-            overrides = [*base_overrides, f"strategy={strategy}", f"workload.arrival.rate={rate}"]
-            probe_cfg = compose(overrides)
-            run_dir = out_dir / strategy / f"rate-{rate:.4g}"
-            summary = run(probe_cfg, run_dir)
-            ok = sustained(summary)
-            return Probe(rate, ok, str(run_dir), summary.get("slo_attainment"))
-
-        best, bounded, probes = bisect_rate(probe, low, high, int(node.iterations))
-        results.append(SearchResult(strategy, best, bounded, probes))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "search.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
-    return results, out_dir
+    overrides: list[str], compose: Callable[[list[str]], DictConfig], run: RunFn
+) -> tuple[list[Knee], SearchSettings]:
+    settings = SearchSettings.of(compose(overrides))
+    print(plan_line(settings), flush=True)
+    deadline = time.monotonic() + settings.budget_s
+    knees = []
+    for index, strategy in enumerate(settings.strategies):
+        share = (deadline - time.monotonic()) / (len(settings.strategies) - index)
+        prober = RunProber(overrides, strategy, settings, compose, run)
+        knees.append(find_knee(strategy, prober, settings.knee, max(share, 0.0)))
+    settings.out_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "settings": _jsonable(asdict(settings)),
+        "knees": [_jsonable(asdict(k)) for k in knees],
+    }
+    (settings.out_dir / "search.json").write_text(json.dumps(record, indent=2))
+    return knees, settings
 
 
-def render_search(results: list[SearchResult]) -> str:
-    table = Table(title="highest sustained request rate")
-    for column in ("strategy", "max rate (req/s)", "probes (rate: sustained?)"):
+def _jsonable(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "value"):  # an Enum
+        return value.value  # type: ignore[attr-defined]
+    return value
+
+
+def plan_line(settings: SearchSettings) -> str:
+    knee = settings.knee
+    each = settings.budget_s / len(settings.strategies)
+    return (
+        f"search: {', '.join(settings.strategies)}; {settings.budget_s:.0f} s in all (about "
+        f"{each:.0f} s each); {knee.requests} requests a probe (up to {knee.max_requests} at "
+        f"the knee); the knee within {knee.resolution:.0%}; attainment >= {knee.target:g} at "
+        f"{settings.confidence:.0%} confidence; probes under {settings.out_dir}"
+    )
+
+
+def ratio_interval(a: Knee, b: Knee) -> tuple[float | None, float | None]:
+    """a's sustained rate over b's: (lowest, highest) consistent with both brackets."""
+    low = a.passed / b.upper if a.passed and b.upper else None
+    high = a.upper / b.passed if a.upper and b.passed else None
+    return low, high
+
+
+def _rate(value: float | None, missing: str) -> str:
+    return missing if value is None else f"{value:.3g}"
+
+
+def render_search(knees: list[Knee]) -> str:
+    table = Table(
+        title="sustained request rate (req/s): the knee lies in [passed, failed), or below the "
+        "ceiling where no rate clearly failed"
+    )
+    for column in ("strategy", "ceiling", "passed", "failed", "estimate", "probes", "note"):
         table.add_column(column)
-    for result in results:
-        if result.max_rate is None:
-            answer = "none (lowest rate fails)"
-        else:
-            answer = f"{result.max_rate:.3g}" + ("" if result.bounded_above else "+ (upper end)")
-        probes = ", ".join(f"{p.rate:.3g}:{'y' if p.sustained else 'n'}" for p in result.probes)
-        table.add_row(result.strategy, answer, probes)
-    console = Console(record=True, width=120)
+    for knee in knees:
+        probes = ", ".join(
+            f"{p.kind if p.rate is None else f'{p.rate:.3g}'}:{p.verdict.value}"
+            f"({p.outcome.attainment.met}/{p.outcome.attainment.counted})"
+            for p in knee.probes
+        )
+        table.add_row(
+            knee.strategy,
+            _rate(knee.ceiling, "-"),
+            _rate(knee.passed, "none"),
+            _rate(knee.failed, "none"),
+            _rate(knee.estimate, "-"),
+            probes,
+            knee.note or ("resolved" if knee.resolved else ""),
+        )
+    ratios = Table(title="sustained-rate ratios, as intervals")
+    for column in ("ratio", "lowest", "highest"):
+        ratios.add_column(column)
+    for i, first in enumerate(knees):
+        for second in knees[:i]:
+            a, b = sorted((first, second), key=lambda k: k.estimate or 0.0, reverse=True)
+            low, high = ratio_interval(a, b)
+            ratios.add_row(f"{a.strategy} / {b.strategy}", _rate(low, "-"), _rate(high, "-"))
+    console = Console(record=True, width=160)
     with console.capture() as capture:
         console.print(table)
+        console.print(ratios)
     return capture.get()
 
 
@@ -128,8 +215,11 @@ def main(args: list[str]) -> None:
     from harness.runner.run import completed_summary, run
 
     def run_or_reuse(cfg: DictConfig, run_dir: Path) -> dict:
-        return completed_summary(cfg, run_dir) or run(cfg, run_dir)
+        return completed_summary(cfg, run_dir) or run(cfg, run_dir, progress=False)
 
-    results, out_dir = search(args, compose, run_or_reuse)
-    print(render_search(results))
-    print(f"probes and search.json under {out_dir}")
+    knees, settings = search(args, compose, run_or_reuse)
+    print(render_search(knees))
+    unresolved = [k.strategy for k in knees if not k.resolved]
+    if unresolved:
+        print(f"not resolved within the budget: {', '.join(unresolved)} (raise search.budget_s)")
+    print(f"probes and search.json under {settings.out_dir}")
