@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 from harness.errors import ConfigError
 from harness.measure.slo import SLO
+from harness.measure.summary_schema import label_of
 from reports.derive import slo_attainment
 from reports.grouping import Group, SweepRun
 from reports.load import RunData, as_dict
@@ -28,12 +29,14 @@ from reports.run_report import REPORT_NAME, correctness_text
 
 DEFAULT_BASELINE = "fastertransformer"
 
+# (key, column title): a summary key's title is its label and unit in the summary schema;
+# the others are derived here (per-stat latencies, weights, quality records)
 METRIC_COLUMNS = (
-    ("completed", "completed"),
-    ("failed", "failed"),
-    ("request_throughput", "req/s"),
-    ("output_throughput", "output tokens/s"),
-    ("goodput", "goodput (req/s)"),
+    ("completed", label_of("completed")),
+    ("failed", label_of("failed")),
+    ("request_throughput", label_of("request_throughput")),
+    ("output_throughput", label_of("output_throughput")),
+    ("goodput", label_of("goodput")),
     ("slo_met_share", "SLO met (share of all requests)"),
     ("normalized_latency_mean", "norm. latency mean (s/token)"),
     ("normalized_latency_p99", "norm. latency p99 (s/token)"),
@@ -42,15 +45,15 @@ METRIC_COLUMNS = (
     ("tpot_p50", "TPOT p50 (s)"),
     ("tpot_p99", "TPOT p99 (s)"),
     ("e2e_p99", "E2E p99 (s)"),
-    ("kv_waste_mean", "KV waste mean"),
-    ("mfu_mean", "MFU mean"),
-    ("j_per_token", "J/token"),
+    ("kv_waste_mean", label_of("kv_waste_mean")),
+    ("mfu_mean", label_of("mfu_mean")),
+    ("j_per_token", label_of("j_per_token")),
     ("weight_mib", "weights read per step (MiB)"),
     ("perplexity", "perplexity (held-out, fp32)"),
     ("greedy_agreement", "greedy = dense (share, quantize record)"),
-    ("acceptance_rate", "acceptance rate"),
-    ("mean_accepted_length", "tokens / target forward"),
-    ("predicted_speedup", "predicted speedup ×"),
+    ("acceptance_rate", label_of("acceptance_rate")),
+    ("mean_accepted_length", label_of("mean_accepted_length")),
+    ("predicted_speedup", label_of("predicted_speedup")),
 )
 RATIO_COLUMNS = (
     ("output_throughput", "throughput ×"),
