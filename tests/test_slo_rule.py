@@ -1,4 +1,5 @@
-"""One SLO rule: `servelab search` and the sweep report judge the same runs the same way."""
+"""One SLO rule: a run's summary and the sweep report judge the same runs the same way, and
+the attainment `servelab search` reads from a summary is the one its records give."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 from reports_rundirs import RunSpec, write_run
 
-from harness.commands.search import sustained
+from harness.measure.metrics import request_latency
 from harness.measure.slo import SLO, RequestLatency
 from reports.grouping import group_runs
 from reports.load import load_run
@@ -26,7 +27,10 @@ def test_search_and_sweep_report_agree_on_every_run(tmp_path: Path) -> None:
         bare = load_run(tmp_path / "no-summary" / name)
         (group,) = group_runs([bare])
         from_records = run_sustains(group.runs[0], group_slo(group))
-        assert sustained(summarized.summary) == from_records, name
+        assert summarized.summary["sustained"] is from_records, name
+        records = [r for r in bare.request_records if not r.excluded]
+        share = SLO.from_config(slo).attained([request_latency(r) for r in records])
+        assert summarized.summary["slo_attainment"] == share, name
         verdicts[name] = from_records
     assert verdicts == {"fast": True, "slow-ttft": False, "failing": False}
 

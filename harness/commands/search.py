@@ -58,14 +58,15 @@ class SearchSettings:
         if not strategies:
             raise ConfigError("search.strategies", "name at least one strategy preset")
         numbers = {key: float(node[key]) for key in ("budget_s", "resolution", "confidence")}
-        counts = {key: int(node[key]) for key in ("requests", "max_requests", "floor_requests")}
+        keys = ("requests", "max_requests", "floor_requests", "ceiling_requests")
+        counts = {key: int(node[key]) for key in keys}
         if numbers["budget_s"] <= 0 or numbers["resolution"] <= 0:
             raise ConfigError("search.budget_s", "budget_s and resolution must be positive")
         if not 0 < numbers["confidence"] < 1:
             raise ConfigError("search.confidence", f"{numbers['confidence']} is not in (0, 1)")
         if min(counts.values()) < 1 or counts["max_requests"] < counts["requests"]:
             raise ConfigError(
-                "search.requests", "requests, max_requests >= requests and floor_requests >= 1"
+                "search.requests", "every request count >= 1, and max_requests >= requests"
             )
         knee = KneeSettings(
             target=slo.attainment,
@@ -73,6 +74,7 @@ class SearchSettings:
             requests=counts["requests"],
             max_requests=counts["max_requests"],
             floor_requests=counts["floor_requests"],
+            ceiling_requests=counts["ceiling_requests"],
         )
         return cls(
             strategies, numbers["budget_s"], numbers["confidence"], Path(str(node.out_dir)), knee
@@ -116,8 +118,10 @@ class RunProber:
         counted = int(summary.get("completed") or 0) + int(summary.get("failed") or 0)
         share = summary.get("slo_attainment") or 0.0
         met = round(share * counted) if summary.get("status") == "complete" else 0
+        measured = attainment(met, counted, self.confidence)
+        served_s = float(summary.get("duration_s") or 0.0)
         throughput = summary.get("request_throughput")
-        return Outcome(str(run_dir), attainment(met, counted, self.confidence), throughput, seconds)
+        return Outcome(str(run_dir), measured, throughput, seconds, served_s)
 
 
 def search(
@@ -157,8 +161,9 @@ def plan_line(settings: SearchSettings) -> str:
     each = settings.budget_s / len(settings.strategies)
     return (
         f"search: {', '.join(settings.strategies)}; {settings.budget_s:.0f} s in all (about "
-        f"{each:.0f} s each); {knee.requests} requests a probe (up to {knee.max_requests} at "
-        f"the knee); the knee within {knee.resolution:.0%}; attainment >= {knee.target:g} at "
+        f"{each:.0f} s each); {knee.ceiling_requests} requests at once for the ceiling, "
+        f"{knee.requests} a rate probe (up to {knee.max_requests} at the knee); the knee "
+        f"within {knee.resolution:.0%}; attainment >= {knee.target:g} at "
         f"{settings.confidence:.0%} confidence; probes under {settings.out_dir}"
     )
 

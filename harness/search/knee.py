@@ -2,19 +2,19 @@
 
 1. The floor probe serves requests one at a time (a closed loop of one user): if even then
    the SLO is clearly missed, no rate is sustained and the search says so.
-2. The ceiling probe sends every request at once: the strategy's request throughput there is
-   the most it can serve, so no rate above it is sustained; the rates probed lie below it.
-3. Rate probes (Poisson arrivals) start at the ceiling (a clear pass there ends the search:
-   the SLO does not bind before saturation) and halve until one passes, then bisect
-   (geometrically) between the highest rate that passed and the lowest that failed until
-   the two are within `resolution` of each other.
+2. The ceiling probe sends `ceiling_requests` at once: the strategy's request throughput
+   there is the most it can serve, so no rate above it is sustained; it bounds the search.
+3. Rate probes (Poisson arrivals) start at half the ceiling and halve until one passes, then
+   bisect (geometrically) between the highest rate that passed (or likely passed) and the
+   lowest that failed (or the ceiling) until the two are within `resolution` of each other.
 
 A probe whose attainment interval straddles the target (`Verdict.KNEE`) is run again with
 twice the requests, up to `max_requests`; if it still straddles, it is evidence of where the
 knee lies and steers the bisection by its point estimate, but the reported bracket stays
 [highest rate that clearly passed, lowest that clearly failed]. Every probe is costed before
-it runs (its requests over its rate, plus what the ceiling probe took); one that would not
-fit the remaining budget is not run, and the result says the knee is unresolved.
+it runs (its requests over its rate, plus the loading and drain the anchor probes took); one
+that would not fit the remaining budget is not run, and the result says the knee is
+unresolved.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class Outcome:
     attainment: Attainment
     request_throughput: float | None
     seconds: float  # wall time of the probe, model load included
+    served_s: float  # the run's own duration (first arrival to last response)
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,10 @@ class Knee:
 class KneeSettings:
     target: float  # slo.attainment
     resolution: float  # stop when failed / passed <= 1 + resolution
-    requests: int  # per probe
+    requests: int  # per rate probe
     max_requests: int  # a knee probe is lengthened up to this
     floor_requests: int
+    ceiling_requests: int
 
 
 class Prober(Protocol):
@@ -112,32 +114,31 @@ def find_knee(
         knee.resolved = True
         knee.note = "one request at a time already misses the SLO: no rate is sustained"
         return knee
-    top = prober.ceiling(settings.requests)
-    knee.probes.append(Probe("ceiling", None, settings.requests, _verdict(top, settings), top))
+    top = prober.ceiling(settings.ceiling_requests)
+    top_verdict = _verdict(top, settings)
+    knee.probes.append(Probe("ceiling", None, settings.ceiling_requests, top_verdict, top))
     if not top.request_throughput:
         knee.note = "the ceiling probe served nothing"
         return knee
     knee.ceiling = top.request_throughput
-    low, high = None, None  # steering bounds: passed (or likely), failed (or likely)
-    rate = knee.ceiling
+    # beyond a probe's requests over its rate: loading, and the last responses' drain
+    overhead_s = max(top.seconds - top.served_s, 0.0) + floor.served_s / settings.floor_requests
+    low, high = None, knee.ceiling  # no rate above the ceiling is sustained
+    rate = knee.ceiling / 2
     while True:
-        cost = settings.requests / rate + top.seconds
+        cost = settings.requests / rate + overhead_s
         if clock() + cost > deadline:
             knee.note = f"budget spent before the probe at {rate:.3g} req/s (about {cost:.0f} s)"
             return knee
-        probe = _probe_rate(prober, rate, settings, deadline, clock, top.seconds)
+        probe = _probe_rate(prober, rate, settings, deadline, clock, overhead_s)
         knee.probes.append(probe)
         if probe.verdict is Verdict.PASS:
             knee.passed = max(knee.passed or 0.0, rate)
         elif probe.verdict is Verdict.FAIL:
             knee.failed = min(knee.failed or rate, rate)
-        if high is None and low is None and probe.verdict is Verdict.PASS:
-            knee.resolved = True
-            knee.note = "sustained at the ceiling: the SLO does not bind before saturation"
-            return knee
-        # a knee probe steers by its point estimate, except at the ceiling (nothing above)
+        # a knee probe steers by its point estimate
         likely = probe.outcome.attainment.share >= settings.target
-        if probe.verdict is Verdict.PASS or (probe.verdict is Verdict.KNEE and likely and high):
+        if probe.verdict is Verdict.PASS or (probe.verdict is Verdict.KNEE and likely):
             low = rate
         else:
             high = rate
@@ -148,9 +149,10 @@ def find_knee(
                 return knee
             rate /= 2
             continue
-        assert high is not None
         if high / low <= 1 + settings.resolution:
             knee.resolved = True
+            if knee.failed is None and knee.passed is not None:
+                knee.note = "no rate below the ceiling clearly failed: the knee is near it"
             return knee
         rate = (low * high) ** 0.5
 
