@@ -149,11 +149,7 @@ def _jsonable(value: object) -> object:
         return {k: _jsonable(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if hasattr(value, "value"):  # an Enum
-        return value.value  # type: ignore[attr-defined]
-    return value
+    return str(value) if isinstance(value, Path) else value  # a Verdict is a str already
 
 
 def plan_line(settings: SearchSettings) -> str:

@@ -12,12 +12,14 @@ number of requests, not tokens: positions and slots are built with tensor operat
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness.engine.decoding import Verification
+from harness.engine.decoding import Decoder, Verification
+from harness.engine.kv_manager import KVManager
 from harness.engine.model_runner import Feed, ModelRunner
 from harness.engine.request import Request
-from harness.engine.scheduling import ScheduledSeq
+from harness.engine.scheduling import ScheduledSeq, Scheduler
 from harness.engine.step_update import StepOutput, StepResult, StepUpdate
 from harness.errors import ConfigError
 
@@ -34,14 +36,30 @@ class Rejection:
 class Engine:
     def __init__(self, runner: ModelRunner, update: StepUpdate) -> None:
         self.runner = runner
-        self.update = update
-        self.kv = update.kv  # the KV manager the scheduler admits into
-        self.scheduler = update.scheduler
-        self.decoder = update.decoder
-        self.clock = update.clock
-        self.max_context = update.max_context
+        self.update = update  # holds the KV manager, scheduler and decoder the step uses
         self.pad_token_id = min(update.stop_token_ids, default=0)  # what padding rows are fed
         self.step_index = 0
+
+    @property
+    def kv(self) -> KVManager:
+        """The KV manager the scheduler admits into."""
+        return self.update.kv
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.update.scheduler
+
+    @property
+    def decoder(self) -> Decoder:
+        return self.update.decoder
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.update.clock
+
+    @property
+    def max_context(self) -> int:
+        return self.update.max_context
 
     def add_request(self, request: Request) -> bool:
         """Queue a request; False, with the request finished as `rejected` and the reason

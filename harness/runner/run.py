@@ -53,7 +53,7 @@ from harness.runner.settings import (
     cache_dir_of,
     cpu_fallback_note,
 )
-from harness.runner.startup import Started, check_settings, start_engine
+from harness.runner.startup import Started, start_engine
 from harness.runner.step_delay import delay_flag, step_delay_s
 from kernels.int4_matmul import Int4Kernel
 from kernels.paths import RunKernels, kernel_record
@@ -80,8 +80,7 @@ class Prepared:
 
 
 def prepare(cfg: DictConfig, clock: Callable[[], float], progress: bool = True) -> Prepared:
-    SLO.of_config(cfg)  # checked, with every other setting, before any work
-    check_settings(cfg)
+    SLO.of_config(cfg)  # checked first; start_engine checks the rest before anything loads
     started = start_engine(cfg, clock, progress)
     workload = build_workload(
         cfg.workload, started.tokenizer, started.served.loaded.config.max_context

@@ -52,18 +52,35 @@ class Started:
         return hooks
 
 
-def check_settings(cfg: DictConfig) -> tuple[EngineSettings, StrategySettings]:
+@dataclass(frozen=True)
+class Checked:
+    """The settings every check that needs nothing loaded gave."""
+
+    settings: EngineSettings
+    strategy: StrategySettings
+    step_delay_s: float
+
+
+def check_settings(cfg: DictConfig) -> Checked:
     """Every check that needs nothing loaded: engine and strategy settings, the test delay,
     the draft model against the target."""
     settings = engine_settings(cfg.engine)
     strategy = strategy_settings(cfg.strategy)
-    step_delay_s(cfg.engine)
+    delay = step_delay_s(cfg.engine)
     check_drafting(cfg, strategy)
-    return settings, strategy
+    return Checked(settings, strategy, delay)
 
 
-def start_engine(cfg: DictConfig, clock: Callable[[], float], progress: bool = True) -> Started:
-    settings, strategy = check_settings(cfg)
+def start_engine(
+    cfg: DictConfig,
+    clock: Callable[[], float],
+    progress: bool = True,
+    checked: Checked | None = None,
+) -> Started:
+    """The engine `cfg` describes; `checked`, when the caller already ran `check_settings`
+    (the server does, before it binds its port)."""
+    checked = checked or check_settings(cfg)
+    settings, strategy = checked.settings, checked.strategy
     torch.manual_seed(settings.seed)
     served = load_for_strategy(cfg, settings, strategy, progress)
     draft_model = load_draft(cfg, settings, strategy, served, progress)
@@ -73,8 +90,7 @@ def start_engine(cfg: DictConfig, clock: Callable[[], float], progress: bool = T
     if cfg.telemetry.get("roofline", True):
         peaks = measure_peaks(settings.device, settings.dtype, cache_dir_of(cfg))
         roofline = roofline_of(served, settings, peaks)
-    delay = step_delay_s(cfg.engine)
-    return Started(settings, strategy, served, tokenizer, engine, roofline, delay)
+    return Started(settings, strategy, served, tokenizer, engine, roofline, checked.step_delay_s)
 
 
 def roofline_of(served: ServedModel, settings: EngineSettings, peaks: Peaks) -> StepRoofline:

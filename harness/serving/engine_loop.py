@@ -27,6 +27,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
+from harness.engine.engine import Engine
 from harness.engine.request import Request
 from harness.runner.loop import IDLE_WAIT_S, EngineDriver, fail_in_flight
 
@@ -83,7 +84,6 @@ class EngineLoop:
         self, driver: EngineDriver, wait_s: float = IDLE_WAIT_S, max_in_flight: int = MAX_IN_FLIGHT
     ) -> None:
         self.driver = driver
-        self.engine = driver.engine
         self.wait_s = wait_s
         self.max_in_flight = max_in_flight
         self._in_flight = 0  # submitted and not yet closed (under _count_lock)
@@ -100,6 +100,10 @@ class EngineLoop:
         self._generation_tokens = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, name="servelab-engine", daemon=True)
+
+    @property
+    def engine(self) -> Engine:
+        return self.driver.engine
 
     @property
     def alive(self) -> bool:

@@ -127,7 +127,7 @@ def _ignore(sig: int, frame: FrameType | None) -> None:
 
 
 def serve(cfg: DictConfig, progress: bool = True) -> None:
-    check_settings(cfg)
+    checked = check_settings(cfg)
     options = serve_settings(cfg.serve)
     sock = bind(options.host, options.port)
     start = time.perf_counter()
@@ -135,7 +135,7 @@ def serve(cfg: DictConfig, progress: bool = True) -> None:
     def clock() -> float:
         return time.perf_counter() - start
 
-    started = start_engine(cfg, clock, progress)
+    started = start_engine(cfg, clock, progress, checked)
     engine, tokenizer, served = started.engine, started.tokenizer, started.served
     strategy = started.strategy
     writer = None
