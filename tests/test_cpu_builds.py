@@ -12,8 +12,10 @@ import torch
 
 from kernels.capabilities import LEVELS, capabilities, runnable_levels
 from kernels.cpu_build import (
+    SOURCES,
     _build,
     _exclusive,
+    _stable_sources,
     build_name,
     compile_check,
     cpu_ops,
@@ -75,3 +77,19 @@ def test_a_build_killed_midway_does_not_stall_the_next(cpu_build: CpuBuild) -> N
     loader.start()
     loader.join(300)
     assert outcome == [None] and not (build_dir / "lock").exists()
+
+
+def test_a_build_compiles_copies_kept_beside_it(cpu_build: CpuBuild) -> None:
+    """ninja rebuilds when a compile command changes, and the command names each source's
+    path: a build compiles the copies in its own directory (named by the sources' hash), so
+    a clone elsewhere finds it up to date. The copies are written once and keep their time."""
+    build_dir = extensions_root() / "servelab" / build_name(cpu_build.level)
+    ninja = (build_dir / "build.ninja").read_text()
+    for source in SOURCES:
+        assert str(source) not in ninja
+        assert str(build_dir / "src" / source.name) in ninja
+    before = {path.name: path.stat().st_mtime_ns for path in (build_dir / "src").iterdir()}
+    with _exclusive(build_dir.with_name(f"{build_dir.name}.building")):
+        copies = _stable_sources(build_dir)
+    assert [path.read_text() for path in copies] == [path.read_text() for path in SOURCES]
+    assert {path.name: path.stat().st_mtime_ns for path in (build_dir / "src").iterdir()} == before
