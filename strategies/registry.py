@@ -6,6 +6,10 @@ dataclass; `Registry.choose` reads and checks them once, before any work, and ra
 `ConfigError` naming the field and the fix. The names a config accepts come from the
 registries and nowhere else, so adding an option is one module and one registry entry.
 
+Each axis's factory contract (what `build` takes after the config, and what it makes) is
+written once, in `strategies.factories`, and each option is declared with it, so a type
+checker holds every option's factory to its axis.
+
 Config fields are plain `bool`, `int`, `float` or `str` (optionally `| None`); a field's
 `metadata` may add `choices` (a tuple, or a callable returning one, for names that come from
 another registry), `minimum` and `help` (one line saying what the key does). A config
@@ -18,13 +22,14 @@ import types
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import MISSING, Field, dataclass, fields
-from typing import Any, Generic, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from omegaconf import DictConfig
 
 from harness.errors import ConfigError
 
-T = TypeVar("T")
+P = ParamSpec("P")  # what an axis builds its implementation from (`strategies.factories`)
+T = TypeVar("T")  # what it builds
 
 
 @dataclass(frozen=True)
@@ -33,13 +38,14 @@ class NoConfig:
 
 
 @dataclass(frozen=True)
-class Option(Generic[T]):
-    """One choice on one axis: `build(config, *axis arguments)` makes the implementation."""
+class Option(Generic[P, T]):
+    """One choice on one axis: `build(config, *axis arguments)` makes the implementation; the
+    axis's arguments and product are its factory contract (`strategies.factories`)."""
 
     name: str
     summary: str
     config: type
-    build: Callable[..., T]
+    build: Callable[Concatenate[Any, P], T]
     accepts: Callable[[str], bool] | None = None  # for parametric names such as gqa-N
 
     def matches(self, name: str) -> bool:
@@ -47,16 +53,16 @@ class Option(Generic[T]):
 
 
 @dataclass(frozen=True)
-class Choice(Generic[T]):
+class Choice(Generic[P, T]):
     """An option picked by a config, with its checked config values."""
 
     axis: str
     value: str  # the name as configured (`gqa-2` for the `gqa-N` option)
-    option: Option[T]
+    option: Option[P, T]
     config: Any
 
-    def build(self, *args: Any) -> T:
-        return self.option.build(self.config, *args)
+    def build(self, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self.option.build(self.config, *args, **kwargs)
 
     def describe(self) -> dict[str, Any]:
         """The configured name and every key the option read, for records and reports."""
@@ -64,12 +70,12 @@ class Choice(Generic[T]):
         return {self.axis: self.value, **values}
 
 
-class Registry(Generic[T]):
+class Registry(Generic[P, T]):
     """The options of one axis, keyed by name."""
 
-    def __init__(self, axis: str, options: Iterable[Option[T]]) -> None:
+    def __init__(self, axis: str, options: Iterable[Option[P, T]]) -> None:
         self.axis = axis
-        self.options: dict[str, Option[T]] = {}
+        self.options: dict[str, Option[P, T]] = {}
         for option in options:
             if option.name in self.options:
                 raise ValueError(f"{axis}: option {option.name!r} registered twice")
@@ -78,7 +84,7 @@ class Registry(Generic[T]):
     def names(self) -> tuple[str, ...]:
         return tuple(self.options)
 
-    def option(self, value: str) -> Option[T]:
+    def option(self, value: str) -> Option[P, T]:
         for option in self.options.values():
             if option.matches(value):
                 return option
@@ -87,7 +93,7 @@ class Registry(Generic[T]):
     def _listing(self) -> str:
         return ", ".join(self.options)
 
-    def choose(self, node: DictConfig | dict) -> Choice[T]:
+    def choose(self, node: DictConfig | dict) -> Choice[P, T]:
         """The option `node[axis]` names, with its config read from the same node."""
         value = node.get(self.axis)
         if value is None:

@@ -12,19 +12,22 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness.engine.decoding import Decoder
-from harness.engine.kv_manager import KVManager
-from harness.engine.scheduling import AdmissionPolicy, Scheduler
-from harness.models.head_layout import HeadLayout
-from harness.models.weights_format import WeightsFormat
 from strategies.batching import BATCHING
 from strategies.decoding import DECODING
 from strategies.decoding.proposers import PROPOSERS, DraftSource
 from strategies.decoding.speculative import SpeculativeConfig
+from strategies.factories import (
+    BatchingChoice,
+    DecodingChoice,
+    HeadsChoice,
+    KVChoice,
+    PolicyChoice,
+    ProposerChoice,
+    WeightsChoice,
+)
 from strategies.heads import HEADS
 from strategies.kv import KV
 from strategies.policy import POLICIES
-from strategies.registry import Choice
 from strategies.weights import WEIGHTS
 
 REGISTRIES = (BATCHING, POLICIES, KV, HEADS, WEIGHTS, DECODING, PROPOSERS)
@@ -34,13 +37,13 @@ AXES = tuple(registry.axis for registry in REGISTRIES)  # the proposer last: spe
 @dataclass(frozen=True)
 class StrategySettings:
     name: str
-    batching: Choice[Scheduler]
-    policy: Choice[AdmissionPolicy]
-    kv: Choice[KVManager]
-    heads: Choice[HeadLayout]
-    weights: Choice[WeightsFormat]
-    decoding: Choice[Decoder]
-    proposer: Choice[DraftSource]  # read always, used by speculative decoding only
+    batching: BatchingChoice
+    policy: PolicyChoice
+    kv: KVChoice
+    heads: HeadsChoice
+    weights: WeightsChoice
+    decoding: DecodingChoice
+    proposer: ProposerChoice  # read always, used by speculative decoding only
 
     @property
     def draft_source(self) -> DraftSource | None:
@@ -66,5 +69,13 @@ class StrategySettings:
 
 def strategy_settings(node: DictConfig | dict) -> StrategySettings:
     """Every axis chosen from `node`, which names an option on each (the presets do)."""
-    choices = {registry.axis: registry.choose(node) for registry in REGISTRIES}
-    return StrategySettings(name=str(node.get("name", "custom")), **choices)
+    return StrategySettings(
+        name=str(node.get("name", "custom")),
+        batching=BATCHING.choose(node),
+        policy=POLICIES.choose(node),
+        kv=KV.choose(node),
+        heads=HEADS.choose(node),
+        weights=WEIGHTS.choose(node),
+        decoding=DECODING.choose(node),
+        proposer=PROPOSERS.choose(node),
+    )

@@ -83,7 +83,7 @@ class StepUpdate:
             seq.request.num_computed_tokens += seq.num_new_tokens
         kv = self.kv.stats()  # as held during the step, before anything finishes or is freed
         finished = self._accept(output.due, output.accepted, now)
-        counters = dict(kv.extra)
+        counters: dict[str, float | list[int]] = dict(kv.extra)
         counters.update(self.decoder.step_counters() if output.feed is not None else {})
         for request in finished:
             self.decoder.release(request)
@@ -132,7 +132,7 @@ class StepUpdate:
         tokens: tuple[int, int, int],
         running: int,
         kv: KVStats,
-        counters: dict[str, float],
+        counters: dict[str, float | list[int]],
         delivered: int,
     ) -> StepRecord:
         prefill, decode, pad = tokens

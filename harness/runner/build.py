@@ -25,7 +25,6 @@ from harness.engine.kv_cache import KVCache, KVLayout, allocate_kv_cache
 from harness.engine.model_runner import ModelRunner
 from harness.engine.scheduling import SchedulerLimits
 from harness.engine.step_update import StepUpdate
-from harness.models.head_layout import HeadLayout
 from harness.models.load import Checkpoint, LoadedModel, load_model, tokenizer_for
 from harness.models.model import LlamaModel
 from harness.models.weights_format import CalibrationText, WeightsContext, WeightsFormat
@@ -33,7 +32,7 @@ from harness.runner.settings import EngineSettings, cache_dir_of
 from kernels.attention import Attention, AttentionConfig
 from kernels.fused_decode import fused_decode_layers
 from strategies.decoding.context import DecoderContext
-from strategies.registry import Choice
+from strategies.factories import HeadsChoice, WeightsChoice
 from strategies.settings import StrategySettings
 from workloads.text import text_section
 
@@ -73,8 +72,8 @@ def load_served(
     model_node: DictConfig,
     cache_dir: Path,
     settings: EngineSettings,
-    heads_choice: Choice[HeadLayout],
-    weights_choice: Choice[WeightsFormat],
+    heads_choice: HeadsChoice,
+    weights_choice: WeightsChoice,
     progress: bool = True,
 ) -> ServedModel:
     """The model `model_node` describes, with a head layout and a weights format."""

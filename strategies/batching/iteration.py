@@ -14,12 +14,22 @@ sequences' drafts, in order, where the KV manager has room.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from harness.engine.kv_manager import KVManager
 from harness.engine.request import Request
-from harness.engine.scheduling import ScheduledSeq, SchedulerOutput
+from harness.engine.scheduling import (
+    AdmissionPolicy,
+    ScheduledSeq,
+    SchedulerLimits,
+    SchedulerOutput,
+)
 from harness.errors import ConfigError
 from strategies.batching.base import QueueScheduler
 from strategies.registry import Option
+
+if TYPE_CHECKING:
+    from strategies.factories import BatchingOption
 
 
 @dataclass(frozen=True)
@@ -30,8 +40,14 @@ class IterationConfig:
 
 
 class IterationScheduler(QueueScheduler):
-    def __init__(self, config: IterationConfig, *args) -> None:
-        super().__init__(*args)
+    def __init__(
+        self,
+        config: IterationConfig,
+        kv: KVManager,
+        limits: SchedulerLimits,
+        policy: AdmissionPolicy,
+    ) -> None:
+        super().__init__(kv, limits, policy)
         self.config = config
 
     def limit_error(self, request: Request) -> ConfigError | None:
@@ -100,7 +116,7 @@ class IterationScheduler(QueueScheduler):
         return [request]
 
 
-ITERATION = Option(
+ITERATION: BatchingOption = Option(
     name="iteration",
     summary="Orca: re-plan every step; finished requests leave, waiting ones join",
     config=IterationConfig,

@@ -24,11 +24,21 @@ next one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from harness.engine.kv_manager import KVManager
 from harness.engine.request import Request
-from harness.engine.scheduling import ScheduledSeq, SchedulerOutput
+from harness.engine.scheduling import (
+    AdmissionPolicy,
+    ScheduledSeq,
+    SchedulerLimits,
+    SchedulerOutput,
+)
 from strategies.batching.base import QueueScheduler
 from strategies.registry import Option
+
+if TYPE_CHECKING:
+    from strategies.factories import BatchingOption
 
 
 @dataclass(frozen=True)
@@ -49,8 +59,10 @@ class StaticConfig:
 
 
 class StaticScheduler(QueueScheduler):
-    def __init__(self, config: StaticConfig, *args) -> None:
-        super().__init__(*args)
+    def __init__(
+        self, config: StaticConfig, kv: KVManager, limits: SchedulerLimits, policy: AdmissionPolicy
+    ) -> None:
+        super().__init__(kv, limits, policy)
         self.config = config
         self._released: set[Request] = set()  # members whose KV was freed before the batch end
 
@@ -124,7 +136,7 @@ class StaticScheduler(QueueScheduler):
         return members if self.config.return_at == "batch_end" else []
 
 
-STATIC = Option(
+STATIC: BatchingOption = Option(
     name="static",
     summary="FasterTransformer: form a batch, run it to completion (held responses, padding)",
     config=StaticConfig,

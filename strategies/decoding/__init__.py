@@ -1,8 +1,7 @@
 """Decoding strategies (`strategy.decoding`): what a sequence feeds per step, what is accepted."""
 
-from harness.engine.decoding import Decoder
 from strategies.decoding.speculative import SPECULATIVE
 from strategies.decoding.standard import STANDARD
 from strategies.registry import Registry
 
-DECODING: Registry[Decoder] = Registry("decoding", [STANDARD, SPECULATIVE])
+DECODING = Registry("decoding", [STANDARD, SPECULATIVE])

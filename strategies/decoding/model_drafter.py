@@ -56,11 +56,11 @@ class ModelDrafter(Proposer):
             self._roll_back(request, shadow)
         drafting: dict[Request, _Drafting] = {}
         for want in wants:
-            shadow = self._room_for(want)
-            if shadow is None:
+            room = self._room_for(want)
+            if room is None:
                 self._no_room += 1
             else:
-                drafting[want.request] = _Drafting(want.request, shadow, want.gamma, [], [])
+                drafting[want.request] = _Drafting(want.request, room, want.gamma, [], [])
         for step in range(max((d.gamma for d in drafting.values()), default=0)):
             self._draft_step([d for d in drafting.values() if d.gamma > step], step)
         return [self._proposal(drafting.get(want.request)) for want in wants]
@@ -131,6 +131,9 @@ class ModelDrafter(Proposer):
             self.kv.free(shadow)
 
     def counters(self) -> dict[str, float]:
-        counters = {"spec_draft_forwards": self._forwards, "spec_draft_no_room": self._no_room}
+        counters: dict[str, float] = {
+            "spec_draft_forwards": self._forwards,
+            "spec_draft_no_room": self._no_room,
+        }
         self._forwards = self._no_room = 0
         return counters

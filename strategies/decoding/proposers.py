@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from harness.engine.model_runner import ModelRunner
 from harness.errors import ConfigError
@@ -25,6 +26,9 @@ from strategies.decoding.model_drafter import ModelDrafter
 from strategies.decoding.ngram import NgramProposer
 from strategies.decoding.proposer import Proposer
 from strategies.registry import Option, Registry
+
+if TYPE_CHECKING:
+    from strategies.factories import ProposerOption
 from strategies.weights import WEIGHTS
 
 TARGET = "target"  # `draft_model`: the served model's own checkpoint
@@ -134,14 +138,15 @@ class DraftModelSource(DraftSource):
         return _network_drafter(context)
 
 
-PROPOSERS: Registry[DraftSource] = Registry(
-    "proposer",
-    [
-        Option("ngram", "prompt lookup: copy what followed the last n tokens", NgramConfig,
-               NgramSource),
-        Option("layerskip", "the target's first layers, then its norm and head", LayerSkipConfig,
-               LayerSkipSource),
-        Option("draft", "a separate draft model with the target's vocabulary", DraftConfig,
-               DraftModelSource),
-    ],
+NGRAM: ProposerOption = Option(
+    "ngram", "prompt lookup: copy what followed the last n tokens", NgramConfig, NgramSource
+)
+LAYERSKIP: ProposerOption = Option(
+    "layerskip", "the target's first layers, then its norm and head", LayerSkipConfig,
+    LayerSkipSource,
 )  # fmt: skip
+DRAFT: ProposerOption = Option(
+    "draft", "a separate draft model with the target's vocabulary", DraftConfig,
+    DraftModelSource,
+)  # fmt: skip
+PROPOSERS = Registry("proposer", [NGRAM, LAYERSKIP, DRAFT])

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,6 +32,9 @@ from strategies.decoding.context import DecoderContext
 from strategies.decoding.gamma import RULES, choose_gamma
 from strategies.decoding.proposer import Proposer, Want
 from strategies.registry import Option
+
+if TYPE_CHECKING:
+    from strategies.factories import DecodingOption
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,7 @@ class SpeculativeDecoder(Decoder):
         self._q.pop(request, None)
         self.proposer.release(request)
 
-    def step_counters(self) -> dict[str, float]:
+    def step_counters(self) -> dict[str, float | list[int]]:
         done, self._counters = self._counters, _StepCounters()
         return {**done.as_record(), **self.proposer.counters()}
 
@@ -134,7 +138,7 @@ class _StepCounters:
         counters["spec_proposed"] = counters.get("spec_proposed", 0) + drafts
         counters["spec_accepted"] = counters.get("spec_accepted", 0) + accepted
 
-    def as_record(self) -> dict[str, float]:
+    def as_record(self) -> dict[str, float | list[int]]:
         return {
             "spec_proposed": self.proposed,
             "spec_accepted": self.accepted,
@@ -152,7 +156,7 @@ def build_speculative(config: SpeculativeConfig, context: DecoderContext) -> Spe
     return SpeculativeDecoder(config, proposer, context.target.config.max_context)
 
 
-SPECULATIVE = Option(
+SPECULATIVE: DecodingOption = Option(
     name="speculative",
     summary="a proposer drafts gamma tokens, the target verifies them in one pass (lossless)",
     config=SpeculativeConfig,

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from harness.engine.decoding import Decoder, Verification
 from harness.engine.sampler import sample
 from strategies.registry import NoConfig, Option
+
+if TYPE_CHECKING:
+    from strategies.factories import DecodingOption
 
 
 class StandardDecoder(Decoder):
@@ -16,7 +21,7 @@ class StandardDecoder(Decoder):
         return [[token] for token in sample(logits, [v.request for v in due])]
 
 
-STANDARD = Option(
+STANDARD: DecodingOption = Option(
     name="standard",
     summary="one token per sequence per step",
     config=NoConfig,

@@ -1,8 +1,7 @@
 """Head layouts (`strategy.heads`): how many KV heads the cache stores per layer."""
 
-from harness.models.head_layout import HeadLayout
 from strategies.heads.native import NATIVE
 from strategies.heads.regrouped import GQA_N, MHA, MQA
 from strategies.registry import Registry
 
-HEADS: Registry[HeadLayout] = Registry("heads", [NATIVE, MHA, MQA, GQA_N])
+HEADS = Registry("heads", [NATIVE, MHA, MQA, GQA_N])

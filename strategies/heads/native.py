@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from harness.models.head_layout import HeadLayout
 from harness.models.model import ModelConfig
 from strategies.registry import NoConfig, Option
+
+if TYPE_CHECKING:
+    from strategies.factories import HeadsOption
 
 
 class NativeHeads(HeadLayout):
@@ -12,7 +17,7 @@ class NativeHeads(HeadLayout):
         return config.num_kv_heads
 
 
-NATIVE = Option(
+NATIVE: HeadsOption = Option(
     name="gqa",
     summary="the checkpoint's native KV heads",
     config=NoConfig,

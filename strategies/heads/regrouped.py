@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from harness.errors import ConfigError
 from harness.models.head_layout import HeadLayout
 from harness.models.load import Checkpoint
 from harness.models.model import ModelConfig
 from strategies.registry import NoConfig, Option
+
+if TYPE_CHECKING:
+    from strategies.factories import HeadsOption
 
 GROUP_COUNT = re.compile(r"gqa-[1-9][0-9]*")
 
@@ -66,19 +70,19 @@ class HeadCountConfig:
         return int(self.heads[4:])
 
 
-MHA = Option(
+MHA: HeadsOption = Option(
     name="mha",
     summary="one KV head per query head (no grouped-query support)",
     config=NoConfig,
     build=lambda config: RegroupedHeads("mha", None),
 )
-MQA = Option(
+MQA: HeadsOption = Option(
     name="mqa",
     summary="one KV head, pooled from the native ones",
     config=NoConfig,
     build=lambda config: RegroupedHeads("mqa", 1),
 )
-GQA_N = Option(
+GQA_N: HeadsOption = Option(
     name="gqa-N",
     summary="N KV heads, pooled from (or repeating) the native ones",
     config=HeadCountConfig,

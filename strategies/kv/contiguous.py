@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,6 +17,9 @@ from harness.engine.kv_manager import KVManager, KVStats
 from harness.engine.request import Request
 from strategies.kv.block_pool import expect
 from strategies.registry import Option
+
+if TYPE_CHECKING:
+    from strategies.factories import KVOption
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,7 @@ class ContiguousKVManager(KVManager):
             )
 
 
-CONTIGUOUS = Option(
+CONTIGUOUS: KVOption = Option(
     name="contiguous",
     summary="one slab per request, reserved for prompt + max output (FasterTransformer, Orca)",
     config=ContiguousConfig,

@@ -16,6 +16,7 @@ sampling) first gets its own copy of that block (copy-on-write).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +27,9 @@ from strategies.kv.block_pool import BlockPool, expect
 from strategies.kv.prefix_cache import CachedBlock, PrefixCache
 from strategies.kv.swap import SwappedKV, copy_block, swap_in, swap_out
 from strategies.registry import Option
+
+if TYPE_CHECKING:
+    from strategies.factories import KVOption
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -408,7 +412,7 @@ class PagedKVManager(KVManager):
         )
 
 
-PAGED = Option(
+PAGED: KVOption = Option(
     name="paged",
     summary="vLLM: fixed-size blocks on demand, block tables, prefix sharing, preemption",
     config=PagedConfig,

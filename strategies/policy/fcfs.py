@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from harness.engine.kv_manager import KVManager
 from harness.engine.request import Request
 from harness.engine.scheduling import AdmissionPolicy
 from strategies.registry import NoConfig, Option
+
+if TYPE_CHECKING:
+    from strategies.factories import PolicyOption
 
 
 class FirstComeFirstServed(AdmissionPolicy):
@@ -15,7 +19,7 @@ class FirstComeFirstServed(AdmissionPolicy):
         return list(waiting)
 
 
-FCFS = Option(
+FCFS: PolicyOption = Option(
     name="fcfs",
     summary="arrival order",
     config=NoConfig,

@@ -11,11 +11,15 @@ requests the order falls back to arrival, as SGLang does.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from harness.engine.kv_manager import KVManager
 from harness.engine.request import Request
 from harness.engine.scheduling import AdmissionPolicy
 from strategies.registry import NoConfig, Option
+
+if TYPE_CHECKING:
+    from strategies.factories import PolicyOption
 
 LOOKUP_LIMIT = 128
 
@@ -28,7 +32,7 @@ class PrefixFirst(AdmissionPolicy):
         return sorted(waiting, key=lambda request: -cached[id(request)])
 
 
-PREFIX_FIRST = Option(
+PREFIX_FIRST: PolicyOption = Option(
     name="prefix_first",
     summary="longest cached prompt prefix first (SGLang's longest prefix match)",
     config=NoConfig,

@@ -9,11 +9,15 @@ limit), not the output length it cannot know.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from harness.engine.kv_manager import KVManager
 from harness.engine.request import Request
 from harness.engine.scheduling import AdmissionPolicy
 from strategies.registry import NoConfig, Option
+
+if TYPE_CHECKING:
+    from strategies.factories import PolicyOption
 
 
 class ShortestFirst(AdmissionPolicy):
@@ -21,7 +25,7 @@ class ShortestFirst(AdmissionPolicy):
         return sorted(waiting, key=lambda request: request.max_total_tokens)
 
 
-SHORTEST_FIRST = Option(
+SHORTEST_FIRST: PolicyOption = Option(
     name="shortest_first",
     summary="fewest prompt + max_tokens first (median down, tail up)",
     config=NoConfig,

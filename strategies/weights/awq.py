@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from statistics import mean
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
@@ -24,6 +24,9 @@ from strategies.registry import Option
 from strategies.weights.awq_search import awq_layer
 from strategies.weights.calibration import LayerRunner, calibration_windows
 from strategies.weights.int4_format import Int4Config, Int4Weights, replace_linears
+
+if TYPE_CHECKING:
+    from strategies.factories import WeightsOption
 
 VERSION = 1  # bump when the search changes, so cached checkpoints are remade
 
@@ -126,7 +129,7 @@ def _mean_ratio(layers: list[dict[str, Any]], group: str) -> float | None:
     return mean(ratios) if ratios else None
 
 
-INT4_AWQ = Option(
+INT4_AWQ: WeightsOption = Option(
     name="int4-awq",
     summary="int4 weights, activation-aware scales and clipping (AWQ; AutoAWQ packing)",
     config=AwqConfig,

@@ -6,6 +6,8 @@ reordering the weight on every call.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
 
 from harness.errors import ConfigError
@@ -13,6 +15,9 @@ from harness.models.load import Checkpoint
 from harness.models.weights_format import WeightsContext, WeightsFormat
 from kernels.linear import packed_linear
 from strategies.registry import NoConfig, Option
+
+if TYPE_CHECKING:
+    from strategies.factories import WeightsOption
 
 
 class DenseWeights(WeightsFormat):
@@ -30,7 +35,7 @@ class DenseWeights(WeightsFormat):
         return super().prepare(checkpoint, context)
 
 
-DENSE = Option(
+DENSE: WeightsOption = Option(
     name="dense",
     summary="the checkpoint's weights in the engine dtype",
     config=NoConfig,

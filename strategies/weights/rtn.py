@@ -7,7 +7,7 @@ involved, and packed in AutoAWQ's layout, so it is served by the same layers and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -16,6 +16,9 @@ from harness.models.weights_format import WeightsContext
 from strategies.registry import Option
 from strategies.weights.int4_format import LINEARS, Int4Config, Int4Weights, quantize_layers
 from strategies.weights.int4_quant import quantize
+
+if TYPE_CHECKING:
+    from strategies.factories import WeightsOption
 
 
 class RtnWeights(Int4Weights):
@@ -40,7 +43,7 @@ class RtnWeights(Int4Weights):
         return quantize_layers(config, state, per_layer, progress), {}
 
 
-INT4_RTN = Option(
+INT4_RTN: WeightsOption = Option(
     name="int4-rtn",
     summary="int4 weights, round to nearest per group (zero points; AutoAWQ packing)",
     config=Int4Config,
