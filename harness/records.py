@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-FINISH_REASONS = ("stop", "length", "rejected", "error", "cancelled")
+FINISH_REASONS = ("stop", "length", "rejected", "error", "cancelled", "stopped")
 SUCCESS = ("stop", "length")
 
 
@@ -27,7 +27,7 @@ class RequestRecord:
     t_scheduled: float  # when the request arrived; every latency starts here
     token_times: list[float]
     output_ids: list[int]
-    finish_reason: str | None  # stop | length | rejected | error | cancelled
+    finish_reason: str | None  # stop | length | rejected | error | cancelled | stopped (the run)
     t_send: float | None = None  # when the client handed it over (a diagnostic of the client)
     t_done: float | None = None  # when the complete response was delivered
     error: str | None = None

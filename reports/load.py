@@ -55,12 +55,13 @@ class RunData:
 
     @property
     def status(self) -> str:
-        """`complete`; `failed` (summary written after an error); `incomplete` (no summary,
+        """`complete`; `failed` (summary written after an error); `stopped` (ended early once
+        its SLO verdict could only be a failure, `slo.stop_early`); `incomplete` (no summary,
         or one rebuilt from the records of a run that stopped before writing its own)."""
         if self.summary is None:
             return "incomplete"
         status = self.summary.get("status")
-        return status if status in ("failed", "incomplete") else "complete"
+        return status if status in ("failed", "stopped", "incomplete") else "complete"
 
     @property
     def complete(self) -> bool:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from harness.measure.verdict import Verdict, attainment, verdict, wilson
 from harness.search.knee import Knee, KneeSettings, Outcome, find_knee
-from harness.search.verdict import Verdict, attainment, verdict, wilson
 
 SETTINGS = KneeSettings(
     target=0.9, resolution=0.1, requests=48, max_requests=96, floor_requests=8, ceiling_requests=16

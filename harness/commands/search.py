@@ -3,7 +3,7 @@ interval found on this machine (`harness.search.knee`).
 
 A rate is sustained by the one SLO rule (`harness.measure.slo`): at least `slo.attainment` of
 the requests meet every configured limit, each latency from arrival, failed requests counted
-as misses; each probe's verdict carries the attainment's interval (`harness.search.verdict`).
+as misses; each probe's verdict carries the attainment's interval (`harness.measure.verdict`).
 The time budget (`search.budget_s`) is divided among the strategies and said up front; what
 it could not resolve is said at the end. Every probe is a full run in its own directory under
 `search.out_dir/STRATEGY/` (floor, ceiling, rate-R-nN), so the evidence for every answer can
@@ -25,8 +25,8 @@ from rich.table import Table
 from harness.commands.config import compose
 from harness.errors import ConfigError
 from harness.measure.slo import SLO
+from harness.measure.verdict import attainment
 from harness.search.knee import Knee, KneeSettings, Outcome, find_knee
-from harness.search.verdict import attainment
 
 SUMMARY = "each strategy's knee: the highest rate it sustains under the SLO, as an interval"
 USAGE = """usage: servelab search [search.strategies=[a,b]] slo.ttft_s=S ... [OVERRIDE ...]
@@ -107,7 +107,8 @@ class RunProber:
 
     def at(self, rate: float, requests: int) -> Outcome:
         arrival = ["workload.arrival.process=poisson", f"workload.arrival.rate={rate:.4g}"]
-        return self._probe(f"rate-{rate:.4g}-n{requests}", arrival, requests)
+        stop = [f"slo.stop_early={self.confidence}"]  # over saturation, it ends once it must fail
+        return self._probe(f"rate-{rate:.4g}-n{requests}", [*arrival, *stop], requests)
 
     def _probe(self, name: str, arrival: list[str], requests: int) -> Outcome:
         cfg = self.compose([*self.overrides, *arrival, f"workload.num_requests={requests}"])
@@ -115,13 +116,18 @@ class RunProber:
         start = time.monotonic()
         summary = self.run(cfg, run_dir)
         seconds = time.monotonic() - start
-        counted = int(summary.get("completed") or 0) + int(summary.get("failed") or 0)
-        share = summary.get("slo_attainment") or 0.0
-        met = round(share * counted) if summary.get("status") == "complete" else 0
+        stopped = summary.get("stopped_early") if summary.get("status") == "stopped" else None
+        if stopped is not None:  # the best case still possible when it stopped: a failure
+            counted = int(stopped["counted"])
+            met = counted - int(stopped["missed"])
+        else:
+            counted = int(summary.get("completed") or 0) + int(summary.get("failed") or 0)
+            share = summary.get("slo_attainment") or 0.0
+            met = round(share * counted) if summary.get("status") == "complete" else 0
         measured = attainment(met, counted, self.confidence)
         served_s = float(summary.get("duration_s") or 0.0)
         throughput = summary.get("request_throughput")
-        return Outcome(str(run_dir), measured, throughput, seconds, served_s)
+        return Outcome(str(run_dir), measured, throughput, seconds, served_s, stopped is not None)
 
 
 def search(
@@ -185,7 +191,8 @@ def render_search(knees: list[Knee]) -> str:
     for knee in knees:
         probes = ", ".join(
             f"{p.kind if p.rate is None else f'{p.rate:.3g}'}:{p.verdict.value}"
-            f"({p.outcome.attainment.met}/{p.outcome.attainment.counted})"
+            f"({'stopped, at most ' if p.outcome.stopped else ''}"
+            f"{p.outcome.attainment.met}/{p.outcome.attainment.counted})"
             for p in knee.probes
         )
         table.add_row(

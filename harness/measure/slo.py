@@ -7,7 +7,8 @@ request's arrival. SLO attainment is the share of counted requests (warm-up and 
 left out) that meet it; failed and rejected requests count, as misses. Goodput is the
 number that meet it per second of the run. A run sustains its load when its attainment is
 at least `slo.attainment` (0.9 by default); with no limit configured there is nothing to
-sustain, and the answer is None.
+sustain, and the answer is None. With `slo.stop_early` set (a confidence), an in-process
+run ends once its verdict can only be a failure at that confidence (`harness.runner.early_stop`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class SLO:
     e2e_s: float | None = None
     normalized_latency_s: float | None = None
     attainment: float = DEFAULT_ATTAINMENT
+    stop_early: float | None = None  # a confidence: end a run once it can only fail at it
 
     @classmethod
     def from_config(cls, node: Mapping[str, Any] | None) -> SLO:
@@ -57,7 +59,14 @@ class SLO:
         share = node.get("attainment", DEFAULT_ATTAINMENT)
         if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
             raise ConfigError("slo.attainment", f"{share!r} must be a share in (0, 1]")
-        return cls(**values, attainment=float(share))
+        stop = node.get("stop_early")
+        if stop is not None and (
+            isinstance(stop, bool) or not isinstance(stop, int | float) or not 0 < stop < 1
+        ):
+            raise ConfigError(
+                "slo.stop_early", f"{stop!r} must be a confidence in (0, 1), or null (never)"
+            )
+        return cls(**values, attainment=float(share), stop_early=None if stop is None else stop)
 
     @classmethod
     def of_config(cls, cfg: Mapping[str, Any]) -> SLO:

@@ -8,7 +8,8 @@ in the inbox, and that wait is the server's queueing. `t_send` is when the clien
 put it there; `send_lag` = t_send − t_scheduled measures only the client's own lateness.
 The engine loop drains the inbox before every step, so one step is the longest a request
 can wait unnoticed. Every step record and every delivered response goes to the run writer as
-it happens; if the run fails, each request in flight is written with `finish_reason: error`.
+it happens; if the run fails, each request in flight is written with `finish_reason: error`,
+and if it stops early (`slo.stop_early`), each not yet delivered with `stopped`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from harness.engine.engine import Engine
 from harness.engine.request import Request, SamplingParams
 from harness.engine.step_update import StepResult
 from harness.measure.rundir import RunWriter
+from harness.runner.early_stop import StoppedEarly, StopRecord
 from harness.runner.loop import IDLE_WAIT_S, EngineDriver, StepHook
 from workloads.spec import RequestSpec, Workload
 
@@ -158,8 +160,11 @@ def replay(
     writer: RunWriter,
     hooks: Sequence[StepHook] = (),
     progress: bool = True,
+    stop: Callable[[float], StopRecord | None] = lambda now: None,
 ) -> None:
-    """Serve `requests` (the workload's, from `requests_of`) as the workload sends them."""
+    """Serve `requests` (the workload's, from `requests_of`) as the workload sends them.
+    `stop` is asked after every step whether the run can end early (`early_stop`); if so,
+    every request not yet delivered is recorded as `stopped` and `StoppedEarly` raised."""
     inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
     client = Client(requests, clock, inbox, workload.concurrency, workload.think_s)
     driver = EngineDriver(engine, writer, hooks)
@@ -190,9 +195,30 @@ def replay(
                 continue
             for request in driver.step().delivered:
                 closed(request)
+            stopped = stop(clock())
+            if stopped is not None:
+                _record_stopped(requests, driver, stopped, clock(), writer)
+                raise StoppedEarly(stopped)
+    except StoppedEarly:
+        raise
     except BaseException as exc:
         driver.fail_in_flight(f"{type(exc).__name__}: {exc}")
         raise
     finally:
         client.stop()
         bar.close()
+
+
+def _record_stopped(
+    requests: list[Request],
+    driver: EngineDriver,
+    stopped: StopRecord,
+    now: float,
+    writer: RunWriter,
+) -> None:
+    """Every request not yet delivered (in flight, in the inbox, not yet sent), as `stopped`."""
+    driver.in_flight.clear()
+    for request in requests:
+        if request.t_done is None:
+            request.close("stopped", now, stopped.reason())
+            writer.request(request.record())

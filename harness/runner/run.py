@@ -46,6 +46,7 @@ from harness.records import StepRecord
 from harness.runner.backends import backend_of, peer_backend
 from harness.runner.backends.base import Backend
 from harness.runner.build import ServedModel
+from harness.runner.early_stop import StoppedEarly, StopRecord, stop_rule
 from harness.runner.replay import replay, requests_of
 from harness.runner.settings import (
     DTYPES,
@@ -176,7 +177,8 @@ class InProcessBackend(Backend):
         hooks = [profiler, *self.prepared.started.step_hooks()]
         engine, requests = self.prepared.engine, self.prepared.requests
         try:
-            replay(engine, requests, self.workload, clock, writer, hooks, progress)
+            stop = stop_rule(SLO.of_config(self.cfg), requests)
+            replay(engine, requests, self.workload, clock, writer, hooks, progress, stop)
         finally:
             profiler.close()
 
@@ -221,7 +223,8 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
     if kind == "inprocess":
         backend: Backend = InProcessBackend(prepare(cfg, clock, progress), cfg)
     else:
-        SLO.of_config(cfg)  # checked before any work
+        if SLO.of_config(cfg).stop_early is not None:  # checked before any work
+            raise ConfigError("slo.stop_early", f"in-process runs only; backend={kind} serves")
         backend = peer_backend(kind, cfg, progress)
     writer = RunWriter(run_dir)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -243,8 +246,11 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
     start = time.perf_counter()
     sampler.start()
     error: str | None = None
+    stopped: StopRecord | None = None
     try:
         backend.replay(clock, writer, run_dir, progress)
+    except StoppedEarly as stop:
+        stopped = stop.record
     except Exception as exc:  # the records so far are kept; the summary says what happened
         error = f"{type(exc).__name__}: {exc}"
         raise
@@ -264,6 +270,9 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
             meta.get("peaks"),
             served,
         )
+        if stopped is not None:
+            summary["status"] = "stopped"
+            summary["stopped_early"] = stopped.as_dict()
         add_flags(summary, backend.flags(run_dir))
         if "weights" in meta:
             summary["weights"] = meta["weights"]

@@ -11,7 +11,9 @@
 A probe whose attainment interval straddles the target (`Verdict.KNEE`) is run again with
 twice the requests, up to `max_requests`; if it still straddles, it is evidence of where the
 knee lies and steers the bisection by its point estimate, but the reported bracket stays
-[highest rate that clearly passed, lowest that clearly failed]. Every probe is costed before
+[highest rate that clearly passed, lowest that clearly failed]. A rate probe over saturation
+ends as soon as its verdict can only be a failure (`slo.stop_early`, `harness.runner.early_stop`):
+its attainment is then the best case still possible, and it fails. Every probe is costed before
 it runs (its requests over its rate, plus the loading and drain the anchor probes took); one
 that would not fit the remaining budget is not run, and the result says the knee is
 unresolved.
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from harness.search.verdict import Attainment, Verdict, verdict
+from harness.measure.verdict import Attainment, Verdict, verdict
 
 LOWEST_SHARE = 1 / 64  # the lowest rate probed, as a share of the ceiling
 
@@ -38,6 +40,7 @@ class Outcome:
     request_throughput: float | None
     seconds: float  # wall time of the probe, model load included
     served_s: float  # the run's own duration (first arrival to last response)
+    stopped: bool = False  # ended early, over saturation: `attainment` is its best case
 
 
 @dataclass(frozen=True)

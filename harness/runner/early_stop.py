@@ -1,0 +1,120 @@
+"""Ending a run as soon as its SLO verdict can only be a failure (`slo.stop_early`).
+
+A probe far over saturation takes the longest of any run (its queue grows through the whole
+window) and says the least. `EarlyStop` watches the counted requests (warm-up and cool-down
+left out, as the attainment leaves them out) and keeps the ones that have certainly missed
+the SLO: those delivered that missed it, and those still in flight whose latency is already
+past a limit, whatever happens to them next:
+
+- TTFT: no first token yet, and more than `ttft_s` since its arrival;
+- E2E: not delivered, and more than `e2e_s` since its arrival;
+- normalized latency: not delivered, and the time since arrival over its most output tokens
+  (`max_tokens`) already above the limit (fewer tokens only raise it);
+- TPOT: not delivered, and the time since its first token over its most remaining gaps
+  (`max_tokens - 1`) already above the limit.
+
+With n counted requests of which m certainly missed, the attainment is at most (n - m) / n.
+When even that best case's Wilson interval at `slo.stop_early` (a confidence) lies below
+`slo.attainment`, the run's verdict is a failure at that confidence whatever the other
+requests do, and the run stops: what was in flight or not yet sent is recorded as `stopped`,
+and the summary's `status` is `stopped`, with the evidence (`stopped_early`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+from harness.engine.request import Request
+from harness.measure.metrics import request_latency
+from harness.measure.slo import SLO
+from harness.measure.verdict import wilson
+
+
+@dataclass(frozen=True)
+class StopRecord:
+    """Why a run stopped: the counted requests, how many had certainly missed, and the best
+    attainment still possible with its interval's upper end."""
+
+    at_s: float  # run clock
+    counted: int
+    missed: int
+    delivered: int  # counted requests delivered by then
+    best_attainment: float
+    best_high: float
+    target: float
+    confidence: float
+
+    def reason(self) -> str:
+        return (
+            f"stopped early at {self.at_s:.1f} s: {self.missed} of {self.counted} counted "
+            f"requests had certainly missed the SLO, so attainment is at most "
+            f"{self.best_attainment:.3f} (interval up to {self.best_high:.3f} at "
+            f"{self.confidence:.0%}), below the target {self.target:g}"
+        )
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "reason": self.reason()}
+
+
+class StoppedEarly(Exception):
+    """The run ended early (raised out of the replay once the records are written)."""
+
+    def __init__(self, record: StopRecord) -> None:
+        super().__init__(record.reason())
+        self.record = record
+
+
+class EarlyStop:
+    def __init__(self, slo: SLO, confidence: float, requests: Sequence[Request]) -> None:
+        self.slo = slo
+        self.confidence = confidence
+        self.counted = [r for r in requests if not r.excluded]
+        self._judged: dict[Request, bool] = {}  # delivered: did it meet the SLO
+
+    def check(self, now: float) -> StopRecord | None:
+        """The stop's evidence when the verdict can only be a failure by `now`, else None."""
+        missed = delivered = 0
+        for request in self.counted:
+            if request.t_done is not None:
+                delivered += 1
+                if request not in self._judged:
+                    self._judged[request] = self.slo.meets(request_latency(request.record()))
+                missed += not self._judged[request]
+            elif request.t_send is not None and self._past_a_limit(request, now):
+                missed += 1
+        counted = len(self.counted)
+        best = counted - missed
+        high = wilson(best, counted, self.confidence)[1]
+        if not counted or high >= self.slo.attainment:
+            return None
+        return StopRecord(
+            now,
+            counted,
+            missed,
+            delivered,
+            best / counted,
+            high,
+            self.slo.attainment,
+            self.confidence,
+        )
+
+    def _past_a_limit(self, request: Request, now: float) -> bool:
+        slo, waited = self.slo, now - request.t_scheduled
+        most_tokens = request.sampling.max_tokens
+        if slo.ttft_s is not None and not request.token_times and waited > slo.ttft_s:
+            return True
+        if slo.e2e_s is not None and waited > slo.e2e_s:
+            return True
+        if slo.normalized_latency_s is not None and waited / most_tokens > slo.normalized_latency_s:
+            return True
+        if slo.tpot_s is None or not request.token_times or most_tokens < 2:
+            return False
+        return (now - request.token_times[0]) / (most_tokens - 1) > slo.tpot_s
+
+
+def stop_rule(slo: SLO, requests: Sequence[Request]) -> Callable[[float], StopRecord | None]:
+    """The run's stop check (`slo.stop_early`): never stops when unset."""
+    if slo.stop_early is None:
+        return lambda now: None
+    return EarlyStop(slo, slo.stop_early, requests).check
