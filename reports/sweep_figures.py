@@ -120,6 +120,60 @@ def limit_line(figure: go.Figure, limit: object, text: str) -> go.Figure:
     return figure
 
 
+def per_user_rate(sweep_run: SweepRun) -> float | None:
+    """Output tokens/s one user sees while decoding: 1 / mean TPOT."""
+    tpot = summary_value("tpot", "mean")(sweep_run)
+    return 1 / tpot if tpot else None
+
+
+def pareto_figure(group: Group, colors: dict[str, str]) -> go.Figure:
+    """What each user gets (1 / TPOT) against what the server delivers in all (output
+    tokens/s), a point per run joined in load order, one curve per strategy: the trade a
+    deployment picks a point on. Shaded: the per-user rates that meet the TPOT limit; with
+    only a normalized-latency limit, the rates it needs at least (a token every limit)."""
+    figure = new_figure(
+        "Per-user vs total output rate",
+        "output throughput, all users (tokens/s)",
+        "output rate per user, 1 / mean TPOT (tokens/s)",
+    )
+    for label in group.labels:
+        runs = sorted(
+            (r for r in group.runs if r.label == label and r.run.complete),
+            key=lambda r: r.x or 0.0,
+        )
+        points = [(summary_value("output_throughput")(r), per_user_rate(r), r) for r in runs]
+        points = [(x, y, r) for x, y, r in points if x is not None and y is not None]
+        figure.add_trace(
+            go.Scatter(
+                x=[x for x, _, _ in points],
+                y=[y for _, y, _ in points],
+                mode="lines+markers",
+                name=esc(label),
+                text=[esc(r.run.path.name) for _, _, r in points],
+                hovertemplate=f"{esc(label)} %{{text}}<br>total %{{x:.4g}} tokens/s, "
+                "per user %{y:.4g} tokens/s<extra></extra>",
+                line={"color": colors[label]},
+                marker={"color": colors[label], "size": 7},
+            )
+        )
+    slo = group.slo
+    tpot, normalized = slo.get("tpot_s"), slo.get("normalized_latency_s")
+    limit, text = (tpot, "meets the TPOT SLO") if tpot else (normalized, "needed by the SLO")
+    if isinstance(limit, int | float) and not isinstance(limit, bool) and limit > 0:
+        figure.add_hrect(
+            y0=1 / float(limit),
+            y1=1 / float(limit) * 1e3,
+            fillcolor="#27ae60",
+            opacity=0.08,
+            line_width=0,
+            annotation_text=esc(text),
+            annotation_position="bottom left",
+        )
+    figure.update_xaxes(rangemode="tozero")
+    figure.update_yaxes(rangemode="tozero")
+    return figure
+
+
 def group_figures(group: Group, colors: dict[str, str]) -> list[go.Figure]:
     """The comparison figures of one group."""
     slo = group.slo
@@ -163,5 +217,6 @@ def group_figures(group: Group, colors: dict[str, str]) -> list[go.Figure]:
         limit_line(ttft, slo.get("ttft_s"), "TTFT SLO"),
         goodput,
         throughput,
+        pareto_figure(group, colors),
         waste,
     ]

@@ -22,7 +22,7 @@ from reports.colors import PALETTE, PRESET_COLORS, assign_colors, strategy_color
 from reports.grouping import group_runs, strategy_labels
 from reports.load import find_run_dirs, load_run
 from reports.sustain import group_slo, highest_sustained, run_sustains, sustained_loads
-from reports.sweep_figures import group_figures
+from reports.sweep_figures import group_figures, pareto_figure
 from reports.sweep_report import build_sweep_report
 from reports.sweep_table import choose_baseline
 
@@ -72,6 +72,7 @@ def test_sweep_report_has_every_figure_once_per_group(sweep_html: str) -> None:
         "p99 TTFT vs request rate",
         "Goodput vs request rate",
         "Output throughput vs request rate",
+        "Per-user vs total output rate",
         "KV cache waste vs request rate",
     ]
     assert [t for t in titles if t in expected] == expected
@@ -389,3 +390,26 @@ def test_an_offline_run_shows_no_rate_even_if_its_preset_has_one(tmp_path: Path)
     with (tmp_path / "summary.csv").open() as handle:
         rows = {Path(r["run_dir"]).name: r for r in csv.DictReader(handle)}
     assert (rows["offline"]["rate"], rows["poisson"]["rate"]) == ("", "2.0")
+
+
+def test_the_pareto_view_puts_each_run_at_its_total_and_per_user_rate(tmp_path: Path) -> None:
+    """One point per complete run: x its output throughput, y one over its mean TPOT, joined
+    in load order per strategy; shaded above one over the TPOT limit."""
+    slo = {"ttft_s": 0.5, "tpot_s": 0.05}
+    specs = [
+        RunSpec(name=f"{strategy}-{rate:g}", strategy=strategy, rate=rate, tpot=tpot, slo=slo)
+        for strategy, tpot in (("orca", 0.02), ("vllm", 0.04))
+        for rate in (2.0, 1.0)
+    ]
+    groups = group_runs([load_run(write_run(tmp_path, spec)) for spec in specs])
+    figure = pareto_figure(groups[0], assign_colors(["orca", "vllm"]))
+    for trace in figure.data:
+        runs = sorted(
+            (r for r in groups[0].runs if r.label == trace.name), key=lambda r: r.x or 0.0
+        )
+        summaries = [r.run.summary for r in runs]
+        assert list(trace.x) == [s["output_throughput"] for s in summaries]
+        assert list(trace.y) == pytest.approx([1 / s["tpot"]["mean"] for s in summaries])
+    assert [t.name for t in figure.data] == ["orca", "vllm"]
+    (shade,) = figure.layout.shapes
+    assert shade.y0 == pytest.approx(1 / 0.05)
