@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.measure.verdict import Verdict, attainment, verdict, wilson
-from harness.search.knee import Knee, KneeSettings, Outcome, find_knee
+from harness.search.knee import Knee, KneeSettings, Outcome, Probe, find_knee
 
 SETTINGS = KneeSettings(
     target=0.9, resolution=0.1, requests=48, max_requests=96, floor_requests=8, ceiling_requests=16
@@ -75,10 +75,13 @@ def test_a_slo_that_never_binds_puts_the_knee_at_the_ceiling() -> None:
 
 def test_a_probe_at_the_knee_is_lengthened_and_steers_by_its_estimate() -> None:
     system = System(knee=3.0, ceiling=10.0, straddle=(2.4, 2.6))
-    knee = _search(system)
+    seen: list[tuple[str, Probe]] = []
+    knee = find_knee("s", system, SETTINGS, 1e6, system.clock, lambda s, p: seen.append((s, p)))
     at_knee = [p for p in knee.probes if p.kind == "rate" and p.verdict is Verdict.KNEE]
-    assert [(p.rate, p.requests) for p in at_knee] == [(2.5, 96)]  # 48, then 96 requests
+    assert [(p.rate, p.requests) for p in at_knee] == [(2.5, 48), (2.5, 96)]  # both evidence
     assert ("rate", 2.5, 48) in system.calls and ("rate", 2.5, 96) in system.calls
+    assert seen == [("s", p) for p in knee.probes]  # each probe told as it ended, in order
+    assert len(knee.probes) == len(system.calls)
     assert knee.failed == 5.0 and knee.passed is not None and knee.passed < 2.5  # clear verdicts
 
 
@@ -135,3 +138,20 @@ def test_a_strategy_slowed_on_purpose_moves_its_knee_down_by_the_factor(tmp_path
     assert low is not None and high is not None and low <= 2.2 and high >= 1.6, (low, high)
     assert fast.estimate is not None and slow.estimate is not None
     assert fast.estimate / slow.estimate == pytest.approx(2.0, rel=0.3)
+
+
+def test_a_probe_line_says_what_ran_and_what_it_showed() -> None:
+    from harness.commands.search import probe_line
+
+    stopped = Outcome("d", attainment(38, 48, 0.95), 0.9, 41.2, 40.0, stopped=True)
+    line = probe_line("vllm", Probe("rate", 0.58, 48, Verdict.FAIL, stopped))
+    assert line == (
+        "  vllm: 0.58 req/s, 48 requests: fail, at most 38/48 (stopped early) met the SLO "
+        "[0.66, 0.88] (41 s)"
+    )
+    top = Outcome("d", attainment(0, 16, 0.95), 1.16, 16.0, 14.0)
+    line = probe_line("vllm", Probe("ceiling", None, 16, Verdict.FAIL, top))
+    assert line == (
+        "  vllm: all at once, 16 requests: fail, 0/16 met the SLO [0.00, 0.19], "
+        "1.16 req/s served (16 s)"
+    )

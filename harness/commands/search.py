@@ -26,7 +26,7 @@ from harness.commands.config import compose
 from harness.errors import ConfigError
 from harness.measure.slo import SLO
 from harness.measure.verdict import attainment
-from harness.search.knee import Knee, KneeSettings, Outcome, find_knee
+from harness.search.knee import Knee, KneeSettings, Outcome, Probe, find_knee
 
 SUMMARY = "each strategy's knee: the highest rate it sustains under the SLO, as an interval"
 USAGE = """usage: servelab search [search.strategies=[a,b]] slo.ttft_s=S ... [OVERRIDE ...]
@@ -140,7 +140,7 @@ def search(
     for index, strategy in enumerate(settings.strategies):
         share = (deadline - time.monotonic()) / (len(settings.strategies) - index)
         prober = RunProber(overrides, strategy, settings, compose, run)
-        knees.append(find_knee(strategy, prober, settings.knee, max(share, 0.0)))
+        knees.append(find_knee(strategy, prober, settings.knee, max(share, 0.0), seen=print_probe))
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     record = {
         "settings": _jsonable(asdict(settings)),
@@ -156,6 +156,28 @@ def _jsonable(value: object) -> object:
     if isinstance(value, list):
         return [_jsonable(v) for v in value]
     return str(value) if isinstance(value, Path) else value  # a Verdict is a str already
+
+
+def probe_line(strategy: str, probe: Probe) -> str:
+    """One line for a probe as it ends: what ran, the verdict and its evidence."""
+    what = {"floor": "one at a time", "ceiling": "all at once"}.get(probe.kind)
+    measured = probe.outcome.attainment
+    served = (
+        f"at most {measured.met}/{measured.counted} (stopped early)"
+        if probe.outcome.stopped
+        else f"{measured.met}/{measured.counted}"
+    )
+    throughput = probe.outcome.request_throughput
+    return (
+        f"  {strategy}: {what or f'{probe.rate:.3g} req/s'}, {probe.requests} requests: "
+        f"{probe.verdict.value}, {served} met the SLO [{measured.low:.2f}, {measured.high:.2f}]"
+        + (f", {throughput:.3g} req/s served" if probe.kind == "ceiling" and throughput else "")
+        + f" ({probe.outcome.seconds:.0f} s)"
+    )
+
+
+def print_probe(strategy: str, probe: Probe) -> None:
+    print(probe_line(strategy, probe), flush=True)
 
 
 def plan_line(settings: SearchSettings) -> str:

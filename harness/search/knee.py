@@ -101,25 +101,36 @@ class Prober(Protocol):
         """`requests` arriving as a Poisson process of `rate` req/s."""
 
 
+ProbeSeen = Callable[[str, Probe], None]  # (strategy, probe) as each probe ends
+
+
 def find_knee(
     strategy: str,
     prober: Prober,
     settings: KneeSettings,
     budget_s: float,
     clock: Callable[[], float] = time.monotonic,
+    seen: ProbeSeen = lambda strategy, probe: None,
 ) -> Knee:
+    """`strategy`'s knee within `budget_s`; `seen` hears of every probe as it ends."""
     knee = Knee(strategy)
+
+    def add(probe: Probe) -> Probe:
+        knee.probes.append(probe)
+        seen(strategy, probe)
+        return probe
+
     deadline = clock() + budget_s
     floor = prober.floor(settings.floor_requests)
     floor_verdict = _verdict(floor, settings)
-    knee.probes.append(Probe("floor", None, settings.floor_requests, floor_verdict, floor))
+    add(Probe("floor", None, settings.floor_requests, floor_verdict, floor))
     if floor_verdict is Verdict.FAIL:
         knee.resolved = True
         knee.note = "one request at a time already misses the SLO: no rate is sustained"
         return knee
     top = prober.ceiling(settings.ceiling_requests)
     top_verdict = _verdict(top, settings)
-    knee.probes.append(Probe("ceiling", None, settings.ceiling_requests, top_verdict, top))
+    add(Probe("ceiling", None, settings.ceiling_requests, top_verdict, top))
     if not top.request_throughput:
         knee.note = "the ceiling probe served nothing"
         return knee
@@ -133,8 +144,7 @@ def find_knee(
         if clock() + cost > deadline:
             knee.note = f"budget spent before the probe at {rate:.3g} req/s (about {cost:.0f} s)"
             return knee
-        probe = _probe_rate(prober, rate, settings, deadline, clock, overhead_s)
-        knee.probes.append(probe)
+        probe = _probe_rate(prober, rate, settings, deadline, clock, overhead_s, add)
         if probe.verdict is Verdict.PASS:
             knee.passed = max(knee.passed or 0.0, rate)
         elif probe.verdict is Verdict.FAIL:
@@ -167,19 +177,21 @@ def _probe_rate(
     deadline: float,
     clock: Callable[[], float],
     overhead_s: float,
+    add: Callable[[Probe], Probe],
 ) -> Probe:
-    """A rate probe, lengthened while it straddles the target and the budget allows."""
+    """A rate probe, lengthened while it straddles the target and the budget allows; every
+    run is evidence (added), the last one decides."""
     requests = settings.requests
     outcome = prober.at(rate, requests)
-    result = _verdict(outcome, settings)
-    while result is Verdict.KNEE and requests * 2 <= settings.max_requests:
+    probe = add(Probe("rate", rate, requests, _verdict(outcome, settings), outcome))
+    while probe.verdict is Verdict.KNEE and requests * 2 <= settings.max_requests:
         longer = requests * 2
         if clock() + longer / rate + overhead_s > deadline:
             break
         requests = longer
         outcome = prober.at(rate, requests)
-        result = _verdict(outcome, settings)
-    return Probe("rate", rate, requests, result, outcome)
+        probe = add(Probe("rate", rate, requests, _verdict(outcome, settings), outcome))
+    return probe
 
 
 def _verdict(outcome: Outcome, settings: KneeSettings) -> Verdict:
