@@ -155,3 +155,46 @@ def test_a_probe_line_says_what_ran_and_what_it_showed() -> None:
         "  vllm: all at once, 16 requests: fail, 0/16 met the SLO [0.00, 0.19], "
         "1.16 req/s served (16 s)"
     )
+
+
+def test_scaled_limits_are_multiples_of_the_reference_floors_medians(tmp_path, capsys) -> None:
+    """`search.slo_scale`: one floor run of the first strategy, then every probe of every
+    strategy runs under limits that are those multiples of its medians."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from harness.commands.config import compose
+    from harness.commands.search import search
+    from harness.runner.run import run
+
+    overrides = [
+        "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
+        "workload.input_len.dist=fixed", "workload.input_len.value=8",
+        "workload.output_len.value=6", "search.strategies=[fastertransformer,vllm]",
+        "+search.slo_scale.ttft_s=4", "+search.slo_scale.normalized_latency_s=2",
+        "slo.ttft_s=99", "search.floor_requests=3", "search.ceiling_requests=4",
+        "search.budget_s=0.01", f"search.out_dir={tmp_path}",
+    ]  # fmt: skip
+    search(overrides, compose, lambda cfg, d: run(cfg, d, progress=False))
+    reference = json.loads(
+        (tmp_path / "fastertransformer/reference-floor/summary.json").read_text()
+    )
+    ttft = float(f"{4 * reference['ttft']['p50']:.4g}")
+    normalized = float(f"{2 * reference['normalized_latency']['p50']:.4g}")
+    assert (
+        "SLO scaled from fastertransformer's medians one request at a time"
+        in capsys.readouterr().out
+    )
+    for probe in ("fastertransformer/floor", "fastertransformer/ceiling", "vllm/floor"):
+        slo = OmegaConf.load(tmp_path / probe / "config.yaml").slo
+        assert (slo.ttft_s, slo.normalized_latency_s) == (ttft, normalized), probe
+
+
+def test_a_scaled_limit_must_name_a_limit() -> None:
+    from harness.commands.config import compose
+    from harness.commands.search import SearchSettings
+    from harness.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"search\.slo_scale\.ttft: not a limit"):
+        SearchSettings.of(compose(["+search.slo_scale.ttft=4"]))

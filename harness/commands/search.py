@@ -24,7 +24,7 @@ from rich.table import Table
 
 from harness.commands.config import compose
 from harness.errors import ConfigError
-from harness.measure.slo import SLO
+from harness.measure.slo import LIMITS, SLO
 from harness.measure.verdict import attainment
 from harness.search.knee import Knee, KneeSettings, Outcome, Probe, find_knee
 
@@ -36,6 +36,7 @@ once), then Poisson rates below the ceiling, bisected until the knee is known wi
 search.resolution, all within search.budget_s; the knee as [highest pass, lowest fail]."""
 
 RunFn = Callable[[DictConfig, Path], dict]
+FLOOR_ARRIVAL = ["workload.arrival.process=closed_loop", "workload.arrival.concurrency=1"]
 
 
 @dataclass(frozen=True)
@@ -45,15 +46,22 @@ class SearchSettings:
     confidence: float
     out_dir: Path
     knee: KneeSettings
+    slo_scale: dict[str, float]  # limit -> multiple of the reference floor's median (or none)
 
     @classmethod
     def of(cls, cfg: DictConfig) -> SearchSettings:
         slo = SLO.of_config(cfg)
-        if not slo.configured:
+        if not slo.configured and not cfg.search.get("slo_scale"):
             raise ConfigError(
                 "slo", "search needs at least one limit, e.g. slo.ttft_s=2 or slo.tpot_s=0.1"
             )
         node = cfg.search
+        slo_scale = {str(k): v for k, v in (node.get("slo_scale") or {}).items()}
+        for key, value in slo_scale.items():
+            if key not in LIMITS:
+                raise ConfigError(f"search.slo_scale.{key}", f"not a limit; one of {LIMITS}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"search.slo_scale.{key}", f"{value!r} must be positive")
         strategies = [str(s) for s in node.strategies]
         if not strategies:
             raise ConfigError("search.strategies", "name at least one strategy preset")
@@ -77,7 +85,12 @@ class SearchSettings:
             ceiling_requests=counts["ceiling_requests"],
         )
         return cls(
-            strategies, numbers["budget_s"], numbers["confidence"], Path(str(node.out_dir)), knee
+            strategies,
+            numbers["budget_s"],
+            numbers["confidence"],
+            Path(str(node.out_dir)),
+            knee,
+            {key: float(value) for key, value in slo_scale.items()},
         )
 
 
@@ -99,8 +112,7 @@ class RunProber:
         self.run = run
 
     def floor(self, requests: int) -> Outcome:
-        arrival = ["workload.arrival.process=closed_loop", "workload.arrival.concurrency=1"]
-        return self._probe("floor", arrival, requests)
+        return self._probe("floor", FLOOR_ARRIVAL, requests)
 
     def ceiling(self, requests: int) -> Outcome:
         return self._probe("ceiling", ["workload.arrival.process=offline"], requests)
@@ -110,12 +122,19 @@ class RunProber:
         stop = [f"slo.stop_early={self.confidence}"]  # over saturation, it ends once it must fail
         return self._probe(f"rate-{rate:.4g}-n{requests}", [*arrival, *stop], requests)
 
-    def _probe(self, name: str, arrival: list[str], requests: int) -> Outcome:
+    def reference(self, requests: int) -> dict:
+        """The summary of a floor run: its latencies' medians are what scaled limits scale."""
+        return self._run("reference-floor", FLOOR_ARRIVAL, requests)[0]
+
+    def _run(self, name: str, arrival: list[str], requests: int) -> tuple[dict, Path, float]:
         cfg = self.compose([*self.overrides, *arrival, f"workload.num_requests={requests}"])
         run_dir = self.out_dir / name
         start = time.monotonic()
         summary = self.run(cfg, run_dir)
-        seconds = time.monotonic() - start
+        return summary, run_dir, time.monotonic() - start
+
+    def _probe(self, name: str, arrival: list[str], requests: int) -> Outcome:
+        summary, run_dir, seconds = self._run(name, arrival, requests)
         stopped = summary.get("stopped_early") if summary.get("status") == "stopped" else None
         if stopped is not None:  # the best case still possible when it stopped: a failure
             counted = int(stopped["counted"])
@@ -136,6 +155,14 @@ def search(
     settings = SearchSettings.of(compose(overrides))
     print(plan_line(settings), flush=True)
     deadline = time.monotonic() + settings.budget_s
+    if settings.slo_scale:
+        first = RunProber(overrides, settings.strategies[0], settings, compose, run)
+        limits = scaled_limits(settings.slo_scale, first.reference(settings.knee.floor_requests))
+        print(limits_line(settings.strategies[0], settings.slo_scale, limits), flush=True)
+        kept = [
+            o for o in overrides if o.split("=")[0].lstrip("+") not in {f"slo.{k}" for k in limits}
+        ]
+        overrides = [*kept, *(f"slo.{key}={value:.4g}" for key, value in limits.items())]
     knees = []
     for index, strategy in enumerate(settings.strategies):
         share = (deadline - time.monotonic()) / (len(settings.strategies) - index)
@@ -178,6 +205,30 @@ def probe_line(strategy: str, probe: Probe) -> str:
 
 def print_probe(strategy: str, probe: Probe) -> None:
     print(probe_line(strategy, probe), flush=True)
+
+
+def scaled_limits(scale: dict[str, float], reference: dict) -> dict[str, float]:
+    """Each scaled limit: its multiple of the reference floor's median of that latency."""
+    limits = {}
+    for key, multiple in scale.items():
+        median = (reference.get(key.removesuffix("_s")) or {}).get("p50")
+        if not isinstance(median, int | float) or median <= 0:
+            raise ConfigError(
+                f"search.slo_scale.{key}", "the reference floor run measured no such latency"
+            )
+        limits[key] = multiple * median
+    return limits
+
+
+def limits_line(strategy: str, scale: dict[str, float], limits: dict[str, float]) -> str:
+    parts = [
+        f"{key} = {scale[key]:g} x {limits[key] / scale[key]:.3g} = {limits[key]:.3g}"
+        for key in limits
+    ]
+    return (
+        f"SLO scaled from {strategy}'s medians one request at a time: {'; '.join(parts)} "
+        "(the same limits for every strategy)"
+    )
 
 
 def plan_line(settings: SearchSettings) -> str:

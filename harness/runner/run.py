@@ -120,7 +120,8 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 def completed_summary(cfg: DictConfig, run_dir: Path) -> dict | None:
-    """The summary of an earlier complete run of this same config in `run_dir`, if any."""
+    """The summary of an earlier complete (or stopped early: its verdict is known) run of this
+    same config in `run_dir`, if any."""
     path = run_dir / "summary.json"
     if not path.exists():
         return None
@@ -129,7 +130,7 @@ def completed_summary(cfg: DictConfig, run_dir: Path) -> dict | None:
     except json.JSONDecodeError:
         return None
     same = summary.get("config_hash") == config_hash(cfg)
-    return summary if same and summary.get("status") == "complete" else None
+    return summary if same and summary.get("status") in ("complete", "stopped") else None
 
 
 class InProcessBackend(Backend):
