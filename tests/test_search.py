@@ -172,7 +172,7 @@ def test_scaled_limits_are_multiples_of_the_reference_floors_medians(tmp_path, c
         "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
         "workload.input_len.dist=fixed", "workload.input_len.value=8",
         "workload.output_len.value=6", "search.strategies=[fastertransformer,vllm]",
-        "+search.slo_scale.ttft_s=4", "+search.slo_scale.normalized_latency_s=2",
+        "search.slo_scale.ttft_s=4", "search.slo_scale.normalized_latency_s=2",
         "slo.ttft_s=99", "search.floor_requests=3", "search.ceiling_requests=4",
         "search.budget_s=0.01", f"search.out_dir={tmp_path}",
     ]  # fmt: skip

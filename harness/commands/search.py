@@ -51,12 +51,13 @@ class SearchSettings:
     @classmethod
     def of(cls, cfg: DictConfig) -> SearchSettings:
         slo = SLO.of_config(cfg)
-        if not slo.configured and not cfg.search.get("slo_scale"):
+        if not slo.configured and not any((cfg.search.get("slo_scale") or {}).values()):
             raise ConfigError(
                 "slo", "search needs at least one limit, e.g. slo.ttft_s=2 or slo.tpot_s=0.1"
             )
         node = cfg.search
-        slo_scale = {str(k): v for k, v in (node.get("slo_scale") or {}).items()}
+        scales = (node.get("slo_scale") or {}).items()
+        slo_scale = {str(k): v for k, v in scales if v is not None}
         for key, value in slo_scale.items():
             if key not in LIMITS:
                 raise ConfigError(f"search.slo_scale.{key}", f"not a limit; one of {LIMITS}")
