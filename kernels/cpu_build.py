@@ -2,14 +2,14 @@
 
 Each level of `kernels.capabilities` has its own build, compiled with that level's flags
 (never `-march=native`, so a build is the same on every CPU of its level) and cached on disk
-by a hash of the sources, the flags and torch's version, and compiled from a copy of the
-sources kept beside it, so that a fresh clone elsewhere reuses it. Each registers its
-operators under its own namespace (`torch.ops.servelab_avx2`, ...;
-`kernels/cpu/ops_library.h`), so one process can load every build this CPU runs: the
-engine takes the build of the level dispatch uses (`cpu_ops()`), and the tests run every
-kernel against each runnable build (`cpu_ops(level)`) next to the PyTorch references.
-A build above this CPU's level is never loaded (its code would fault); `compile_check`
-compiles it without loading, so its branches are at least compiled on every machine.
+by a hash of the sources, the flags and torch's version; a build found there is loaded
+whichever checkout or environment made it. Each registers its operators under
+its own namespace (`torch.ops.servelab_avx2`, ...; `kernels/cpu/ops_library.h`), so one
+process can load every build this CPU runs: the engine takes the build of the level
+dispatch uses (`cpu_ops()`), and the tests run every kernel against each runnable build
+(`cpu_ops(level)`) next to the PyTorch references. A build above this CPU's level is never
+loaded (its code would fault); `compile_check` compiles it without loading, so its branches
+are at least compiled on every machine.
 """
 
 from __future__ import annotations
@@ -95,9 +95,11 @@ def _build(level: str) -> str | None:
     try:
         with _exclusive(build_dir.with_name(f"{name}.building")):
             _remove_orphaned_baton(build_dir / "lock")
+            if _load_built(build_dir / f"{name}.so"):
+                return None
             load(
                 name=name,
-                sources=[str(path) for path in _stable_sources(build_dir)],
+                sources=[str(path) for path in SOURCES],
                 build_directory=str(build_dir),
                 extra_cflags=list(flags),
                 extra_ldflags=["-fopenmp"],
@@ -110,18 +112,20 @@ def _build(level: str) -> str | None:
     return None
 
 
-def _stable_sources(build_dir: Path) -> list[Path]:
-    """The sources, copied into the build's own directory (named by their hash) and compiled
-    from there: ninja rebuilds whenever a compile command changes, and the command names the
-    source's path, so compiling from the checkout would rebuild in every fresh clone. A copy
-    is written once, and so keeps the time ninja last saw."""
-    copies = build_dir / "src"
-    copies.mkdir(exist_ok=True)
-    for path in (*SOURCES, *HEADERS):
-        copy = copies / path.name
-        if not copy.exists() or copy.read_bytes() != path.read_bytes():
-            copy.write_bytes(path.read_bytes())
-    return [copies / path.name for path in SOURCES]
+def _load_built(library: Path) -> bool:
+    """Load a build made before, by whichever checkout and environment: its name hashes
+    everything that changes its code, while torch's build would compile it all again for a
+    new environment (its include paths are part of every compile command). False when there
+    is none, or it does not load (a build killed while linking): then it is built."""
+    if not library.exists():
+        return False
+    try:
+        torch.ops.load_library(str(library))
+    except OSError as exc:
+        log.warning("rebuilding %s, which did not load: %s", library.name, exc)
+        library.unlink(missing_ok=True)
+        return False
+    return True
 
 
 def cpu_ops(level: str | None = None) -> object | None:

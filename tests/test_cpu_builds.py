@@ -12,10 +12,8 @@ import torch
 
 from kernels.capabilities import LEVELS, capabilities, runnable_levels
 from kernels.cpu_build import (
-    SOURCES,
     _build,
     _exclusive,
-    _stable_sources,
     build_name,
     compile_check,
     cpu_ops,
@@ -79,17 +77,16 @@ def test_a_build_killed_midway_does_not_stall_the_next(cpu_build: CpuBuild) -> N
     assert outcome == [None] and not (build_dir / "lock").exists()
 
 
-def test_a_build_compiles_copies_kept_beside_it(cpu_build: CpuBuild) -> None:
-    """ninja rebuilds when a compile command changes, and the command names each source's
-    path: a build compiles the copies in its own directory (named by the sources' hash), so
-    a clone elsewhere finds it up to date. The copies are written once and keep their time."""
-    build_dir = extensions_root() / "servelab" / build_name(cpu_build.level)
-    ninja = (build_dir / "build.ninja").read_text()
-    for source in SOURCES:
-        assert str(source) not in ninja
-        assert str(build_dir / "src" / source.name) in ninja
-    before = {path.name: path.stat().st_mtime_ns for path in (build_dir / "src").iterdir()}
-    with _exclusive(build_dir.with_name(f"{build_dir.name}.building")):
-        copies = _stable_sources(build_dir)
-    assert [path.read_text() for path in copies] == [path.read_text() for path in SOURCES]
-    assert {path.name: path.stat().st_mtime_ns for path in (build_dir / "src").iterdir()} == before
+def test_a_build_made_before_is_loaded_without_compiling(
+    cpu_build: CpuBuild, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh clone with its own environment finds the build of these sources, flags and
+    torch version and loads it: torch's build (which would compile it all again, since the
+    environment's include paths are in each command) is not called."""
+    from torch.utils import cpp_extension
+
+    def no_compiling(**kwargs: object) -> None:
+        raise AssertionError(f"compiled {kwargs['name']} again")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiling)
+    assert _build(cpu_build.level) is None
