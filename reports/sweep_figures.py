@@ -160,9 +160,11 @@ def pareto_figure(group: Group, colors: dict[str, str]) -> go.Figure:
     tpot, normalized = slo.get("tpot_s"), slo.get("normalized_latency_s")
     limit, text = (tpot, "meets the TPOT SLO") if tpot else (normalized, "needed by the SLO")
     if isinstance(limit, int | float) and not isinstance(limit, bool) and limit > 0:
-        figure.add_hrect(
-            y0=1 / float(limit),
-            y1=1 / float(limit) * 1e3,
+        needed = 1 / float(limit)
+        drawn = [y for trace in figure.data for y in trace.y]
+        figure.add_hrect(  # to just above the highest point: shapes widen the autorange
+            y0=needed,
+            y1=max([needed, *drawn]) * 1.1,
             fillcolor="#27ae60",
             opacity=0.08,
             line_width=0,

@@ -50,11 +50,6 @@ class SearchSettings:
 
     @classmethod
     def of(cls, cfg: DictConfig) -> SearchSettings:
-        slo = SLO.of_config(cfg)
-        if not slo.configured and not any((cfg.search.get("slo_scale") or {}).values()):
-            raise ConfigError(
-                "slo", "search needs at least one limit, e.g. slo.ttft_s=2 or slo.tpot_s=0.1"
-            )
         node = cfg.search
         scales = (node.get("slo_scale") or {}).items()
         slo_scale = {str(k): v for k, v in scales if v is not None}
@@ -63,6 +58,11 @@ class SearchSettings:
                 raise ConfigError(f"search.slo_scale.{key}", f"not a limit; one of {LIMITS}")
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"search.slo_scale.{key}", f"{value!r} must be positive")
+        slo = SLO.of_config(cfg)
+        if not slo.configured and not slo_scale:
+            raise ConfigError(
+                "slo", "search needs at least one limit, e.g. slo.ttft_s=2 or slo.tpot_s=0.1"
+            )
         strategies = [str(s) for s in node.strategies]
         if not strategies:
             raise ConfigError("search.strategies", "name at least one strategy preset")

@@ -100,11 +100,16 @@ class EngineDriver:
 
 
 def fail_in_flight(
-    requests: list[Request], error: str, clock: Callable[[], float], sink: RecordSink | None
+    requests: list[Request],
+    error: str,
+    clock: Callable[[], float],
+    sink: RecordSink | None,
+    reason: str = "error",
 ) -> None:
-    """Write every request a failed run was serving, as failed with the run's error."""
+    """Write every request a run ended without serving, finished as `reason` with `error`
+    saying why (a failed run: `error`; a run stopped early: `stopped`)."""
     now = clock()
     for request in requests:
-        request.close("error", now, error)
+        request.close(reason, now, error)
         if sink is not None:
             sink.request(request.record())

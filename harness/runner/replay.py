@@ -29,7 +29,7 @@ from harness.engine.request import Request, SamplingParams
 from harness.engine.step_update import StepResult
 from harness.measure.rundir import RunWriter
 from harness.runner.early_stop import StoppedEarly, StopRecord
-from harness.runner.loop import IDLE_WAIT_S, EngineDriver, StepHook
+from harness.runner.loop import IDLE_WAIT_S, EngineDriver, StepHook, fail_in_flight
 from workloads.spec import RequestSpec, Workload
 
 
@@ -197,7 +197,9 @@ def replay(
                 closed(request)
             stopped = stop(clock())
             if stopped is not None:
-                _record_stopped(requests, driver, stopped, clock(), writer)
+                driver.in_flight.clear()
+                unserved = [request for request in requests if request.t_done is None]
+                fail_in_flight(unserved, stopped.reason(), clock, writer, reason="stopped")
                 raise StoppedEarly(stopped)
     except StoppedEarly:
         raise
@@ -207,18 +209,3 @@ def replay(
     finally:
         client.stop()
         bar.close()
-
-
-def _record_stopped(
-    requests: list[Request],
-    driver: EngineDriver,
-    stopped: StopRecord,
-    now: float,
-    writer: RunWriter,
-) -> None:
-    """Every request not yet delivered (in flight, in the inbox, not yet sent), as `stopped`."""
-    driver.in_flight.clear()
-    for request in requests:
-        if request.t_done is None:
-            request.close("stopped", now, stopped.reason())
-            writer.request(request.record())
