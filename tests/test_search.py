@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.measure.verdict import Verdict, attainment, verdict, wilson
-from harness.search.knee import Knee, KneeSettings, Outcome, Probe, find_knee
+from harness.search.knee import Knee, KneeSettings, Outcome, Probe, find_knees
 
 SETTINGS = KneeSettings(
     target=0.9, resolution=0.1, requests=48, max_requests=96, floor_requests=8, ceiling_requests=16
@@ -47,7 +47,7 @@ class System:
 
 
 def _search(system: System, budget_s: float = 1e6) -> Knee:
-    return find_knee("s", system, SETTINGS, budget_s, clock=system.clock)
+    return find_knees({"s": system}, SETTINGS, budget_s, clock=system.clock)[0]
 
 
 def test_the_knee_is_bracketed_within_the_resolution() -> None:
@@ -76,7 +76,9 @@ def test_a_slo_that_never_binds_puts_the_knee_at_the_ceiling() -> None:
 def test_a_probe_at_the_knee_is_lengthened_and_steers_by_its_estimate() -> None:
     system = System(knee=3.0, ceiling=10.0, straddle=(2.4, 2.6))
     seen: list[tuple[str, Probe]] = []
-    knee = find_knee("s", system, SETTINGS, 1e6, system.clock, lambda s, p: seen.append((s, p)))
+    (knee,) = find_knees(
+        {"s": system}, SETTINGS, 1e6, system.clock, lambda s, p: seen.append((s, p))
+    )
     at_knee = [p for p in knee.probes if p.kind == "rate" and p.verdict is Verdict.KNEE]
     assert [(p.rate, p.requests) for p in at_knee] == [(2.5, 48), (2.5, 96)]  # both evidence
     assert ("rate", 2.5, 48) in system.calls and ("rate", 2.5, 96) in system.calls
@@ -90,6 +92,64 @@ def test_a_probe_that_does_not_fit_the_budget_is_not_run() -> None:
     knee = _search(system, budget_s=40.0)  # floor 1 s, ceiling 2 s, 5 req/s 9.6 s, 2.5: 19.2
     assert not knee.resolved and "budget spent" in knee.note
     assert system.now <= 40.0
+
+
+class SharedClock:
+    """One clock for several made-up systems: each probe advances it by its cost."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Sharing(System):
+    def __init__(self, clock: SharedClock, knee: float, ceiling: float) -> None:
+        super().__init__(knee, ceiling)
+        self.shared = clock
+
+    def _outcome(self, met: int, requests: int, seconds: float) -> Outcome:
+        self.shared.now += seconds
+        return super()._outcome(met, requests, seconds)
+
+
+def test_a_shared_budget_brackets_every_knee_before_refining_any() -> None:
+    """Three strategies and a budget too small to resolve all three: every one's anchors run
+    first, then every knee gets a passing rate before any bracket is narrowed."""
+    clock = SharedClock()
+    systems = {
+        name: Sharing(clock, knee, 10.0) for name, knee in [("a", 3.0), ("b", 1.5), ("c", 4.0)]
+    }
+    order: list[tuple[str, str, float | None]] = []
+    knees = find_knees(
+        systems, SETTINGS, 200.0, clock, lambda s, p: order.append((s, p.kind, p.rate))
+    )
+    assert [kind for _, kind, _ in order[:6]] == ["floor", "ceiling"] * 3
+    assert [s for s, _, _ in order[:6]] == ["a", "a", "b", "b", "c", "c"]
+    assert all(k.passed is not None for k in knees)  # every knee bracketed ...
+    assert not all(k.resolved for k in knees)  # ... though the budget resolves not all
+    rates = [(i, s, rate) for i, (s, kind, rate) in enumerate(order) if kind == "rate"]
+    first_pass = {
+        name: min(i for i, s, rate in rates if s == name and rate <= systems[name].knee)
+        for name in systems
+    }
+    refining = [i for i, s, _ in rates if i > first_pass[s]]  # a bracket narrowed
+    assert refining and min(refining) > max(first_pass.values())  # only once all had a pass
+    assert clock.now <= 200.0
+    assert all("budget spent" in k.note for k in knees if not k.resolved)
+
+
+def test_a_probe_too_long_for_the_budget_gives_way_to_one_that_fits() -> None:
+    """A slow strategy's next probe would overrun the budget; a fast one's still fits, and
+    runs, so the budget is not left idle."""
+    clock = SharedClock()
+    systems = {"slow": Sharing(clock, 0.02, 0.1), "fast": Sharing(clock, 3.0, 10.0)}
+    knees = find_knees(systems, SETTINGS, 150.0, clock)
+    slow, fast = knees
+    assert "budget spent" in slow.note and slow.passed is None  # 48 / 0.05 = 960 s: too long
+    assert fast.passed is not None  # ran after the slow one's probe was refused
+    assert clock.now <= 150.0
 
 
 @pytest.mark.parametrize(

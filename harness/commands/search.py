@@ -4,10 +4,11 @@ interval found on this machine (`harness.search.knee`).
 A rate is sustained by the one SLO rule (`harness.measure.slo`): at least `slo.attainment` of
 the requests meet every configured limit, each latency from arrival, failed requests counted
 as misses; each probe's verdict carries the attainment's interval (`harness.measure.verdict`).
-The time budget (`search.budget_s`) is divided among the strategies and said up front; what
-it could not resolve is said at the end. Every probe is a full run in its own directory under
-`search.out_dir/STRATEGY/` (floor, ceiling, rate-R-nN), so the evidence for every answer can
-be opened, a rerun reuses complete probes, and `servelab report` draws them.
+The time budget (`search.budget_s`) is shared among the strategies, the least-known knee
+probed first, and said up front; what it could not resolve is said at the end. Every probe
+is a full run in its own directory under `search.out_dir/STRATEGY/` (floor, ceiling,
+rate-R-nN), so the evidence for every answer can be opened, a rerun reuses complete probes,
+and `servelab report` draws them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from harness.commands.config import compose
 from harness.errors import ConfigError
 from harness.measure.slo import LIMITS, SLO
 from harness.measure.verdict import attainment
-from harness.search.knee import Knee, KneeSettings, Outcome, Probe, find_knee
+from harness.search.knee import Knee, KneeSettings, Outcome, Probe, find_knees
 
 SUMMARY = "each strategy's knee: the highest rate it sustains under the SLO, as an interval"
 USAGE = """usage: servelab search [search.strategies=[a,b]] slo.ttft_s=S ... [OVERRIDE ...]
@@ -164,11 +165,9 @@ def search(
             o for o in overrides if o.split("=")[0].lstrip("+") not in {f"slo.{k}" for k in limits}
         ]
         overrides = [*kept, *(f"slo.{key}={value:.4g}" for key, value in limits.items())]
-    knees = []
-    for index, strategy in enumerate(settings.strategies):
-        share = (deadline - time.monotonic()) / (len(settings.strategies) - index)
-        prober = RunProber(overrides, strategy, settings, compose, run)
-        knees.append(find_knee(strategy, prober, settings.knee, max(share, 0.0), seen=print_probe))
+    probers = {s: RunProber(overrides, s, settings, compose, run) for s in settings.strategies}
+    left_s = max(deadline - time.monotonic(), 0.0)
+    knees = find_knees(probers, settings.knee, left_s, seen=print_probe)
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     record = {
         "settings": _jsonable(asdict(settings)),
@@ -234,10 +233,10 @@ def limits_line(strategy: str, scale: dict[str, float], limits: dict[str, float]
 
 def plan_line(settings: SearchSettings) -> str:
     knee = settings.knee
-    each = settings.budget_s / len(settings.strategies)
     return (
-        f"search: {', '.join(settings.strategies)}; {settings.budget_s:.0f} s in all (about "
-        f"{each:.0f} s each); {knee.ceiling_requests} requests at once for the ceiling, "
+        f"search: {', '.join(settings.strategies)}; {settings.budget_s:.0f} s in all, shared "
+        "(each strategy's floor and ceiling first, then each rate probe to the least-known "
+        f"knee); {knee.ceiling_requests} requests at once for the ceiling, "
         f"{knee.requests} a rate probe (up to {knee.max_requests} at the knee); the knee "
         f"within {knee.resolution:.0%}; attainment >= {knee.target:g} at "
         f"{settings.confidence:.0%} confidence; probes under {settings.out_dir}"

@@ -1,4 +1,5 @@
-"""One strategy's knee: anchored on two probes of this machine, refined by bisection.
+"""Every strategy's knee: anchored on two probes of this machine, refined by bisection, the
+time budget going where the knee is least known.
 
 1. The floor probe serves requests one at a time (a closed loop of one user): if even then
    the SLO is clearly missed, no rate is sustained and the search says so.
@@ -13,16 +14,22 @@ twice the requests, up to `max_requests`; if it still straddles, it is evidence 
 knee lies and steers the bisection by its point estimate, but the reported bracket stays
 [highest rate that clearly passed, lowest that clearly failed]. A rate probe over saturation
 ends as soon as its verdict can only be a failure (`slo.stop_early`, `harness.runner.early_stop`):
-its attainment is then the best case still possible, and it fails. Every probe is costed before
+its attainment is then the best case still possible, and it fails.
+
+The strategies share one budget (`find_knees`): every strategy's anchors run first, then each
+rate probe goes to the strategy whose knee is least known (one with no rate passed yet before
+any other, then the widest bracket), so a budget that runs out leaves every knee as narrow as
+it allowed rather than one resolved and the last unprobed. Every rate probe is costed before
 it runs (its requests over its rate, plus the loading and drain the anchor probes took); one
-that would not fit the remaining budget is not run, and the result says the knee is
-unresolved.
+that would not fit the remaining budget is not run, a cheaper one of another strategy may
+be, and the result says which knees are unresolved.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -104,95 +111,139 @@ class Prober(Protocol):
 ProbeSeen = Callable[[str, Probe], None]  # (strategy, probe) as each probe ends
 
 
-def find_knee(
-    strategy: str,
-    prober: Prober,
+@dataclass(frozen=True)
+class RateProbe:
+    """The rate probe a search wants next, and what it is expected to cost."""
+
+    rate: float
+    requests: int
+    cost_s: float
+
+
+class KneeSearch:
+    """One strategy's search, a probe at a time: the anchors, then the rate probes it wants
+    (`wanted`), each run by `probe_rate` when the shared budget gives it its turn."""
+
+    def __init__(self, strategy: str, prober: Prober, settings: KneeSettings, seen: ProbeSeen):
+        self.knee = Knee(strategy)
+        self.prober, self.settings, self.seen = prober, settings, seen
+        self.done = False
+        self.overhead_s = 0.0  # beyond a probe's requests over its rate: loading, drain
+        self.low: float | None = None  # steering bounds: likely passed ...
+        self.high = 0.0  # ... and likely failed (or the ceiling)
+        self.rate = 0.0  # the next rate to probe
+        self.requests = settings.requests  # ... with this many requests
+        self.likely = False  # the last probe's point estimate met the target
+
+    def anchor(self) -> None:
+        """The floor and ceiling probes: whether any rate is sustained, and the range."""
+        settings, knee = self.settings, self.knee
+        floor = self.prober.floor(settings.floor_requests)
+        if self._add("floor", None, settings.floor_requests, floor) is Verdict.FAIL:
+            self._finish("one request at a time already misses the SLO: no rate is sustained")
+            return
+        top = self.prober.ceiling(settings.ceiling_requests)
+        self._add("ceiling", None, settings.ceiling_requests, top)
+        if not top.request_throughput:
+            self.done = True
+            knee.note = "the ceiling probe served nothing"
+            return
+        knee.ceiling = self.high = top.request_throughput
+        self.rate = knee.ceiling / 2
+        self.overhead_s = (
+            max(top.seconds - top.served_s, 0.0) + floor.served_s / settings.floor_requests
+        )
+
+    @property
+    def width(self) -> float:
+        """How little is known of the knee: the steering bounds' ratio (inf: none passed)."""
+        return math.inf if self.low is None else self.high / self.low
+
+    def wanted(self, remaining_s: float) -> RateProbe:
+        """The next rate probe; a knee probe whose lengthening would not fit `remaining_s`
+        is final as it is, and the bisection goes on from its estimate."""
+        if self.requests > self.settings.requests and self._cost(self.requests) > remaining_s:
+            self.requests = self.settings.requests
+            self._steer()
+        return RateProbe(self.rate, self.requests, self._cost(self.requests))
+
+    def probe_rate(self, probe: RateProbe) -> None:
+        settings, knee = self.settings, self.knee
+        outcome = self.prober.at(probe.rate, probe.requests)
+        decided = self._add("rate", probe.rate, probe.requests, outcome)
+        if decided is Verdict.PASS:
+            knee.passed = max(knee.passed or 0.0, probe.rate)
+        elif decided is Verdict.FAIL:
+            knee.failed = min(knee.failed or probe.rate, probe.rate)
+        # a knee probe steers by its point estimate
+        self.likely = outcome.attainment.share >= settings.target
+        if decided is Verdict.KNEE and probe.requests * 2 <= settings.max_requests:
+            self.requests = probe.requests * 2  # lengthened first, if the budget allows
+            return
+        self.requests = settings.requests
+        self._steer()
+
+    def out_of_budget(self, probe: RateProbe) -> None:
+        self.knee.note = (
+            f"budget spent before the probe at {probe.rate:.3g} req/s (about {probe.cost_s:.0f} s)"
+        )
+
+    def _steer(self) -> None:
+        """Move the steering bounds by the last probe and choose the next rate."""
+        knee = self.knee
+        if self.likely:
+            self.low = self.rate
+        else:
+            self.high = self.rate
+        if self.low is None:
+            if self.rate <= (knee.ceiling or 0.0) * LOWEST_SHARE:
+                self._finish(f"no rate down to {self.rate:.3g} req/s is sustained")
+                return
+            self.rate /= 2
+            return
+        if self.high / self.low <= 1 + self.settings.resolution:
+            if knee.failed is None and knee.passed is not None:
+                self._finish("no rate below the ceiling clearly failed: the knee is near it")
+            else:
+                self._finish("")
+            return
+        self.rate = (self.low * self.high) ** 0.5
+
+    def _cost(self, requests: int) -> float:
+        return requests / self.rate + self.overhead_s
+
+    def _add(self, kind: str, rate: float | None, requests: int, outcome: Outcome) -> Verdict:
+        decided = verdict(outcome.attainment, self.settings.target)
+        probe = Probe(kind, rate, requests, decided, outcome)
+        self.knee.probes.append(probe)
+        self.seen(self.knee.strategy, probe)
+        return probe.verdict
+
+    def _finish(self, note: str) -> None:
+        self.done = self.knee.resolved = True
+        self.knee.note = note
+
+
+def find_knees(
+    probers: Mapping[str, Prober],
     settings: KneeSettings,
     budget_s: float,
     clock: Callable[[], float] = time.monotonic,
     seen: ProbeSeen = lambda strategy, probe: None,
-) -> Knee:
-    """`strategy`'s knee within `budget_s`; `seen` hears of every probe as it ends."""
-    knee = Knee(strategy)
-
-    def add(probe: Probe) -> Probe:
-        knee.probes.append(probe)
-        seen(strategy, probe)
-        return probe
-
+) -> list[Knee]:
+    """Each strategy's knee, in `probers`' order, within `budget_s` shared among them; `seen`
+    hears of every probe as it ends. The anchors always run; the budget governs rate probes."""
     deadline = clock() + budget_s
-    floor = prober.floor(settings.floor_requests)
-    floor_verdict = _verdict(floor, settings)
-    add(Probe("floor", None, settings.floor_requests, floor_verdict, floor))
-    if floor_verdict is Verdict.FAIL:
-        knee.resolved = True
-        knee.note = "one request at a time already misses the SLO: no rate is sustained"
-        return knee
-    top = prober.ceiling(settings.ceiling_requests)
-    top_verdict = _verdict(top, settings)
-    add(Probe("ceiling", None, settings.ceiling_requests, top_verdict, top))
-    if not top.request_throughput:
-        knee.note = "the ceiling probe served nothing"
-        return knee
-    knee.ceiling = top.request_throughput
-    # beyond a probe's requests over its rate: loading, and the last responses' drain
-    overhead_s = max(top.seconds - top.served_s, 0.0) + floor.served_s / settings.floor_requests
-    low, high = None, knee.ceiling  # no rate above the ceiling is sustained
-    rate = knee.ceiling / 2
+    searches = [KneeSearch(name, prober, settings, seen) for name, prober in probers.items()]
+    for search in searches:
+        search.anchor()
     while True:
-        cost = settings.requests / rate + overhead_s
-        if clock() + cost > deadline:
-            knee.note = f"budget spent before the probe at {rate:.3g} req/s (about {cost:.0f} s)"
-            return knee
-        probe = _probe_rate(prober, rate, settings, deadline, clock, overhead_s, add)
-        if probe.verdict is Verdict.PASS:
-            knee.passed = max(knee.passed or 0.0, rate)
-        elif probe.verdict is Verdict.FAIL:
-            knee.failed = min(knee.failed or rate, rate)
-        # a knee probe steers by its point estimate
-        likely = probe.outcome.attainment.share >= settings.target
-        if probe.verdict is Verdict.PASS or (probe.verdict is Verdict.KNEE and likely):
-            low = rate
-        else:
-            high = rate
-        if low is None:
-            if rate <= knee.ceiling * LOWEST_SHARE:
-                knee.resolved = True
-                knee.note = f"no rate down to {rate:.3g} req/s is sustained"
-                return knee
-            rate /= 2
-            continue
-        if high / low <= 1 + settings.resolution:
-            knee.resolved = True
-            if knee.failed is None and knee.passed is not None:
-                knee.note = "no rate below the ceiling clearly failed: the knee is near it"
-            return knee
-        rate = (low * high) ** 0.5
-
-
-def _probe_rate(
-    prober: Prober,
-    rate: float,
-    settings: KneeSettings,
-    deadline: float,
-    clock: Callable[[], float],
-    overhead_s: float,
-    add: Callable[[Probe], Probe],
-) -> Probe:
-    """A rate probe, lengthened while it straddles the target and the budget allows; every
-    run is evidence (added), the last one decides."""
-    requests = settings.requests
-    outcome = prober.at(rate, requests)
-    probe = add(Probe("rate", rate, requests, _verdict(outcome, settings), outcome))
-    while probe.verdict is Verdict.KNEE and requests * 2 <= settings.max_requests:
-        longer = requests * 2
-        if clock() + longer / rate + overhead_s > deadline:
-            break
-        requests = longer
-        outcome = prober.at(rate, requests)
-        probe = add(Probe("rate", rate, requests, _verdict(outcome, settings), outcome))
-    return probe
-
-
-def _verdict(outcome: Outcome, settings: KneeSettings) -> Verdict:
-    return verdict(outcome.attainment, settings.target)
+        waiting = sorted((s for s in searches if not s.done), key=lambda s: -s.width)
+        wants = [(s, s.wanted(deadline - clock())) for s in waiting]
+        fitting = [(s, want) for s, want in wants if clock() + want.cost_s <= deadline]
+        if not fitting:
+            for search, want in wants:
+                search.out_of_budget(want)
+            return [s.knee for s in searches]
+        search, want = fitting[0]
+        search.probe_rate(want)
