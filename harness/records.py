@@ -77,6 +77,9 @@ class StepRecord:
     preempted: int
     pad_tokens: int = 0  # tokens computed only as padding (static batching), output discarded
     delivered: int = 0  # responses handed back at the end of this step
+    logits_rows: int = 0  # rows the LM head scored (the tokens whose successor was due)
+    attended_pairs: int = 0  # (query, key) pairs causal attention scored, all sequences
+    context_tokens: int = 0  # tokens of context the batch's sequences hold after the step
     counters: dict[str, Any] = field(default_factory=dict)  # strategy-specific, roofline
 
     def to_json(self) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = ["strategies", "harness/engine", "harness/runner/build.py"]
+CHECKED = ["strategies", "harness/engine", "harness/simulate", "harness/runner/build.py"]
 
 
 def _mypy(*paths: str) -> subprocess.CompletedProcess[str]:

@@ -27,6 +27,7 @@ VERBS = {
     "verify": "harness.commands.verify",
     "serve": "harness.commands.serve",
     "gate": "harness.commands.gate",
+    "fit-steps": "harness.commands.fit_steps",
 }
 HELP_FLAGS = ("-h", "--help")
 

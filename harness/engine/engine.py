@@ -11,13 +11,12 @@ number of requests, not tokens: positions and slots are built with tensor operat
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness.engine.decoding import Decoder, Verification
 from harness.engine.kv_manager import KVManager
-from harness.engine.model_runner import Feed, ModelRunner
+from harness.engine.model_runner import Feed, Runner
 from harness.engine.request import Request
 from harness.engine.scheduling import ScheduledSeq, Scheduler
 from harness.engine.step_update import StepOutput, StepResult, StepUpdate
@@ -34,7 +33,7 @@ class Rejection:
 
 
 class Engine:
-    def __init__(self, runner: ModelRunner, update: StepUpdate) -> None:
+    def __init__(self, runner: Runner, update: StepUpdate) -> None:
         self.runner = runner
         self.update = update  # holds the KV manager, scheduler and decoder the step uses
         self.pad_token_id = min(update.stop_token_ids, default=0)  # what padding rows are fed
@@ -118,10 +117,10 @@ class Engine:
             if seq.request.t_admitted is None:
                 seq.request.t_admitted = t_start
         feed, due = self._feed(plan.seqs)
-        t_model = time.perf_counter()
+        t_model = self.clock()
         logits = self.runner.run(self.kv, feed)
         accepted = self.decoder.accept(logits, due) if due else []
-        model_s = time.perf_counter() - t_model
+        model_s = self.clock() - t_model
         return self._finish(
             StepOutput(self.step_index, plan, feed, due, accepted, t_start, model_s)
         )

@@ -5,7 +5,8 @@ the token ids, the rows whose logits are wanted) over a KV manager's slots into 
 `ForwardBatch`, moves it to the device, runs the model over its KV cache with the run's
 attention, and returns the wanted logits on the CPU, where sampling reads them. The engine
 runs the target through one; a speculative drafter runs its network through another. It is
-the seam where a forward can be replaced: anything with `run(kv, feed) -> logits` serves.
+the seam where a forward can be replaced: anything with `run(kv, feed) -> logits` serves
+(`Runner`; `harness.simulate.runner` predicts a step's time instead).
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ class Feed:
     def seq_lens(self) -> list[int]:
         """Each sequence's context after this forward."""
         return [start + count for start, count in zip(self.starts, self.counts, strict=True)]
+
+
+class Runner(Protocol):
+    """What the engine needs of a runner: the wanted logits of one forward."""
+
+    def run(self, kv: KVManager, feed: Feed) -> torch.Tensor: ...
 
 
 class ModelRunner:

@@ -21,7 +21,9 @@ reports show) and the codes in `flag_codes`; gates refuse a run with any code in
 Three codes say something without refusing the run: `test_step_delay` (the test-only knob
 slowed every step on purpose, which is how a gate is shown to fail on its ratios),
 `peaks_beaten` (steps beat the calibrated peaks, so MFU and MBU read high) and `estimated`
-(a peer server did not report its token counts or times, so they were estimated).
+(a peer server did not report its token counts or times, so they were estimated). One more
+refuses it: `simulated` (`backend=simulated`: every step's duration was predicted by a
+step-cost model, so the run measured nothing).
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ INCOMPLETE = "incomplete"
 TEST_STEP_DELAY = "test_step_delay"
 PEAKS_BEATEN = "peaks_beaten"
 ESTIMATED = "estimated"
-REFUSED = frozenset({FAILED_REQUESTS, SEND_LAG, PREEMPTION_STORM, TELEMETRY_DROPOUT, INCOMPLETE})
+SIMULATED = "simulated"
+REFUSED = frozenset(
+    {FAILED_REQUESTS, SEND_LAG, PREEMPTION_STORM, TELEMETRY_DROPOUT, INCOMPLETE, SIMULATED}
+)
 
 
 @dataclass(frozen=True)

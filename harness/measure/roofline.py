@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from harness.engine.step_update import attended_pairs
 from harness.records import StepRecord
 
 if TYPE_CHECKING:
@@ -58,16 +59,6 @@ class StepCost:
 
     flops: float  # FLOPs the step must do
     bytes: float  # minimum bytes it must move: weights once, KV read and written, activations
-
-
-def attended_pairs(query_len: int, seq_len: int) -> int:
-    """How many (query, key) pairs causal attention scores for one sequence in one step.
-
-    The `query_len` new tokens end a context of `seq_len` tokens: new token i (0-based) sits at
-    position seq_len - query_len + i and attends to itself and every earlier position.
-    """
-    cached = seq_len - query_len
-    return query_len * cached + query_len * (query_len + 1) // 2
 
 
 def step_cost(

@@ -1,22 +1,26 @@
 """The engine loop's body, shared by every way the engine serves: in-process runs (`replay`,
-`serve_all`), the HTTP server's engine thread, the soak script and the benchmarks.
+`serve_all`), simulated runs, the HTTP server's engine thread, the soak script and the
+benchmarks.
 
 `EngineDriver` admits requests (a rejected one is recorded at once), cancels them, and runs
 one step at a time: the step hooks around it (profiler windows, roofline annotation, the
 test-only delay), the step's record and every delivered response written as it happens.
-When serving fails, `fail_in_flight` writes each request still in flight as failed with the
-error. Where requests come from, and what a delivered response wakes, is the caller's.
+When serving fails (`serving`), `fail_in_flight` writes each request still in flight as
+failed with the error; `stop_if` ends a run early (`slo.stop_early`). Where requests come
+from, and what a delivered response wakes, is the caller's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol
 
 from harness.engine.engine import Engine
 from harness.engine.request import Request
 from harness.engine.step_update import StepResult
 from harness.records import RequestRecord, StepRecord
+from harness.runner.early_stop import StoppedEarly, StopRecord
 
 IDLE_WAIT_S = 0.5  # longest a loop blocks on an empty inbox before looking again
 
@@ -86,6 +90,29 @@ class EngineDriver:
             self.in_flight.pop(request, None)
             self._record(request)
         return result
+
+    def stop_if(self, stop: Callable[[float], StopRecord | None], requests: list[Request]) -> None:
+        """After a step: if `stop` says the run can end early (`early_stop`), record every
+        request of `requests` not yet delivered as `stopped` and raise `StoppedEarly`."""
+        stopped = stop(self.engine.clock())
+        if stopped is None:
+            return
+        self.in_flight.clear()
+        unserved = [request for request in requests if request.t_done is None]
+        fail_in_flight(unserved, stopped.reason(), self.engine.clock, self.sink, "stopped")
+        raise StoppedEarly(stopped)
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        """Around a serving loop: if it fails, every request in flight is recorded as failed
+        with the error, and the error goes on (an early stop is not a failure)."""
+        try:
+            yield
+        except StoppedEarly:
+            raise
+        except BaseException as exc:
+            self.fail_in_flight(f"{type(exc).__name__}: {exc}")
+            raise
 
     def fail_in_flight(self, error: str) -> list[Request]:
         """End every admitted request not yet delivered as failed with `error`; them."""

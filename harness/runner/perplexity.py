@@ -18,12 +18,10 @@ from harness.measure.perplexity import perplexity
 from harness.measure.weights_quality import perplexity_entry, record_quality
 from harness.models.load import tokenizer_for
 from harness.runner.build import load_for_strategy
-from harness.runner.settings import DTYPES, cache_dir_of, engine_settings
+from harness.runner.settings import cache_dir_of, dtype_name, engine_settings
 from kernels.attention import Attention, AttentionConfig
 from strategies.settings import strategy_settings
 from workloads.text import text_section
-
-DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -54,7 +52,7 @@ def served_perplexity(cfg: DictConfig, windows: int, progress: bool = True) -> S
     ids = tokenizer.encode(text_section("evaluation"))
     attention = Attention(AttentionConfig(impl=settings.attention), settings.device)
     value, scored = perplexity(loaded.model, ids, attention, max_windows=windows)
-    dtype = DTYPE_NAMES[settings.dtype]
+    dtype = dtype_name(settings.dtype)
     entry = {dtype: perplexity_entry(value, scored, windows)}
     record_quality(cache_dir_of(cfg), served.weights_id, {"perplexity": entry})
     return ServedPerplexity(

@@ -28,8 +28,8 @@ from harness.engine.engine import Engine
 from harness.engine.request import Request, SamplingParams
 from harness.engine.step_update import StepResult
 from harness.measure.rundir import RunWriter
-from harness.runner.early_stop import StoppedEarly, StopRecord
-from harness.runner.loop import IDLE_WAIT_S, EngineDriver, StepHook, fail_in_flight
+from harness.runner.early_stop import StopRecord
+from harness.runner.loop import IDLE_WAIT_S, EngineDriver, StepHook
 from workloads.spec import RequestSpec, Workload
 
 
@@ -61,6 +61,48 @@ class Inbox(Protocol):
     def put(self, request: Request) -> None: ...
 
 
+class Arrivals:
+    """The requests still to arrive, earliest first: open loop, each at its scheduled time;
+    closed loop, `concurrency` users, each user's next request scheduled when that user's
+    previous response is delivered, plus the think time. Both replays (real time, and the
+    simulation's virtual time) take their arrivals from here."""
+
+    def __init__(self, requests: list[Request], concurrency: int | None, think_s: float):
+        self.think_s = think_s
+        self.due: list[tuple[float, int, Request]] = []  # (arrival, order, request) heap
+        self.later: deque[Request] = deque()  # closed loop: requests no user has taken yet
+        self.order = 0
+        if concurrency is None:
+            for request in requests:
+                self.schedule(request, request.t_scheduled)
+        else:
+            self.later.extend(requests)
+            for _ in range(min(concurrency, len(requests))):
+                self.schedule(self.later.popleft(), 0.0)
+
+    def schedule(self, request: Request, arrival: float) -> None:
+        request.t_scheduled = arrival
+        heapq.heappush(self.due, (arrival, self.order, request))
+        self.order += 1
+
+    def completed(self, request: Request) -> bool:
+        """A response was delivered; True when that user's next request is now scheduled."""
+        if not self.later or request.t_done is None:
+            return False
+        self.schedule(self.later.popleft(), request.t_done + self.think_s)
+        return True
+
+    def next_arrival(self) -> float | None:
+        return self.due[0][0] if self.due else None
+
+    def arrived(self, now: float) -> list[Request]:
+        """Every request whose arrival is at or before `now`, in arrival order."""
+        ready = []
+        while self.due and self.due[0][0] <= now:
+            ready.append(heapq.heappop(self.due)[2])
+        return ready
+
+
 class Client(threading.Thread):
     """Sends requests into `inbox` at their arrival times; stamps `t_send` as it does."""
 
@@ -75,30 +117,14 @@ class Client(threading.Thread):
         super().__init__(name="servelab-client", daemon=True)
         self._clock = clock
         self._inbox = inbox
-        self._think_s = think_s
-        self._due: list[tuple[float, int, Request]] = []  # (arrival, order, request) heap
-        self._later: deque[Request] = deque()  # closed loop: requests no user has taken yet
+        self._arrivals = Arrivals(requests, concurrency, think_s)
         self._wake = threading.Condition()
         self._stopped = False
-        self._order = 0
-        if concurrency is None:
-            for request in requests:
-                self._schedule(request, request.t_scheduled)
-        else:
-            self._later.extend(requests)
-            for _ in range(min(concurrency, len(requests))):
-                self._schedule(self._later.popleft(), 0.0)
-
-    def _schedule(self, request: Request, arrival: float) -> None:
-        request.t_scheduled = arrival
-        heapq.heappush(self._due, (arrival, self._order, request))
-        self._order += 1
 
     def completed(self, request: Request) -> None:
         """A response was delivered (closed loop: that user's next request arrives later)."""
         with self._wake:
-            if self._later:
-                self._schedule(self._later.popleft(), request.t_done + self._think_s)
+            if self._arrivals.completed(request):
                 self._wake.notify()
 
     def stop(self) -> None:
@@ -109,16 +135,17 @@ class Client(threading.Thread):
     def run(self) -> None:
         with self._wake:
             while not self._stopped:
-                if not self._due:
+                upcoming = self._arrivals.next_arrival()
+                if upcoming is None:
                     self._wake.wait()
                     continue
-                wait = self._due[0][0] - self._clock()
+                wait = upcoming - self._clock()
                 if wait > 0:
                     self._wake.wait(wait)
                     continue
-                _, _, request = heapq.heappop(self._due)
-                request.t_send = self._clock()
-                self._inbox.put(request)
+                for request in self._arrivals.arrived(self._clock()):
+                    request.t_send = self._clock()
+                    self._inbox.put(request)
 
 
 def serve_all(
@@ -183,29 +210,20 @@ def replay(
 
     client.start()
     try:
-        while recorded < len(requests):
-            if not engine.has_unfinished():
-                try:
-                    receive(inbox.get(timeout=IDLE_WAIT_S))
-                except queue.Empty:
+        with driver.serving():
+            while recorded < len(requests):
+                if not engine.has_unfinished():
+                    try:
+                        receive(inbox.get(timeout=IDLE_WAIT_S))
+                    except queue.Empty:
+                        continue
+                while not inbox.empty():
+                    receive(inbox.get_nowait())
+                if not engine.has_unfinished():
                     continue
-            while not inbox.empty():
-                receive(inbox.get_nowait())
-            if not engine.has_unfinished():
-                continue
-            for request in driver.step().delivered:
-                closed(request)
-            stopped = stop(clock())
-            if stopped is not None:
-                driver.in_flight.clear()
-                unserved = [request for request in requests if request.t_done is None]
-                fail_in_flight(unserved, stopped.reason(), clock, writer, reason="stopped")
-                raise StoppedEarly(stopped)
-    except StoppedEarly:
-        raise
-    except BaseException as exc:
-        driver.fail_in_flight(f"{type(exc).__name__}: {exc}")
-        raise
+                for request in driver.step().delivered:
+                    closed(request)
+                driver.stop_if(stop, requests)
     finally:
         client.stop()
         bar.close()

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from harness.engine.engine import Engine
@@ -28,6 +27,7 @@ from harness.errors import ConfigError
 from harness.measure.calibrate import Peaks, provenance, remeasure_if_beaten
 from harness.measure.flags import (
     PEAKS_BEATEN,
+    SIMULATED,
     TEST_STEP_DELAY,
     Flag,
     add_flags,
@@ -43,16 +43,16 @@ from harness.measure.slo import SLO
 from harness.measure.telemetry import TelemetryResult, TelemetrySampler
 from harness.measure.weights_quality import read_quality, weights_summary
 from harness.records import StepRecord
-from harness.runner.backends import backend_of, peer_backend
+from harness.runner.backends import ENGINE_LOOPS, backend_of, peer_backend
 from harness.runner.backends.base import Backend
 from harness.runner.build import ServedModel
 from harness.runner.early_stop import StoppedEarly, StopRecord, stop_rule
 from harness.runner.replay import replay, requests_of
 from harness.runner.settings import (
-    DTYPES,
     EngineSettings,
     cache_dir_of,
     cpu_fallback_note,
+    dtype_name,
 )
 from harness.runner.startup import Started, start_engine
 from harness.runner.step_delay import delay_flag, step_delay_s
@@ -191,10 +191,6 @@ class InProcessBackend(Backend):
         return [Flag(PEAKS_BEATEN, text) for text in beaten]
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return {v: k for k, v in DTYPES.items()}[dtype]
-
-
 def run_kernels(prepared: Prepared) -> RunKernels:
     """What the dispatch of this run's engine depends on (for `meta.json`'s `kernels`)."""
     engine, settings = prepared.engine, prepared.started.settings
@@ -224,7 +220,7 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
     if kind == "inprocess":
         backend: Backend = InProcessBackend(prepare(cfg, clock, progress), cfg)
     else:
-        if SLO.of_config(cfg).stop_early is not None:  # checked before any work
+        if SLO.of_config(cfg).stop_early is not None and kind not in ENGINE_LOOPS:
             raise ConfigError("slo.stop_early", f"in-process runs only; backend={kind} serves")
         backend = peer_backend(kind, cfg, progress)
     writer = RunWriter(run_dir)
@@ -277,8 +273,9 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         add_flags(summary, backend.flags(run_dir))
         if "weights" in meta:
             summary["weights"] = meta["weights"]
-        if "dtype" in meta:
-            summary["dtype"] = meta["dtype"]
+        for key in ("dtype", SIMULATED):
+            if key in meta:
+                summary[key] = meta[key]
         writer.json("summary.json", summary)
         write_report(run_dir)
     return summary

@@ -22,6 +22,13 @@ from kernels.capabilities import capabilities
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the Hydra config tree and its presets
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The config's name of a dtype (`engine.dtype`)."""
+    return {v: k for k, v in DTYPES.items()}[dtype]
+
+
 FUSED_DECODE = ("auto", "off")
 GPU_DEFAULT_DTYPE = "fp16"
 

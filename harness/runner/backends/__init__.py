@@ -4,7 +4,9 @@
 live here, each with the same arrivals (the replay's `Client`), the same `RequestRecord`s and
 so the same summary and reports: `openai` drives any OpenAI-compatible server over HTTP,
 `hf_static` runs transformers' `generate` on padded batches and `hf_continuous` transformers'
-own continuous batching, both on the weights servelab loads for `model`.
+own continuous batching, both on the weights servelab loads for `model`. `simulated` is
+servelab's engine again with each step's duration predicted by a step-cost model, in virtual
+time (`simulated.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from omegaconf import DictConfig
 from harness.errors import ConfigError
 from harness.runner.backends.base import Backend
 
-BACKENDS = ("inprocess", "openai", "hf_static", "hf_continuous")
+BACKENDS = ("inprocess", "openai", "hf_static", "hf_continuous", "simulated")
+ENGINE_LOOPS = ("inprocess", "simulated")  # backends whose runs can stop early
 
 
 def backend_of(cfg: DictConfig) -> str:
@@ -30,6 +33,10 @@ def peer_backend(kind: str, cfg: DictConfig, progress: bool) -> Backend:
         from harness.runner.backends.endpoint import EndpointBackend
 
         return EndpointBackend.prepare(cfg)
+    if kind == "simulated":
+        from harness.runner.backends.simulated import SimulatedBackend
+
+        return SimulatedBackend(cfg)
     from harness.runner.backends.hf_backend import HFBackend
 
     return HFBackend.prepare(cfg, continuous=kind == "hf_continuous", progress=progress)

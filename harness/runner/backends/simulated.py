@@ -1,0 +1,135 @@
+"""`backend=simulated`: servelab's engine under `strategy`, its forward replaced by a
+step-cost model (`simulate.cost_model`, a file `servelab fit-steps` writes), in virtual time.
+
+The strategy's scheduler, admission policy and KV manager run for real on the model's shape
+(built on PyTorch's meta device: no weights are loaded and no KV memory is allocated, so a
+13B shape simulates on a laptop); only each step's duration is predicted. The run directory,
+summary and report are a real run's, marked as simulated in `meta.json`, the summary's
+`simulated` entry and its flags. Speculative decoding is refused: its accepted lengths come
+from the model's tokens, which a simulation does not compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from harness.engine.engine import Engine
+from harness.errors import ConfigError
+from harness.measure.flags import SIMULATED, Flag
+from harness.measure.rundir import RunWriter
+from harness.measure.slo import SLO
+from harness.models.load import model_config_of
+from harness.models.model import LlamaModel
+from harness.runner.backends.base import Backend, peer_inputs, seeds_of
+from harness.runner.build import build_engine
+from harness.runner.early_stop import stop_rule
+from harness.runner.replay import requests_of
+from harness.runner.settings import EngineSettings, cache_dir_of, dtype_name
+from harness.runner.simulated_replay import simulate
+from harness.runner.startup import check_settings
+from harness.simulate.cost_model import StepCostModel
+from harness.simulate.runner import SimulatedRunner, VirtualClock
+from strategies.decoding.speculative import SpeculativeConfig
+from strategies.settings import StrategySettings
+
+META_DEVICE = torch.device("meta")
+
+
+def described_by(settings: EngineSettings, strategy: StrategySettings, model: str) -> dict:
+    """What a cost model must have been fitted on to describe a run of these settings."""
+    return {
+        "model": model,
+        "dtype": dtype_name(settings.dtype),
+        "weights": strategy.weights.value,
+        "heads": strategy.heads.value,
+        "device": settings.device.type,
+    }
+
+
+def meta_settings(settings: EngineSettings) -> EngineSettings:
+    """The engine settings on the meta device: shapes only, no kernel to pick."""
+    return replace(settings, device=META_DEVICE, fused_decode=False, attention="torch")
+
+
+def model_name(cfg: DictConfig) -> str:
+    return str(cfg.model.get("name", cfg.model.get("shape", "model")))
+
+
+class SimulatedBackend(Backend):
+    def __init__(self, cfg: DictConfig) -> None:
+        checked = check_settings(cfg)
+        settings, strategy = checked.settings, checked.strategy
+        if isinstance(strategy.decoding.config, SpeculativeConfig):
+            raise ConfigError(
+                "backend", "a simulation cannot speculate: accepted drafts need real tokens"
+            )
+        path = cfg.get("simulate", {}).get("cost_model")
+        if not path:
+            raise ConfigError("simulate.cost_model", "backend=simulated needs a cost model file")
+        self.cost_path = Path(str(path))
+        self.cost = StepCostModel.load(self.cost_path)
+        self.cost.check_describes(described_by(settings, strategy, model_name(cfg)))
+        inputs = peer_inputs(cfg)
+        if not all(spec.ignore_eos for spec in inputs.workload.requests):
+            raise ConfigError(
+                "workload.ignore_eos",
+                "a simulation's output lengths are the workload's: set workload.ignore_eos=true",
+            )
+        self.cfg = cfg
+        self.workload = inputs.workload
+        self.device = torch.device("cpu")  # where telemetry samples: this process
+        self.model_file, self.model_sha256 = inputs.model_file, inputs.model_sha256
+        self.seeds = seeds_of(cfg)
+        self.strategy = strategy
+        self.clock = VirtualClock()
+        config = model_config_of(cfg.model, cache_dir_of(cfg))
+        layout = strategy.heads.build()
+        converted = replace(
+            config, num_kv_heads=min(layout.stored_kv_heads(config), config.num_kv_heads)
+        )
+        with META_DEVICE:
+            model = LlamaModel(converted)
+        layout.apply(model)
+        built = build_engine(model, meta_settings(settings), strategy, self.clock)
+        self.engine = Engine(SimulatedRunner(self.cost, self.clock), built.update)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy.describe(),
+            SIMULATED: self.simulated_record(),
+        }
+
+    def simulated_record(self) -> dict[str, Any]:
+        return {
+            "cost_model": str(self.cost_path),
+            "fitted_on": self.cost.described,
+            "sources": self.cost.sources,
+            "fit_median_error": self.cost.quality.median_error if self.cost.quality else None,
+        }
+
+    def replay(
+        self, clock: Callable[[], float], writer: RunWriter, run_dir: Path, progress: bool
+    ) -> None:
+        del clock, run_dir  # the run's wall clock measures nothing here
+        requests = requests_of(self.workload)
+        stop = stop_rule(SLO.of_config(self.cfg), requests)
+        simulate(
+            self.engine, requests, self.workload, self.clock, self.cost.gap_s, writer,
+            progress=progress, stop=stop,
+        )  # fmt: skip
+
+    def flags(self, run_dir: Path) -> list[Flag]:
+        del run_dir
+        return [
+            Flag(
+                SIMULATED,
+                f"simulated: every step's duration predicted by {self.cost_path.name}, "
+                "nothing measured",
+            )
+        ]

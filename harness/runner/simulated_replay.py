@@ -1,0 +1,69 @@
+"""Replay a workload against an engine in virtual time: a discrete-event loop, no threads.
+
+The same events as the real-time replay (`harness.runner.replay`), in the same order: a
+request arrives at its scheduled time (open loop), or when the same user's previous response
+was delivered plus the think time (closed loop); the loop admits every request that has
+arrived before each step, and when the engine has nothing to run the clock jumps to the next
+arrival. A step's duration is what the simulated runner adds to the clock, plus the cost
+model's gap between steps. Every latency starts at arrival, so queueing is counted exactly as
+in a real run; `t_send` is the arrival (a simulated client is never late). The records go
+to the run writer through the one engine loop body (`EngineDriver`), as in a real run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from harness.engine.engine import Engine
+from harness.engine.request import Request
+from harness.measure.rundir import RunWriter
+from harness.runner.early_stop import StopRecord
+from harness.runner.loop import EngineDriver, StepHook
+from harness.runner.replay import Arrivals, progress_bar
+from harness.simulate.runner import VirtualClock
+from workloads.spec import Workload
+
+
+def simulate(
+    engine: Engine,
+    requests: list[Request],
+    workload: Workload,
+    clock: VirtualClock,
+    gap_s: float,
+    writer: RunWriter,
+    hooks: Sequence[StepHook] = (),
+    progress: bool = True,
+    stop: Callable[[float], StopRecord | None] = lambda now: None,
+) -> None:
+    """Serve `requests` in virtual time; `stop` as in the real-time replay."""
+    arrivals = Arrivals(requests, workload.concurrency, workload.think_s)
+    driver = EngineDriver(engine, writer, hooks)
+    recorded = 0
+    bar = progress_bar(len(requests), progress)
+
+    def closed(request: Request) -> None:
+        nonlocal recorded
+        arrivals.completed(request)
+        recorded += 1
+        bar.update(1)
+
+    try:
+        with driver.serving():
+            while recorded < len(requests):
+                if not engine.has_unfinished():
+                    upcoming = arrivals.next_arrival()
+                    if upcoming is None:
+                        raise RuntimeError("no request left to arrive, but not every one recorded")
+                    clock.advance_to(upcoming)
+                for request in arrivals.arrived(clock()):
+                    request.t_send = request.t_scheduled
+                    if not driver.admit(request):
+                        closed(request)  # rejected: it can never be served here
+                if not engine.has_unfinished():
+                    continue
+                for request in driver.step().delivered:
+                    closed(request)
+                clock.advance(gap_s)
+                driver.stop_if(stop, requests)
+    finally:
+        bar.close()

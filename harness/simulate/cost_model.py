@@ -1,0 +1,201 @@
+"""The step-cost model: how long one engine step takes, from the shape of its batch alone.
+
+A step's time is a sum of terms, each a count the step's batch fixes times seconds per unit:
+
+- `step`: 1 per step (reading the weights once, launching the layers, scheduling);
+- `seqs`: sequences in the batch (per-sequence bookkeeping, sampling, KV indexing);
+- `tokens`: tokens fed, padding included (the linear layers' work per token);
+- `logits_rows`: rows the LM head scores;
+- `attended_pairs`: (query, key) pairs causal attention scores;
+- `context_tokens`: context the batch's sequences hold (KV bytes attention reads).
+
+plus `gap_s`, the time from one step's end to the next one's start while work waits (the
+loop's own overhead: admitting, writing records). `fit` finds the seconds per unit from the
+steps of real runs (`steps.jsonl` records every count), least squares with no negative
+coefficient; the model keeps what it was fitted on, so a simulation can refuse a run it does
+not describe (another model, dtype, weights format or head layout).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from harness.engine.step_update import StepShape
+from harness.errors import ConfigError
+from harness.records import StepRecord
+
+TERMS = ("step", "seqs", "tokens", "logits_rows", "attended_pairs", "context_tokens")
+WARMUP_STEPS = 2  # each run's first steps, left out of a fit
+BUSY_GAP_S = 0.05  # a gap longer than this between two steps is the engine idle, not overhead
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """The counts a step's batch fixes, one per term of the cost model."""
+
+    seqs: int
+    tokens: int
+    logits_rows: int
+    attended_pairs: int
+    context_tokens: int
+
+    @classmethod
+    def of_shape(cls, shape: StepShape) -> StepCounts:
+        return cls(
+            seqs=len(shape.query_lens),
+            tokens=sum(shape.query_lens),
+            logits_rows=shape.num_logits,
+            attended_pairs=shape.attended_pairs,
+            context_tokens=sum(shape.seq_lens),
+        )
+
+    @classmethod
+    def of_record(cls, record: StepRecord) -> StepCounts:
+        return cls(
+            seqs=record.num_seqs,
+            tokens=record.prefill_tokens + record.decode_tokens + record.pad_tokens,
+            logits_rows=record.logits_rows,
+            attended_pairs=record.attended_pairs,
+            context_tokens=record.context_tokens,
+        )
+
+    def row(self) -> list[float]:
+        """The counts in `TERMS` order (`step` is 1)."""
+        return [
+            1.0,
+            self.seqs,
+            self.tokens,
+            self.logits_rows,
+            self.attended_pairs,
+            self.context_tokens,
+        ]
+
+
+@dataclass(frozen=True)
+class FitQuality:
+    """How well the fitted model reproduces the steps it was fitted on."""
+
+    steps: int  # steps used
+    warmup: int  # steps left out: each run's first
+    median_error: float  # median |predicted - measured| / measured, per step
+    p90_error: float
+    total_error: float  # predicted / measured - 1 over the sum of every step's time
+
+
+@dataclass(frozen=True)
+class StepCostModel:
+    seconds_per_unit: dict[str, float]  # term -> seconds per unit of its count
+    gap_s: float  # from one step's end to the next one's start while work waits
+    described: dict[str, str]  # what the steps came from: model, dtype, weights, heads, device
+    quality: FitQuality | None = None  # None: not fitted (derived from a hardware description)
+    sources: list[str] = field(default_factory=list)  # the run directories fitted on
+
+    def step_seconds(self, counts: StepCounts) -> float:
+        """The predicted duration of one step with these counts."""
+        return sum(
+            self.seconds_per_unit.get(term, 0.0) * value
+            for term, value in zip(TERMS, counts.row(), strict=True)
+        )
+
+    def check_describes(self, wanted: dict[str, str]) -> None:
+        """A ConfigError when a run's model, dtype, weights or heads differ from the fit's."""
+        for key, value in wanted.items():
+            fitted = self.described.get(key)
+            if fitted is not None and fitted != value:
+                raise ConfigError(
+                    "simulate.cost_model",
+                    f"fitted on {key} {fitted!r}, but this run serves {value!r}: fit one on "
+                    "runs of this configuration",
+                )
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> StepCostModel:
+        try:
+            payload = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise ConfigError("simulate.cost_model", f"cannot read {path}: {error}") from error
+        quality = payload.get("quality")
+        return cls(
+            seconds_per_unit={str(k): float(v) for k, v in payload["seconds_per_unit"].items()},
+            gap_s=float(payload["gap_s"]),
+            described={str(k): str(v) for k, v in payload["described"].items()},
+            quality=FitQuality(**quality) if quality else None,
+            sources=list(payload.get("sources", [])),
+        )
+
+
+def fit(
+    runs: Sequence[Sequence[StepRecord]], described: dict[str, str], sources: list[str]
+) -> StepCostModel:
+    """Seconds per unit of each term from the steps of real runs (each run's steps in order):
+    least squares with no coefficient below zero, on every step with work but each run's
+    first `WARMUP_STEPS` (first touches of the weights and caches). Slow steps from a noisy
+    neighbour are kept: a real run lives through them too, and the fit's mean stays true."""
+    steps = [
+        step
+        for run in runs
+        for step in run[WARMUP_STEPS:]
+        if step.num_seqs > 0 and step.t_end > step.t_start
+    ]
+    if len(steps) < 2 * len(TERMS):
+        raise ConfigError(
+            "fit-steps", f"{len(steps)} steps with work; need at least {2 * len(TERMS)} to fit"
+        )
+    rows = np.array([StepCounts.of_record(step).row() for step in steps])
+    seconds = np.array([step.t_end - step.t_start for step in steps])
+    coefficients = _nonnegative_least_squares(rows, seconds)
+    relative = np.abs(rows @ coefficients - seconds) / seconds
+    quality = FitQuality(
+        steps=len(steps),
+        warmup=sum(min(len(run), WARMUP_STEPS) for run in runs),
+        median_error=float(np.median(relative)),
+        p90_error=float(np.quantile(relative, 0.9)),
+        total_error=float(coefficients @ rows.sum(axis=0) / seconds.sum() - 1.0),
+    )
+    return StepCostModel(
+        seconds_per_unit=dict(zip(TERMS, map(float, coefficients), strict=True)),
+        gap_s=busy_gap_s(runs),
+        described=described,
+        quality=quality,
+        sources=sources,
+    )
+
+
+def busy_gap_s(runs: Sequence[Sequence[StepRecord]]) -> float:
+    """The median time from a step's end to the next one's start when the next follows at
+    once (requests were waiting or running): the loop's own overhead between steps."""
+    gaps = [
+        later.t_start - earlier.t_end
+        for run in runs
+        for earlier, later in zip(run, run[1:], strict=False)
+        if earlier.running + earlier.waiting > earlier.delivered
+        and 0 <= later.t_start - earlier.t_end <= BUSY_GAP_S
+    ]
+    return statistics.median(gaps) if gaps else 0.0
+
+
+def _nonnegative_least_squares(rows: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0: a term whose best coefficient is negative
+    is dropped (held at zero) and the rest refitted, until none is. Columns are scaled to
+    unit norm first, since the counts span many orders of magnitude."""
+    scale = np.linalg.norm(rows, axis=0)
+    scale[scale == 0] = 1.0
+    scaled = rows / scale
+    active = [i for i in range(rows.shape[1]) if np.any(rows[:, i])]
+    while True:
+        solution = np.zeros(rows.shape[1])
+        solution[active] = np.linalg.lstsq(scaled[:, active], seconds, rcond=None)[0]
+        negative = [i for i in active if solution[i] < 0]
+        if not negative:
+            return solution / scale
+        active.remove(min(negative, key=lambda i: solution[i]))

@@ -1,0 +1,49 @@
+"""A model runner that computes nothing: each forward advances a virtual clock by the step's
+predicted duration (`StepCostModel`) and returns logits that choose token 0 for every row.
+
+It takes the place of `ModelRunner` behind the engine (the seam `model_runner.py` names), so
+the real schedulers, KV managers and admission policies plan every step as they would on
+the model; only the forward is replaced. A simulated request's output is token 0 repeated,
+so its length is its `max_tokens` (the workload must ignore EOS, as its lengths are the
+workload's). The clock is advanced inside the forward, so the step record's `model_s` and
+every timestamp the engine takes after it are virtual.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.engine.kv_manager import KVManager
+from harness.engine.model_runner import Feed
+from harness.engine.step_update import StepShape
+from harness.simulate.cost_model import StepCostModel, StepCounts
+
+
+class VirtualClock:
+    """Seconds since the simulated run began; moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += max(seconds, 0.0)
+
+    def advance_to(self, moment: float) -> None:
+        self.now = max(self.now, moment)
+
+
+class SimulatedRunner:
+    """`run(kv, feed)` as the cost model says it would take, on `clock`."""
+
+    def __init__(self, cost: StepCostModel, clock: VirtualClock) -> None:
+        self.cost = cost
+        self.clock = clock
+
+    def run(self, kv: KVManager, feed: Feed) -> torch.Tensor:
+        del kv
+        shape = StepShape.of(feed)
+        self.clock.advance(self.cost.step_seconds(StepCounts.of_shape(shape)))
+        return torch.zeros(len(feed.logits_rows), 1)
