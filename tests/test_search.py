@@ -140,6 +140,22 @@ def test_a_shared_budget_brackets_every_knee_before_refining_any() -> None:
     assert all("budget spent" in k.note for k in knees if not k.resolved)
 
 
+def test_a_knee_far_below_its_ceiling_does_not_starve_the_others() -> None:
+    """ "a" fails at every rate down to a fiftieth of its ceiling, each halving twice the cost
+    of the last; with turns by time spent, "b" and "c" still find a passing rate in a budget
+    that "a" alone would spend (taking turns in order of the strategies, "c" would get none)."""
+    clock = SharedClock()
+    systems = {
+        name: Sharing(clock, knee, 10.0) for name, knee in [("a", 0.2), ("b", 3.0), ("c", 4.0)]
+    }
+    order: list[str] = []
+    knees = find_knees(systems, SETTINGS, 200.0, clock, lambda s, p: order.append(s))
+    a, b, c = knees
+    assert a.passed is None and b.passed is not None and c.passed is not None
+    assert order[6:9] == ["a", "b", "c"]  # after the anchors, one turn each
+    assert clock.now <= 200.0
+
+
 def test_a_probe_too_long_for_the_budget_gives_way_to_one_that_fits() -> None:
     """A slow strategy's next probe would overrun the budget; a fast one's still fits, and
     runs, so the budget is not left idle."""

@@ -28,6 +28,7 @@ VERBS = {
     "serve": "harness.commands.serve",
     "gate": "harness.commands.gate",
     "fit-steps": "harness.commands.fit_steps",
+    "plan": "harness.commands.plan",
 }
 HELP_FLAGS = ("-h", "--help")
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from harness.engine.step_update import attended_pairs
+from harness.models.model import ModelConfig
 from harness.records import StepRecord
 
 if TYPE_CHECKING:
@@ -51,6 +52,19 @@ class ModelShape:
     intermediate_size: int
     vocab_size: int
     tie_embeddings: bool
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> ModelShape:
+        return cls(
+            num_layers=config.num_layers,
+            hidden_size=config.hidden_size,
+            num_heads=config.num_heads,
+            num_kv_heads=config.num_kv_heads,
+            head_dim=config.head_dim,
+            intermediate_size=config.intermediate_size,
+            vocab_size=config.vocab_size,
+            tie_embeddings=config.tie_embeddings,
+        )
 
 
 @dataclass(frozen=True)
@@ -93,7 +107,26 @@ def step_cost(
             f"num_logits must be between 0 and the {tokens} new tokens, got {num_logits}"
         )
     kv_heads = shape.num_kv_heads if stored_kv_heads is None else stored_kv_heads
+    pairs = sum(attended_pairs(q, s) for q, s in zip(query_lens, seq_lens, strict=True))
+    return work_of_counts(
+        shape, weight_bytes, tokens, pairs, sum(seq_lens), num_logits,
+        kv_bytes_per_element, act_bytes_per_element, kv_heads,
+    )  # fmt: skip
 
+
+def work_of_counts(
+    shape: ModelShape,
+    weight_bytes: float,
+    tokens: int,
+    pairs: int,
+    context_tokens: int,
+    num_logits: int,
+    kv_bytes_per_element: float,
+    act_bytes_per_element: float,
+    kv_heads: int,
+) -> StepCost:
+    """`step_cost` from a step's totals: tokens fed, attended (query, key) pairs, context
+    tokens after the step, LM-head rows (what a step record keeps)."""
     layers = shape.num_layers
     hidden = shape.hidden_size
     q_width = shape.num_heads * shape.head_dim
@@ -104,14 +137,13 @@ def step_cost(
     linear_per_token = (
         hidden * q_width + 2 * hidden * kv_width + q_width * hidden + 3 * hidden * inter
     )
-    pairs = sum(attended_pairs(q, s) for q, s in zip(query_lens, seq_lens, strict=True))
     flops = (
         layers * (2 * tokens * linear_per_token + 4 * q_width * pairs)
         + 2 * num_logits * hidden * vocab
     )
 
     kv_token_bytes = layers * 2 * kv_heads * shape.head_dim * kv_bytes_per_element
-    kv_bytes = kv_token_bytes * (sum(seq_lens) + tokens)
+    kv_bytes = kv_token_bytes * (context_tokens + tokens)
     act_per_token = 4 * hidden + 4 * q_width + 2 * inter
     act_elements = tokens * hidden + layers * tokens * act_per_token + num_logits * (hidden + vocab)
     moved = weight_bytes + kv_bytes + act_elements * act_bytes_per_element

@@ -43,6 +43,8 @@ def render_summary(summary: dict, run_dir: str, console: Console | None = None) 
         axes = f"{strategy['batching']} + {strategy['kv']}, heads {strategy['heads']}"
         served = f"{strategy['name']} ({axes})"
     title = f"{served} on {summary['workload']}"
+    if summary.get("simulated"):
+        title = f"SIMULATED, not measured: {title}"
     head = Table(title=title, show_header=False, box=None)
     head.add_row(
         "status", summary["status"] + (f" ({summary['error']})" if summary["error"] else "")

@@ -255,7 +255,7 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         telemetry = sampler.stop()
         writer.close()
         served = meta["strategy"]
-        if kind == "inprocess":  # the strategy node as configured, every key
+        if kind in ENGINE_LOOPS:  # the strategy node as configured, every key
             served = OmegaConf.to_container(cfg.strategy, resolve=True)
         workload = backend.workload
         summary = summary_for(

@@ -94,17 +94,7 @@ def start_engine(
 
 
 def roofline_of(served: ServedModel, settings: EngineSettings, peaks: Peaks) -> StepRoofline:
-    config = served.loaded.config
-    shape = ModelShape(
-        num_layers=config.num_layers,
-        hidden_size=config.hidden_size,
-        num_heads=config.num_heads,
-        num_kv_heads=config.num_kv_heads,
-        head_dim=config.head_dim,
-        intermediate_size=config.intermediate_size,
-        vocab_size=config.vocab_size,
-        tie_embeddings=config.tie_embeddings,
-    )
+    shape = ModelShape.of(served.loaded.config)
     element = torch.empty((), dtype=settings.dtype).element_size()
     return StepRoofline(
         shape, served.weight_bytes, element, element, served.model.kv_heads_stored, peaks

@@ -17,9 +17,11 @@ ends as soon as its verdict can only be a failure (`slo.stop_early`, `harness.ru
 its attainment is then the best case still possible, and it fails.
 
 The strategies share one budget (`find_knees`): every strategy's anchors run first, then each
-rate probe goes to the strategy whose knee is least known (one with no rate passed yet before
-any other, then the widest bracket), so a budget that runs out leaves every knee as narrow as
-it allowed rather than one resolved and the last unprobed. Every rate probe is costed before
+rate probe goes to a strategy with no rate passed yet before any other, and among equals to
+the one that has spent least on rate probes (then the widest bracket). So a budget that runs
+out leaves every knee as narrow as it allowed, rather than one resolved and the last
+unprobed, and a strategy whose knee lies far below its ceiling (each halving costs twice the
+last) cannot starve the rest. Every rate probe is costed before
 it runs (its requests over its rate, plus the loading and drain the anchor probes took); one
 that would not fit the remaining budget is not run, a cheaper one of another strategy may
 be, and the result says which knees are unresolved.
@@ -134,6 +136,7 @@ class KneeSearch:
         self.rate = 0.0  # the next rate to probe
         self.requests = settings.requests  # ... with this many requests
         self.likely = False  # the last probe's point estimate met the target
+        self.spent_s = 0.0  # wall time of this strategy's rate probes so far
 
     def anchor(self) -> None:
         """The floor and ceiling probes: whether any rate is sustained, and the range."""
@@ -159,6 +162,12 @@ class KneeSearch:
         """How little is known of the knee: the steering bounds' ratio (inf: none passed)."""
         return math.inf if self.low is None else self.high / self.low
 
+    @property
+    def turn(self) -> tuple[bool, float, float]:
+        """Which search probes next, lowest first: one with no rate passed yet before any
+        other, then the one that has spent least on rate probes, then the widest bracket."""
+        return (self.low is not None, self.spent_s, -self.width)
+
     def wanted(self, remaining_s: float) -> RateProbe:
         """The next rate probe; a knee probe whose lengthening would not fit `remaining_s`
         is final as it is, and the bisection goes on from its estimate."""
@@ -170,6 +179,7 @@ class KneeSearch:
     def probe_rate(self, probe: RateProbe) -> None:
         settings, knee = self.settings, self.knee
         outcome = self.prober.at(probe.rate, probe.requests)
+        self.spent_s += outcome.seconds
         decided = self._add("rate", probe.rate, probe.requests, outcome)
         if decided is Verdict.PASS:
             knee.passed = max(knee.passed or 0.0, probe.rate)
@@ -238,7 +248,7 @@ def find_knees(
     for search in searches:
         search.anchor()
     while True:
-        waiting = sorted((s for s in searches if not s.done), key=lambda s: -s.width)
+        waiting = sorted((s for s in searches if not s.done), key=lambda s: s.turn)
         wants = [(s, s.wanted(deadline - clock())) for s in waiting]
         fitting = [(s, want) for s, want in wants if clock() + want.cost_s <= deadline]
         if not fitting:

@@ -1,5 +1,5 @@
 """A model runner that computes nothing: each forward advances a virtual clock by the step's
-predicted duration (`StepCostModel`) and returns logits that choose token 0 for every row.
+predicted duration (`StepTime`) and returns logits that choose token 0 for every row.
 
 It takes the place of `ModelRunner` behind the engine (the seam `model_runner.py` names), so
 the real schedulers, KV managers and admission policies plan every step as they would on
@@ -11,12 +11,24 @@ every timestamp the engine takes after it are virtual.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from harness.engine.kv_manager import KVManager
 from harness.engine.model_runner import Feed
 from harness.engine.step_update import StepShape
-from harness.simulate.cost_model import StepCostModel, StepCounts
+from harness.simulate.cost_model import StepCounts
+
+
+class StepTime(Protocol):
+    """A step's predicted seconds from its counts (`StepCostModel`, fitted on real runs, or
+    `RooflineStepTime`, derived from a hardware description), and the gap between steps."""
+
+    @property
+    def gap_s(self) -> float: ...
+
+    def step_seconds(self, counts: StepCounts) -> float: ...
 
 
 class VirtualClock:
@@ -36,9 +48,9 @@ class VirtualClock:
 
 
 class SimulatedRunner:
-    """`run(kv, feed)` as the cost model says it would take, on `clock`."""
+    """`run(kv, feed)` as `cost` says it would take, on `clock`."""
 
-    def __init__(self, cost: StepCostModel, clock: VirtualClock) -> None:
+    def __init__(self, cost: StepTime, clock: VirtualClock) -> None:
         self.cost = cost
         self.clock = clock
 

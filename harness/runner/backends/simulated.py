@@ -1,5 +1,7 @@
 """`backend=simulated`: servelab's engine under `strategy`, its forward replaced by a
-step-cost model (`simulate.cost_model`, a file `servelab fit-steps` writes), in virtual time.
+prediction of each step's time, in virtual time: a step-cost model fitted on real runs
+(`simulate.cost_model`, a file `servelab fit-steps` writes), or one derived from a hardware
+preset's published specifications (`simulate.hardware`, dense weights).
 
 The strategy's scheduler, admission policy and KV manager run for real on the model's shape
 (built on PyTorch's meta device: no weights are loaded and no KV memory is allocated, so a
@@ -22,6 +24,7 @@ from omegaconf import DictConfig
 from harness.engine.engine import Engine
 from harness.errors import ConfigError
 from harness.measure.flags import SIMULATED, Flag
+from harness.measure.roofline import ModelShape
 from harness.measure.rundir import RunWriter
 from harness.measure.slo import SLO
 from harness.models.load import model_config_of
@@ -34,7 +37,8 @@ from harness.runner.settings import EngineSettings, cache_dir_of, dtype_name
 from harness.runner.simulated_replay import simulate
 from harness.runner.startup import check_settings
 from harness.simulate.cost_model import StepCostModel
-from harness.simulate.runner import SimulatedRunner, VirtualClock
+from harness.simulate.hardware import PRESETS, Hardware, RooflineStepTime, hardware_preset
+from harness.simulate.runner import SimulatedRunner, StepTime, VirtualClock
 from strategies.decoding.speculative import SpeculativeConfig
 from strategies.settings import StrategySettings
 
@@ -57,6 +61,41 @@ def meta_settings(settings: EngineSettings) -> EngineSettings:
     return replace(settings, device=META_DEVICE, fused_decode=False, attention="torch")
 
 
+def meta_model(cfg: DictConfig, strategy: StrategySettings) -> LlamaModel:
+    """The configured model's shape, after the strategy's head layout, on the meta device."""
+    config = model_config_of(cfg.model, cache_dir_of(cfg))
+    layout = strategy.heads.build()
+    target = min(layout.stored_kv_heads(config), config.num_kv_heads)
+    with META_DEVICE:
+        model = LlamaModel(replace(config, num_kv_heads=target))
+    layout.apply(model)
+    return model
+
+
+def fitted_record(path: Path, fitted: StepCostModel) -> dict[str, Any]:
+    return {
+        "cost_model": str(path),
+        "fitted_on": fitted.described,
+        "sources": fitted.sources,
+        "fit_median_error": fitted.quality.median_error if fitted.quality else None,
+    }
+
+
+def derived_timing(hardware: Hardware, model: LlamaModel, dtype: torch.dtype) -> RooflineStepTime:
+    """Step times on `hardware` for dense weights of `model`'s shape in `dtype`."""
+    element = torch.empty((), dtype=dtype).element_size()
+    untied = not model.config.tie_embeddings
+    parameters = sum(
+        p.numel()
+        for name, p in model.named_parameters()
+        if not (untied and name == "embed_tokens.weight")
+    )
+    return RooflineStepTime(
+        hardware, ModelShape.of(model.config), parameters * element, element,
+        model.kv_heads_stored,
+    )  # fmt: skip
+
+
 def model_name(cfg: DictConfig) -> str:
     return str(cfg.model.get("name", cfg.model.get("shape", "model")))
 
@@ -69,12 +108,14 @@ class SimulatedBackend(Backend):
             raise ConfigError(
                 "backend", "a simulation cannot speculate: accepted drafts need real tokens"
             )
-        path = cfg.get("simulate", {}).get("cost_model")
-        if not path:
-            raise ConfigError("simulate.cost_model", "backend=simulated needs a cost model file")
-        self.cost_path = Path(str(path))
-        self.cost = StepCostModel.load(self.cost_path)
-        self.cost.check_describes(described_by(settings, strategy, model_name(cfg)))
+        node = cfg.get("simulate") or {}
+        path, preset = node.get("cost_model"), node.get("hardware")
+        if bool(path) == bool(preset):
+            raise ConfigError(
+                "simulate",
+                "backend=simulated needs one of simulate.cost_model (a fitted model file) or "
+                f"simulate.hardware (one of {', '.join(PRESETS)})",
+            )
         inputs = peer_inputs(cfg)
         if not all(spec.ignore_eos for spec in inputs.workload.requests):
             raise ConfigError(
@@ -88,30 +129,29 @@ class SimulatedBackend(Backend):
         self.seeds = seeds_of(cfg)
         self.strategy = strategy
         self.clock = VirtualClock()
-        config = model_config_of(cfg.model, cache_dir_of(cfg))
-        layout = strategy.heads.build()
-        converted = replace(
-            config, num_kv_heads=min(layout.stored_kv_heads(config), config.num_kv_heads)
-        )
-        with META_DEVICE:
-            model = LlamaModel(converted)
-        layout.apply(model)
+        model = meta_model(cfg, strategy)
+        self.timing: StepTime
+        if path:
+            fitted = StepCostModel.load(Path(str(path)))
+            fitted.check_describes(described_by(settings, strategy, model_name(cfg)))
+            self.timing, self.basis = fitted, fitted_record(Path(str(path)), fitted)
+            self.said = f"predicted by {Path(str(path)).name}, fitted on real runs"
+        else:
+            if strategy.weights.value != "dense":
+                raise ConfigError(
+                    "simulate.hardware", "a hardware preset describes dense weights only"
+                )
+            derived = derived_timing(hardware_preset(str(preset)), model, settings.dtype)
+            self.timing, self.basis = derived, {"derived_from": derived.record()}
+            self.said = (
+                f"derived from the published specifications of {derived.hardware.name} "
+                "(efficiencies assumed)"
+            )
         built = build_engine(model, meta_settings(settings), strategy, self.clock)
-        self.engine = Engine(SimulatedRunner(self.cost, self.clock), built.update)
+        self.engine = Engine(SimulatedRunner(self.timing, self.clock), built.update)
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy.describe(),
-            SIMULATED: self.simulated_record(),
-        }
-
-    def simulated_record(self) -> dict[str, Any]:
-        return {
-            "cost_model": str(self.cost_path),
-            "fitted_on": self.cost.described,
-            "sources": self.cost.sources,
-            "fit_median_error": self.cost.quality.median_error if self.cost.quality else None,
-        }
+        return {"strategy": self.strategy.describe(), SIMULATED: self.basis}
 
     def replay(
         self, clock: Callable[[], float], writer: RunWriter, run_dir: Path, progress: bool
@@ -120,7 +160,7 @@ class SimulatedBackend(Backend):
         requests = requests_of(self.workload)
         stop = stop_rule(SLO.of_config(self.cfg), requests)
         simulate(
-            self.engine, requests, self.workload, self.clock, self.cost.gap_s, writer,
+            self.engine, requests, self.workload, self.clock, self.timing.gap_s, writer,
             progress=progress, stop=stop,
         )  # fmt: skip
 
@@ -129,7 +169,6 @@ class SimulatedBackend(Backend):
         return [
             Flag(
                 SIMULATED,
-                f"simulated: every step's duration predicted by {self.cost_path.name}, "
-                "nothing measured",
+                f"simulated: every step's duration {self.said}; nothing measured",
             )
         ]

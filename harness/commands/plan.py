@@ -1,0 +1,240 @@
+"""`servelab plan`: how many devices each strategy needs for a traffic, on hardware not at hand.
+
+For each hardware preset (`harness.simulate.hardware`) and strategy: the weights of `model`'s
+shape in `engine.dtype`, the KV memory left beside them (`plan.memory_utilization` of the
+device, as vLLM's gpu_memory_utilization) and the requests of the workload's mean length it
+holds; the strategy's sustained rate per device, found by the knee search (`servelab
+search`) on simulated runs whose step times are derived from the preset's published
+specifications; then the devices the traffic (`plan.rate` req/s) needs, what bounds a
+device's batch (its KV memory or the step limit), and the cost per million output tokens at
+`plan.price_per_hour` a device. Everything is a prediction from published specifications
+and stated efficiencies, not a measurement, and every table and page says so. Writes
+plan.json and plan.html under `plan.out_dir`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from harness.commands.config import compose
+from harness.errors import ConfigError
+from harness.simulate.hardware import (
+    BANDWIDTH_EFFICIENCY,
+    COMPUTE_EFFICIENCY,
+    STEP_OVERHEAD_S,
+    hardware_preset,
+)
+
+SUMMARY = "devices each strategy needs for a traffic on GPU presets (simulated: a prediction)"
+USAGE = """usage: servelab plan slo.ttft_s=S slo.tpot_s=T [model=dummy-llama2-13b]
+       [plan.hardware=[a100-40gb,a100-80gb]] [plan.rate=R] [plan.price_per_hour=P]
+       [plan.strategies=[...]] [workload=...] [OVERRIDE ...]
+
+Per preset and strategy: weights, the KV memory left and the requests it holds, the
+sustained rate per device (the knee search on simulated runs), the devices plan.rate req/s
+needs and the cost per million output tokens. Predicted from published specifications."""
+
+COLUMNS = {
+    "hardware": "hardware",
+    "strategy": "strategy",
+    "weight_gb": "weights (GB)",
+    "kv_gb": "KV left (GB)",
+    "requests_held": "requests KV holds",
+    "sustained": "sustained (req/s per device)",
+    "devices": "devices",
+    "bound": "batch bounded by",
+    "cost_per_million": "cost per 1M output tokens",
+}
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    hardware: str
+    strategy: str
+    weight_gb: float
+    kv_gb: float
+    requests_held: int  # requests of the workload's mean length the KV memory holds
+    sustained: float | None  # req/s per device: the highest rate that clearly passed
+    devices: int | None  # for plan.rate
+    bound: str  # what bounds a device's batch: its KV memory or the step limit
+    cost_per_million: float | None  # output tokens, at plan.price_per_hour
+    note: str
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    hardware: list[str]
+    strategies: list[str]
+    rate: float
+    price_per_hour: float
+    memory_utilization: float
+    requests: int
+    out_dir: Path
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> PlanSettings:
+        node = cfg.plan
+        settings = cls(
+            hardware=[str(h) for h in node.hardware],
+            strategies=[str(s) for s in node.strategies],
+            rate=float(node.rate),
+            price_per_hour=float(node.price_per_hour),
+            memory_utilization=float(node.memory_utilization),
+            requests=int(node.requests),
+            out_dir=Path(str(node.out_dir)),
+        )
+        if settings.rate <= 0 or settings.price_per_hour < 0 or settings.requests < 1:
+            raise ConfigError("plan", "rate and requests must be positive, the price not negative")
+        if not 0 < settings.memory_utilization <= 1:
+            raise ConfigError("plan.memory_utilization", "a share of device memory, in (0, 1]")
+        for name in settings.hardware:
+            hardware_preset(name)
+        return settings
+
+
+def predicted_line() -> str:
+    return (
+        f"Predicted from published specifications (compute efficiency {COMPUTE_EFFICIENCY:.0%}, "
+        f"bandwidth efficiency {BANDWIDTH_EFFICIENCY:.0%}, {STEP_OVERHEAD_S * 1e3:g} ms a step): "
+        "a simulation, not a measurement."
+    )
+
+
+def plan_row(overrides: list[str], preset: str, strategy: str, settings: PlanSettings) -> PlanRow:
+    """One preset and strategy: the memory arithmetic, then the simulated knee search."""
+    from harness.commands.search import search
+    from harness.runner.backends.base import peer_inputs
+    from harness.runner.backends.simulated import derived_timing, meta_model
+    from harness.runner.build import kv_layout
+    from harness.runner.run import run
+    from harness.runner.settings import engine_settings
+    from strategies.settings import strategy_settings
+
+    cfg = compose([*overrides, f"strategy={strategy}"])
+    engine = engine_settings(cfg.engine)
+    model = meta_model(cfg, strategy_settings(cfg.strategy))
+    timing = derived_timing(hardware_preset(preset), model, engine.dtype)
+    kv_bytes = settings.memory_utilization * timing.hardware.memory_bytes - timing.weight_bytes
+    requests = peer_inputs(cfg).workload.requests
+    mean_tokens = statistics.mean(len(r.prompt_ids) + r.max_tokens for r in requests)
+    mean_output = statistics.mean(r.max_tokens for r in requests)
+    held = int(max(kv_bytes, 0) // (kv_layout(model, engine.dtype).bytes_per_token * mean_tokens))
+    row = PlanRow(preset, strategy, timing.weight_bytes / 1e9, max(kv_bytes, 0) / 1e9, held,
+                  None, None, "memory", None, "")  # fmt: skip
+    if held < 1:
+        return _with(row, note="the weights leave no room for one request's KV")
+    searched = [
+        *overrides, "backend=simulated", f"simulate.hardware={preset}",
+        f"engine.kv_budget={int(kv_bytes)}", f"search.strategies=[{strategy}]",
+        f"search.out_dir={settings.out_dir / preset}", "search.budget_s=1e9",
+        f"search.requests={settings.requests}", f"search.max_requests={2 * settings.requests}",
+        f"search.ceiling_requests={settings.requests}",  # enough at once to fill a device
+    ]  # fmt: skip
+    (knee,), _ = search(searched, compose, lambda c, d: run(c, d, progress=False))
+    bound = f"memory ({held} requests)"
+    if held >= engine.max_batch_size:
+        bound = f"step limit ({engine.max_batch_size} a batch)"
+    if not knee.passed:
+        return _with(row, bound=bound, note=knee.note or "no rate passed")
+    devices = math.ceil(settings.rate / knee.passed)
+    cost = devices * settings.price_per_hour / (settings.rate * mean_output * 3600) * 1e6
+    return _with(row, sustained=knee.passed, devices=devices, bound=bound,
+                 cost_per_million=cost, note=knee.note)  # fmt: skip
+
+
+def _with(row: PlanRow, **changes: object) -> PlanRow:
+    return PlanRow(**{**asdict(row), **changes})
+
+
+def spread_line(rows: list[PlanRow], rate: float) -> str | None:
+    """The seeds' question in one line: the fewest and the most devices for this traffic."""
+    counted = [r for r in rows if r.devices is not None]
+    if len(counted) < 2:
+        return None
+    fewest = min(counted, key=lambda r: r.devices or 0)
+    most = max(counted, key=lambda r: r.devices or 0)
+    if fewest.devices == most.devices:
+        return f"{rate:g} req/s: {fewest.devices} devices whichever preset and strategy"
+    return (
+        f"{rate:g} req/s: {fewest.devices} x {fewest.hardware} under {fewest.strategy}, or "
+        f"{most.devices} x {most.hardware} under {most.strategy}"
+    )
+
+
+def _cell(row: PlanRow, key: str) -> str:
+    value = getattr(row, key)
+    if value is None:
+        return "-"
+    if key == "cost_per_million":
+        return f"{value:.3g}"
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def render_table(rows: list[PlanRow], rate: float) -> str:
+    table = Table(title=f"devices for {rate:g} req/s. {predicted_line()}")
+    for label in [*COLUMNS.values(), "note"]:
+        table.add_column(label)
+    for row in rows:
+        table.add_row(*(_cell(row, key) for key in COLUMNS), row.note)
+    console = Console(record=True, width=180)
+    with console.capture() as capture:
+        console.print(table)
+        spread = spread_line(rows, rate)
+        if spread:
+            console.print(spread)
+    return capture.get()
+
+
+def render_html(rows: list[PlanRow], rate: float, model: str) -> str:
+    head = "".join(f"<th>{html.escape(label)}</th>" for label in [*COLUMNS.values(), "note"])
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td>{html.escape(_cell(row, key))}</td>" for key in COLUMNS)
+        + f"<td>{html.escape(row.note)}</td></tr>"
+        for row in rows
+    )
+    spread = spread_line(rows, rate)
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>servelab plan</title>"
+        "<style>body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;"
+        "padding:4px 8px}table{border-collapse:collapse}.caveat{color:#a00}</style></head>"
+        f"<body><h1>Devices for {rate:g} req/s of {html.escape(model)}</h1>"
+        f"<p class='caveat'>{html.escape(predicted_line())}</p>"
+        + (f"<p>{html.escape(spread)}</p>" if spread else "")
+        + f"<table><tr>{head}</tr>{body}</table></body></html>\n"
+    )
+
+
+def main(args: list[str]) -> None:
+    node = compose(args).plan.engine
+    args = [*(f"engine.{key}={value}" for key, value in node.items()), *args]  # args win
+    cfg = compose(args)
+    settings = PlanSettings.of(cfg)
+    rows = []
+    for preset in settings.hardware:
+        for strategy in settings.strategies:
+            print(f"plan: {strategy} on {preset} (simulated)", flush=True)
+            rows.append(plan_row(args, preset, strategy, settings))
+    settings.out_dir.mkdir(parents=True, exist_ok=True)
+    model = str(cfg.model.get("name", "model"))
+    record = {
+        "caveat": predicted_line(),
+        "model": model,
+        "rate": settings.rate,
+        "price_per_hour": settings.price_per_hour,
+        "spread": spread_line(rows, settings.rate),
+        "rows": [asdict(row) for row in rows],
+    }
+    (settings.out_dir / "plan.json").write_text(json.dumps(record, indent=2) + "\n")
+    (settings.out_dir / "plan.html").write_text(render_html(rows, settings.rate, model))
+    print(render_table(rows, settings.rate))
+    print(f"plan.json and plan.html under {settings.out_dir}")

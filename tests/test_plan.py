@@ -1,0 +1,74 @@
+"""Step times derived from a hardware description, and `servelab plan` on them (simulated)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from harness.engine.step_update import StepShape
+from harness.measure.roofline import ModelShape, step_cost
+from harness.models.dummy import DUMMY_SHAPES
+from harness.simulate.cost_model import StepCounts
+from harness.simulate.hardware import PRESETS, Hardware, RooflineStepTime
+
+LLAMA2_13B = DUMMY_SHAPES["llama2-13b"]
+
+
+def _timing(hardware: Hardware) -> RooflineStepTime:
+    return RooflineStepTime(hardware, ModelShape.of(LLAMA2_13B), 26e9, 2, 40)
+
+
+def test_a_derived_step_is_the_longer_of_its_compute_and_its_memory_traffic() -> None:
+    """One decode row reads the weights: memory decides. 4096 prefill tokens: compute does.
+    The work is the roofline module's, from the step's totals or its per-sequence lengths."""
+    hardware = Hardware("made up", 100e12, 1e12, 40e9, "a test")
+    timing = _timing(hardware)
+    cases = [([1], [300], 1, "bytes"), ([4096], [4096], 1, "flops")]
+    for query_lens, seq_lens, logits, bound in cases:
+        shape = StepShape(query_lens, seq_lens, logits)
+        work = step_cost(ModelShape.of(LLAMA2_13B), 26e9, query_lens, seq_lens, logits, 2, 2, 40)
+        compute_s = work.flops / (100e12 * timing.compute_efficiency)
+        memory_s = work.bytes / (1e12 * timing.bandwidth_efficiency)
+        expected = timing.step_overhead_s + max(compute_s, memory_s)
+        assert timing.step_seconds(StepCounts.of_shape(shape)) == pytest.approx(expected, rel=1e-12)
+        assert (memory_s > compute_s) is (bound == "bytes")
+
+
+def test_more_bandwidth_makes_a_decode_step_faster_and_leaves_a_prefill_step_alone() -> None:
+    decode = StepCounts.of_shape(StepShape([1] * 8, [500] * 8, 8))
+    prefill = StepCounts.of_shape(StepShape([4096], [4096], 1))
+    a100_40, a100_80 = _timing(PRESETS["a100-40gb"]), _timing(PRESETS["a100-80gb"])
+    assert a100_80.step_seconds(decode) < a100_40.step_seconds(decode)
+    assert a100_80.step_seconds(prefill) == pytest.approx(a100_40.step_seconds(prefill))
+
+
+def test_plan_tells_devices_memory_and_cost_for_a_13b_shape(tmp_path, capsys) -> None:
+    from harness.commands.plan import main
+
+    main([
+        "model=dummy-llama2-13b", "workload=random", "workload.num_requests=32",
+        "workload.input_len.dist=fixed", "workload.input_len.value=64",
+        "workload.output_len.value=32",
+        "slo.ttft_s=2", "slo.tpot_s=0.1", "plan.hardware=[a100-40gb,l4]",
+        "plan.strategies=[vllm]", "plan.rate=20", "plan.price_per_hour=3",
+        "plan.requests=32", f"plan.out_dir={tmp_path}",
+    ])  # fmt: skip
+    record = json.loads((tmp_path / "plan.json").read_text())
+    a100, l4 = record["rows"]
+    weight_gb = a100["weight_gb"]
+    assert weight_gb == pytest.approx(2 * 13.0e9 / 1e9, rel=0.02)  # bf16, the LM head counted
+    assert a100["kv_gb"] == pytest.approx(0.9 * 40 - weight_gb)
+    per_request = 40 * 2 * 40 * 128 * 2 * (64 + 32)  # layers, K and V, heads, dim, bf16, tokens
+    assert a100["requests_held"] == int(a100["kv_gb"] * 1e9 // per_request)
+    assert a100["sustained"] > 0 and a100["devices"] == math.ceil(20 / a100["sustained"])
+    assert a100["cost_per_million"] == pytest.approx(a100["devices"] * 3 / (20 * 32 * 3600) * 1e6)
+    assert l4["devices"] is None and "no room" in l4["note"]  # 26 GB of weights, 24 GB of memory
+    page = (tmp_path / "plan.html").read_text()
+    assert "not a measurement" in page and "not a measurement" in record["caveat"]
+    assert "not a measurement" in capsys.readouterr().out
+    assert (tmp_path / "a100-40gb" / "vllm" / "floor" / "summary.json").is_file()
+    probe = json.loads((tmp_path / "a100-40gb" / "vllm" / "floor" / "summary.json").read_text())
+    assert "simulated" in probe["flag_codes"]
+    assert probe["simulated"]["derived_from"]["hardware"]["name"] == "NVIDIA A100 40GB SXM"
