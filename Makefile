@@ -27,12 +27,12 @@ $(STAMP): pyproject.toml
 # The default comparison: each strategy's knee found on this machine (`servelab search`): a
 # floor probe (one request at a time), a ceiling probe (every request at once), then Poisson
 # rates below the ceiling bisected until the knee is known within search.resolution, within
-# search.budget_s shared by all (the least-known knee probed next); one KV budget for all, small enough that memory decides capacity (32 MiB of
+# search.budget_s shared by all (a knee with no passing rate probed first); one KV budget for all, small enough that memory decides capacity (32 MiB of
 # fp32 KV: 728 tokens on every machine, the dtype pinned because the budget is in bytes).
 # The SLO moves with the machine: TTFT within 8x and normalized latency within 2x of their
 # medians one request at a time (fastertransformer's reference floor run), the same limits
 # for every strategy. Then one report over every probe. RUN_ARGS adds overrides
-# (search.budget_s=3600, ...). 2400 s brackets every knee on a 2-core AVX2 VM.
+# (search.budget_s=3600, ...).
 COMPARISON_DIR ?= runs/comparison/$(NOW)
 NOW := $(shell date +%Y-%m-%d/%H-%M-%S)
 COMPARISON := workload=comparison engine.dtype=fp32 engine.kv_budget=32MiB \

@@ -4,11 +4,11 @@ interval found on this machine (`harness.search.knee`).
 A rate is sustained by the one SLO rule (`harness.measure.slo`): at least `slo.attainment` of
 the requests meet every configured limit, each latency from arrival, failed requests counted
 as misses; each probe's verdict carries the attainment's interval (`harness.measure.verdict`).
-The time budget (`search.budget_s`) is shared among the strategies, the least-known knee
-probed first, and said up front; what it could not resolve is said at the end. Every probe
-is a full run in its own directory under `search.out_dir/STRATEGY/` (floor, ceiling,
-rate-R-nN), so the evidence for every answer can be opened, a rerun reuses complete probes,
-and `servelab report` draws them.
+The time budget (`search.budget_s`) is shared among the strategies (a knee with no passing
+rate probed first, the strategy that spent least first) and said up front; what it could
+not resolve is said at the end. Every probe is a full run in its own directory under
+`search.out_dir/STRATEGY/` (floor, ceiling, rate-R-nN), so the evidence for every answer can
+be opened, a rerun reuses complete probes, and `servelab report` draws them.
 """
 
 from __future__ import annotations
@@ -235,8 +235,9 @@ def plan_line(settings: SearchSettings) -> str:
     knee = settings.knee
     return (
         f"search: {', '.join(settings.strategies)}; {settings.budget_s:.0f} s in all, shared "
-        "(each strategy's floor and ceiling first, then each rate probe to the least-known "
-        f"knee); {knee.ceiling_requests} requests at once for the ceiling, "
+        "(each strategy's floor and ceiling first, then each rate probe to a strategy with no "
+        f"passing rate, the one that spent least first); {knee.ceiling_requests} requests at "
+        "once for the ceiling, "
         f"{knee.requests} a rate probe (up to {knee.max_requests} at the knee); the knee "
         f"within {knee.resolution:.0%}; attainment >= {knee.target:g} at "
         f"{settings.confidence:.0%} confidence; probes under {settings.out_dir}"

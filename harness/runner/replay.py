@@ -179,6 +179,26 @@ def progress_bar(total: int, enabled: bool) -> tqdm:
     )
 
 
+class Tally:
+    """How many of a run's requests are recorded, with the progress bar: `closed` counts one
+    and tells `completed` (a closed-loop client schedules that user's next request)."""
+
+    def __init__(self, total: int, progress: bool, completed: Callable[[Request], object]):
+        self.total = total
+        self.recorded = 0
+        self.completed = completed
+        self.bar = progress_bar(total, progress)
+
+    def closed(self, request: Request) -> None:
+        self.completed(request)
+        self.recorded += 1
+        self.bar.update(1)
+
+    @property
+    def all_recorded(self) -> bool:
+        return self.recorded >= self.total
+
+
 def replay(
     engine: Engine,
     requests: list[Request],
@@ -195,23 +215,16 @@ def replay(
     inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
     client = Client(requests, clock, inbox, workload.concurrency, workload.think_s)
     driver = EngineDriver(engine, writer, hooks)
-    recorded = 0
-    bar = progress_bar(len(requests), progress)
-
-    def closed(request: Request) -> None:
-        nonlocal recorded
-        client.completed(request)
-        recorded += 1
-        bar.update(1)
+    tally = Tally(len(requests), progress, client.completed)
 
     def receive(request: Request) -> None:
         if not driver.admit(request):
-            closed(request)  # rejected: it can never be served here
+            tally.closed(request)  # rejected: it can never be served here
 
     client.start()
     try:
         with driver.serving():
-            while recorded < len(requests):
+            while not tally.all_recorded:
                 if not engine.has_unfinished():
                     try:
                         receive(inbox.get(timeout=IDLE_WAIT_S))
@@ -222,8 +235,8 @@ def replay(
                 if not engine.has_unfinished():
                     continue
                 for request in driver.step().delivered:
-                    closed(request)
+                    tally.closed(request)
                 driver.stop_if(stop, requests)
     finally:
         client.stop()
-        bar.close()
+        tally.bar.close()

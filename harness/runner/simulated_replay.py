@@ -19,7 +19,7 @@ from harness.engine.request import Request
 from harness.measure.rundir import RunWriter
 from harness.runner.early_stop import StopRecord
 from harness.runner.loop import EngineDriver, StepHook
-from harness.runner.replay import Arrivals, progress_bar
+from harness.runner.replay import Arrivals, Tally
 from harness.simulate.runner import VirtualClock
 from workloads.spec import Workload
 
@@ -38,18 +38,10 @@ def simulate(
     """Serve `requests` in virtual time; `stop` as in the real-time replay."""
     arrivals = Arrivals(requests, workload.concurrency, workload.think_s)
     driver = EngineDriver(engine, writer, hooks)
-    recorded = 0
-    bar = progress_bar(len(requests), progress)
-
-    def closed(request: Request) -> None:
-        nonlocal recorded
-        arrivals.completed(request)
-        recorded += 1
-        bar.update(1)
-
+    tally = Tally(len(requests), progress, arrivals.completed)
     try:
         with driver.serving():
-            while recorded < len(requests):
+            while not tally.all_recorded:
                 if not engine.has_unfinished():
                     upcoming = arrivals.next_arrival()
                     if upcoming is None:
@@ -58,12 +50,12 @@ def simulate(
                 for request in arrivals.arrived(clock()):
                     request.t_send = request.t_scheduled
                     if not driver.admit(request):
-                        closed(request)  # rejected: it can never be served here
+                        tally.closed(request)  # rejected: it can never be served here
                 if not engine.has_unfinished():
                     continue
                 for request in driver.step().delivered:
-                    closed(request)
+                    tally.closed(request)
                 clock.advance(gap_s)
                 driver.stop_if(stop, requests)
     finally:
-        bar.close()
+        tally.bar.close()
