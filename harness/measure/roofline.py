@@ -170,25 +170,15 @@ class StepRoofline:
     stored_kv_heads: int
     peaks: Peaks | None
 
-    def annotate(
-        self,
-        record: StepRecord,
-        query_lens: Sequence[int],
-        seq_lens: Sequence[int],
-        num_logits: int,
-    ) -> None:
+    def annotate(self, record: StepRecord) -> None:
         """Add `flops`, `bytes` and, with peaks, `mfu` and `mbu` (over `model_s`) to a
-        record's counters."""
-        cost = step_cost(
-            self.shape,
-            self.weight_bytes,
-            query_lens,
-            seq_lens,
-            num_logits,
-            self.kv_bytes_per_element,
-            self.act_bytes_per_element,
-            self.stored_kv_heads,
-        )
+        record's counters, from the counts the record already holds."""
+        cost = work_of_counts(
+            self.shape, self.weight_bytes,
+            record.prefill_tokens + record.decode_tokens + record.pad_tokens,
+            record.attended_pairs, record.context_tokens, record.logits_rows,
+            self.kv_bytes_per_element, self.act_bytes_per_element, self.stored_kv_heads,
+        )  # fmt: skip
         counters = record.counters
         counters["flops"] = cost.flops
         counters["bytes"] = cost.bytes

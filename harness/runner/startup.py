@@ -111,8 +111,5 @@ class RooflineHook:
         del step
 
     def step_finished(self, result: StepResult) -> None:
-        shape = result.shape
-        if shape.query_lens:
-            self.roofline.annotate(
-                result.record, shape.query_lens, shape.seq_lens, shape.num_logits
-            )
+        if result.record.num_seqs:
+            self.roofline.annotate(result.record)
