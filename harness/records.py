@@ -37,6 +37,7 @@ class RequestRecord:
     cached_prompt_tokens: int = 0  # prompt tokens found in the prefix cache of others' blocks
     excluded: bool = False  # warm-up or cool-down: recorded, left out of metrics
     counters: dict[str, Any] = field(default_factory=dict)  # strategy-specific
+    sample_index: int = 0  # n > 1: which sample of its request (ids `ID`, `ID#1`, `ID#2`...)
 
     @property
     def succeeded(self) -> bool:

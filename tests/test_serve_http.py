@@ -142,6 +142,25 @@ def test_official_client_completions_chat_and_streams(served: tuple[ServerProces
     assert "".join(p.choices[0].delta.content or "" for p in pieces).strip()
 
 
+def test_official_client_n_choices_one_per_sample(served: tuple[ServerProcess, Path]) -> None:
+    """n = 3: three choices, indexed, the prompt counted once and every sample's tokens in
+    the usage; the first sample is what a single request with the same seed draws."""
+    client = openai.OpenAI(base_url=f"{served[0].url}/v1", api_key=KEY)
+    extra = {"return_token_ids": True, "ignore_eos": True}
+    asked = dict(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=1.5, seed=11)
+    three = client.completions.create(**asked, n=3, extra_body=extra)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    samples = [c.model_extra["token_ids"] for c in three.choices]
+    assert [len(ids) for ids in samples] == [5, 5, 5]
+    assert len({tuple(ids) for ids in samples}) > 1
+    assert three.usage.prompt_tokens == len(PROMPT) and three.usage.completion_tokens == 15
+    one = client.completions.create(**asked, extra_body=extra)
+    assert one.choices[0].model_extra["token_ids"] == samples[0]
+    ids = {three.id, f"{three.id}#1", f"{three.id}#2"}
+    wait_for(lambda: ids <= served_records(served[1]).keys())
+    assert served_records(served[1])[f"{three.id}#2"].sample_index == 2
+
+
 BAD_REQUESTS = [
     # (what, body, status, param, code)
     ("malformed JSON", b'{"model": "smollm2-135m", "prompt": [1,', 400, None, "json_invalid"),
@@ -169,7 +188,7 @@ BAD_REQUESTS = [
     ("token id outside the vocabulary", {**VALID, "prompt": [1, 49152]}, 400, "prompt", None),
     ("empty prompt", {**VALID, "prompt": ""}, 400, "prompt", None),
     ("no prompt", {"model": MODEL}, 400, "prompt", None),
-    ("two choices", {**VALID, "n": 2}, 400, "n", None),
+    ("two choices in a stream", {**VALID, "n": 2, "stream": True}, 400, "n", None),
     ("stop strings", {**VALID, "stop": ["\n"]}, 400, "stop", None),
 ]
 
@@ -381,7 +400,7 @@ def test_failed_requests_are_recorded_with_their_error(
     )
     assert (refused["status"], refused["failed"]) == ("complete", 2)
     errors = {r.error for r in read_requests(tmp_path / "n")}
-    assert errors == {"HTTP 400: n must be 1: servelab returns one choice per request"}
+    assert errors == {"HTTP 400: a stream carries one choice: send n > 1 without stream"}
     before = _cancelled(http)
     late = run(
         compose([*common, *endpoint, "endpoint.timeout_s=0.05"]), tmp_path / "late", progress=False

@@ -66,4 +66,5 @@ def _request(
         top_k=config.sampling.top_k,
         top_p=config.sampling.top_p,
         seed=seed,
+        n=config.sampling.n,
     )

@@ -35,7 +35,7 @@ WORKLOAD_KEYS = (
     "trace",
     "path",
 )
-SAMPLING_KEYS = ("temperature", "top_k", "top_p")
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "n")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class SamplingSpec:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    n: int = 1  # samples per request (parallel sampling)
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ def _sampling(node: Node) -> SamplingSpec:
         temperature=node.number("temperature", default=0.0, minimum=0.0),
         top_k=node.integer("top_k", default=0, minimum=0),
         top_p=top_p,
+        n=node.integer("n", default=1, minimum=1),
     )
 
 

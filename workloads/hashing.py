@@ -14,7 +14,9 @@ from workloads.spec import RequestSpec
 
 
 def _canonical(request: RequestSpec) -> list[object]:
-    return [
+    """The request's fields in a fixed order (`n` only when above 1, so hashes of workloads
+    from before parallel sampling stay valid)."""
+    fields: list[object] = [
         request.id,
         list(request.prompt_ids),
         request.max_tokens,
@@ -26,6 +28,7 @@ def _canonical(request: RequestSpec) -> list[object]:
         request.top_p,
         request.seed,
     ]
+    return fields + [request.n] if request.n != 1 else fields
 
 
 def workload_hash(

@@ -58,7 +58,10 @@ def _schedule(workload: Workload, arrivals: np.ndarray) -> str:
 def _sampling(workload: Workload) -> str:
     first = workload.requests[0]
     mode = "greedy" if first.temperature == 0 else f"temperature {first.temperature}"
-    return f"{mode}, top_k {first.top_k}, top_p {first.top_p}, ignore_eos {first.ignore_eos}"
+    samples = f", {first.n} samples per prompt" if first.n > 1 else ""
+    return (
+        f"{mode}, top_k {first.top_k}, top_p {first.top_p}, ignore_eos {first.ignore_eos}{samples}"
+    )
 
 
 def _stats(label: str, values: np.ndarray) -> str:

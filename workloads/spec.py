@@ -26,6 +26,7 @@ class RequestSpec:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     seed: int | None = None  # per-request sampling seed (derived from the workload seed)
+    n: int = 1  # samples of this prompt (parallel sampling), each its own output
 
 
 @dataclass(frozen=True)

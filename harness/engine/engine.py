@@ -3,8 +3,9 @@
 Each step lets the decoding strategy propose drafts, asks the scheduler for the batch (which
 requests, how many tokens each feeds, any padding rows), says what that batch feeds (`Feed`),
 runs it through the model runner, lets the decoding strategy accept tokens from the logits
-of every sequence whose next token is due, and hands the outcome to the one post-step update
-(`StepUpdate`: append, roll back, finish, free, deliver, record). It returns the responses
+of every sequence whose next token is due (and the first tokens of a request's other samples,
+`parallel_sampling`), and hands the outcome to the one post-step update (`StepUpdate`:
+append, fork, roll back, finish, free, deliver, record). It returns the responses
 delivered at the end of the step and the step's record. Per-step Python work scales with the
 number of requests, not tokens: positions and slots are built with tensor operations.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from harness.engine.decoding import Decoder, Verification
 from harness.engine.kv_manager import KVManager
 from harness.engine.model_runner import Feed, Runner
+from harness.engine.parallel_sampling import fork_samples
 from harness.engine.request import Request
 from harness.engine.scheduling import ScheduledSeq, Scheduler
 from harness.engine.step_update import StepOutput, StepResult, StepUpdate
@@ -96,8 +98,10 @@ class Engine:
         its response was only held). False, and nothing changes, once it was delivered."""
         if request.t_done is not None:
             return False
-        self.scheduler.cancel(request)
-        self.decoder.release(request)
+        for sample in [request, *request.samples]:
+            self.scheduler.cancel(sample)
+            self.decoder.release(sample)
+        self.update.groups.forget(request)
         request.close("cancelled", self.clock())
         return True
 
@@ -120,9 +124,10 @@ class Engine:
         t_model = self.clock()
         logits = self.runner.run(self.kv, feed)
         accepted = self.decoder.accept(logits, due) if due else []
+        forks = fork_samples(logits, due)
         model_s = self.clock() - t_model
         return self._finish(
-            StepOutput(self.step_index, plan, feed, due, accepted, t_start, model_s)
+            StepOutput(self.step_index, plan, feed, due, accepted, t_start, model_s, forks)
         )
 
     def _finish(self, output: StepOutput) -> StepResult:

@@ -71,6 +71,12 @@ class KVManager(ABC):
         """Leading tokens of a waiting request whose KV is cached now (0 without a cache)."""
         return 0
 
+    @abstractmethod
+    def fork(self, parent: Request, child: Request) -> bool:
+        """`child` continues from `parent`'s computed tokens (its tokens equal the parent's up
+        to there): it shares or copies the parent's KV and its `num_computed_tokens` becomes
+        the parent's. False, and no change, if there is no room for it."""
+
     def preempt(self, request: Request) -> None:
         """Evict a running request; by default free everything so that it recomputes."""
         self.free(request)

@@ -5,6 +5,11 @@
 without compute; preemption by recompute resets it to zero; speculative rollback moves it
 back. `prompt_ids + output_ids` is always the full token sequence; `draft_ids` are proposed
 tokens after it that the next step feeds for verification and that are not yet part of it.
+
+A request for `n` > 1 samples is one `Request` (sample 0) until its prompt is computed; then
+the engine forks its other samples (`samples`, each with its `parent`): they continue from
+the same prompt KV, each drawing from its own generator (`SamplingParams.sample_index`), and
+the response is delivered once, when every sample has finished.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ class SamplingParams:
     top_p: float = 1.0
     ignore_eos: bool = False
     seed: int = 0
+    n: int = 1  # samples of the same prompt (OpenAI's `n`; the vLLM paper's parallel sampling)
+    sample_index: int = 0  # which of the n samples: part of every random draw's seed
 
     @property
     def greedy(self) -> bool:
@@ -57,6 +64,13 @@ class Request:
     t_admitted: float | None = None  # first step that computed any of its tokens
     cached_prompt_tokens: int = 0
     counters: dict[str, float] = field(default_factory=dict)  # strategy-specific, per request
+    parent: Request | None = None  # sample 0 of the request this sample belongs to
+    samples: list[Request] = field(default_factory=list)  # samples 1 .. n-1, once forked
+
+    @property
+    def seats(self) -> int:
+        """Batch rows the request will hold: all n while its samples are still to fork."""
+        return self.sampling.n if self.parent is None and not self.samples else 1
 
     @property
     def prompt_len(self) -> int:
@@ -102,20 +116,29 @@ class Request:
         self.draft_ids = []
 
     def deliver(self, now: float) -> None:
-        """The complete response is handed back now: the one place `t_done` is set."""
-        self.t_done = now
+        """The complete response (every sample) is handed back now: the one place `t_done`
+        is set."""
+        for sample in [self, *self.samples]:
+            sample.t_done = now
 
     def close(self, reason: str, now: float, error: str | None = None) -> None:
         """End a request that leaves without being served to its end (rejected, cancelled,
-        failed): finished and delivered at once."""
-        self.finish(reason, error)
+        failed): it and every sample finished so, whatever they had produced, and delivered
+        at once."""
+        for sample in [self, *self.samples]:
+            sample.finish(reason, error)
         self.deliver(now)
 
     def all_token_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def records(self) -> list[RequestRecord]:
+        """The `requests.jsonl` lines for this request: one per sample (DESIGN.md, run
+        directory)."""
+        return [sample.record() for sample in [self, *self.samples]]
+
     def record(self) -> RequestRecord:
-        """The `requests.jsonl` line for this request (DESIGN.md, run directory)."""
+        """The `requests.jsonl` line for this sample."""
         return RequestRecord(
             id=self.id,
             prompt_len=self.prompt_len,
@@ -133,4 +156,5 @@ class Request:
             cached_prompt_tokens=self.cached_prompt_tokens,
             excluded=self.excluded,
             counters=dict(self.counters),
+            sample_index=self.sampling.sample_index,
         )

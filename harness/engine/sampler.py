@@ -1,14 +1,21 @@
 """Pick each sequence's next token from its logits: greedy, or temperature / top-k / top-p.
 
-Random sampling draws from a generator seeded by (request seed, output index, stream), so a
-request's tokens do not depend on which other requests shared its batch. Stream 0 is the
-target's own draws (plain sampling, and speculative verification); a draft model samples
-its proposals from another stream, so that a draft never correlates with the draw that
-verifies it. `probabilities` is the one place temperature, top-k and top-p are applied, to
-the target's logits and a draft's alike.
+Random sampling draws from a generator seeded by (request seed, sample index, output index,
+stream), so a request's tokens do not depend on which other requests shared its batch, and
+sample k of a request for n samples draws exactly what a single request with the same seed
+and sample index k draws. Stream 0 is the target's own draws (plain sampling, and
+speculative verification); a draft model samples its proposals from another stream, so that
+a draft never correlates with the draw that verifies it. The four parts are hashed into the
+seed: torch's CPU generator keeps only a seed's low 32 bits, so parts placed in high bits
+(as an earlier stride of 2^40 between streams did) would all seed the same draws.
+`probabilities` is the one place temperature, top-k and top-p are applied, to the target's
+logits and a draft's alike.
 """
 
 from __future__ import annotations
+
+import hashlib
+import struct
 
 import torch
 
@@ -16,7 +23,6 @@ from harness.engine.request import Request, SamplingParams
 
 TARGET_STREAM = 0
 DRAFT_STREAM = 1
-_STREAM_STRIDE = 1 << 40  # far beyond any seed * 1_000_003 + index this harness produces
 
 
 def sample(logits: torch.Tensor, requests: list[Request]) -> list[int]:
@@ -51,8 +57,14 @@ def generator_for(
     """The (host) generator for a request's output token `index` on `stream`; logits reach
     the sampler on the host."""
     generator = torch.Generator()
-    generator.manual_seed(params.seed * 1_000_003 + index + stream * _STREAM_STRIDE)
+    generator.manual_seed(draw_seed(params.seed, params.sample_index, index, stream))
     return generator
+
+
+def draw_seed(seed: int, sample_index: int, index: int, stream: int) -> int:
+    """A 32-bit seed that differs, but for chance collisions, whenever any part differs."""
+    key = struct.pack("<4q", seed, sample_index, index, stream)
+    return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little")
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator) -> int:

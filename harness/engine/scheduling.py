@@ -5,7 +5,9 @@ eviction decision, asking its KV manager for room. For one engine step it return
 requests to run and how many tokens each feeds: its known-but-uncomputed tokens and any
 drafts to verify, plus padding rows where the strategy pads by definition (static batching).
 The engine tells it when a request finishes; the scheduler answers which responses are
-delivered now (static batching may hold them until its batch ends). An admission policy
+delivered now (static batching may hold them until its batch ends). A request for n samples
+holds n of the `max_num_seqs` places from its admission (`Request.seats`), and its other
+samples join the batch beside it once its prompt is computed (`fork`). An admission policy
 orders the waiting requests a scheduler considers.
 """
 
@@ -78,6 +80,11 @@ class Scheduler(ABC):
     @abstractmethod
     def schedule(self) -> SchedulerOutput:
         """This step's batch; empty when nothing can run."""
+
+    @abstractmethod
+    def fork(self, parent: Request, sample: Request) -> None:
+        """`sample`, another sample of running `parent`, starts from `parent`'s computed
+        prompt (parallel sampling): beside it in the batch, or waiting if there is no room."""
 
     @abstractmethod
     def on_finished(self, request: Request) -> list[Request]:

@@ -4,19 +4,22 @@ Given what a step scheduled, what it fed and the tokens the decoding strategy ac
 its logits, `StepUpdate.apply` moves every request on in one place: each sequence's computed
 count advances by what it fed; each sequence whose next token was due appends its accepted
 tokens (stopping at a stop token, `max_tokens` or the context), its KV is rolled back past
-rejected drafts, and a finished request's decoder state and KV are released and its response
-delivered when the scheduler says so. The step's record is built once, here, from the batch
-as scheduled and the KV as held during the step (before anything was freed).
+rejected drafts, the other samples of a request for n > 1 start beside it with their first
+tokens (`parallel_sampling`), and a finished request's decoder state and KV are released and
+its response delivered when the scheduler says so (for n samples: when the last is). The
+step's record is built once, here, from the batch as scheduled and the KV as held during the
+step (before anything was freed).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from harness.engine.decoding import Decoder, Verification
 from harness.engine.kv_manager import KVManager, KVStats
 from harness.engine.model_runner import Feed
+from harness.engine.parallel_sampling import Fork, SampleGroups
 from harness.engine.request import Request
 from harness.engine.scheduling import ScheduledSeq, Scheduler, SchedulerOutput
 from harness.records import StepRecord
@@ -70,6 +73,7 @@ class StepOutput:
     accepted: list[list[int]]
     t_start: float
     model_s: float
+    forks: dict[Request, list[Fork]] = field(default_factory=dict)  # sample 0 -> the others
 
 
 class StepUpdate:
@@ -88,21 +92,23 @@ class StepUpdate:
         self.clock = clock
         self.max_context = max_context
         self.stop_token_ids = frozenset(stop_token_ids)
+        self.groups = SampleGroups()
 
     def apply(self, output: StepOutput) -> StepResult:
         now = self.clock()
         running = self.scheduler.num_running()  # the batch as scheduled, before any finishes
         prefill, decode, pad = _token_counts(output.plan.seqs)
-        delivered = _deliver(output.plan.delivered, output.t_start)
+        delivered = self._deliver(output.plan.delivered, output.t_start)
         for seq in output.plan.seqs:
             seq.request.num_computed_tokens += seq.num_new_tokens
         kv = self.kv.stats()  # as held during the step, before anything finishes or is freed
         finished = self._accept(output.due, output.accepted, now)
+        finished += self._fork(output.forks, now)
         counters: dict[str, float | list[int]] = dict(kv.extra)
         counters.update(self.decoder.step_counters() if output.feed is not None else {})
         for request in finished:
             self.decoder.release(request)
-            delivered += _deliver(self.scheduler.on_finished(request), now)
+            delivered += self._deliver(self.scheduler.on_finished(request), now)
         tokens = (prefill, decode, pad)
         shape = StepShape.of(output.feed)
         record = self._record(output, tokens, running, kv, counters, len(delivered))
@@ -128,6 +134,27 @@ class StepUpdate:
             if request.is_finished:
                 finished.append(request)
         return finished
+
+    def _fork(self, forks: dict[Request, list[Fork]], now: float) -> list[Request]:
+        """Start the other samples of each request whose first token was just appended, from
+        its computed prompt; the samples that finished with their first token."""
+        finished = []
+        for parent, samples in forks.items():
+            for fork in samples:
+                sample = fork.sample
+                parent.samples.append(sample)
+                self._append(sample, [fork.first_token], now)
+                self.scheduler.fork(parent, sample)
+                if sample.is_finished:
+                    finished.append(sample)
+        return finished
+
+    def _deliver(self, samples: list[Request], now: float) -> list[Request]:
+        """Deliver, now, every request whose last sample is among `samples`."""
+        delivered = self.groups.complete(samples)
+        for request in delivered:
+            request.deliver(now)
+        return delivered
 
     def _append(self, request: Request, tokens: list[int], now: float) -> int:
         """Append tokens until one stops the request; how many were appended."""
@@ -189,9 +216,3 @@ def _token_counts(seqs: list[ScheduledSeq]) -> tuple[int, int, int]:
         else:
             prefill += seq.num_new_tokens
     return prefill, decode, pad
-
-
-def _deliver(requests: list[Request], now: float) -> list[Request]:
-    for request in requests:
-        request.deliver(now)
-    return list(requests)

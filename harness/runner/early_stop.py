@@ -70,20 +70,22 @@ class EarlyStop:
         self.slo = slo
         self.confidence = confidence
         self.counted = [r for r in requests if not r.excluded]
-        self._judged: dict[Request, bool] = {}  # delivered: did it meet the SLO
+        self._misses: dict[Request, int] = {}  # delivered: how many of its samples missed
 
     def check(self, now: float) -> StopRecord | None:
         """The stop's evidence when the verdict can only be a failure by `now`, else None."""
         missed = delivered = 0
-        for request in self.counted:
+        for request in self.counted:  # each sample counts as a request, as in the summary
             if request.t_done is not None:
-                delivered += 1
-                if request not in self._judged:
-                    self._judged[request] = self.slo.meets(request_latency(request.record()))
-                missed += not self._judged[request]
+                delivered += request.sampling.n
+                if request not in self._misses:
+                    self._misses[request] = sum(
+                        not self.slo.meets(request_latency(record)) for record in request.records()
+                    )
+                missed += self._misses[request]
             elif request.t_send is not None and self._past_a_limit(request, now):
-                missed += 1
-        counted = len(self.counted)
+                missed += request.sampling.n
+        counted = sum(request.sampling.n for request in self.counted)
         best = counted - missed
         high = wilson(best, counted, self.confidence)[1]
         if not counted or high >= self.slo.attainment:

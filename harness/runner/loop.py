@@ -123,7 +123,8 @@ class EngineDriver:
 
     def _record(self, request: Request) -> None:
         if self.sink is not None:
-            self.sink.request(request.record())
+            for record in request.records():
+                self.sink.request(record)
 
 
 def fail_in_flight(
@@ -139,4 +140,5 @@ def fail_in_flight(
     for request in requests:
         request.close(reason, now, error)
         if sink is not None:
-            sink.request(request.record())
+            for record in request.records():
+                sink.request(record)

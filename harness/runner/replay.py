@@ -49,6 +49,7 @@ def to_request(spec: RequestSpec, index: int) -> Request:
             top_p=spec.top_p,
             ignore_eos=spec.ignore_eos,
             seed=index if spec.seed is None else spec.seed,
+            n=spec.n,
         ),
         t_scheduled=spec.arrival,
         excluded=spec.excluded,

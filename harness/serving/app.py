@@ -40,6 +40,7 @@ from harness.serving.intake import Intake, ModelCard
 from harness.serving.metrics import Metrics
 from harness.serving.protocol import (
     ChatRequest,
+    Choice,
     CompletionRequest,
     Sampling,
     chunk_body,
@@ -214,13 +215,11 @@ async def _whole(
 ) -> Response:
     """Wait for the delivered response; cancel it if the client hangs up meanwhile."""
     watcher = asyncio.create_task(_cancel_on_disconnect(state, stream, raw))
-    ids: list[int] = []
     try:
         while True:
             event = await stream.events.get()
             if isinstance(event, Done):
                 break
-            ids += event.ids
     finally:
         watcher.cancel()
     if event.finish_reason == "cancelled":
@@ -228,15 +227,16 @@ async def _whole(
     if event.finish_reason not in SUCCESS:
         raise APIError(500, f"the request failed: {event.error}", kind="server_error")
     request = stream.request
+    choices = [
+        Choice(
+            state.tokenizer.decode(sample.output_ids, skip_special_tokens=True),
+            sample.finish_reason or event.finish_reason,
+            sample.output_ids,
+        )
+        for sample in [request, *request.samples]  # the engine is done with them all
+    ]
     payload = response_body(
-        chat,
-        request.id,
-        state.card.name,
-        state.tokenizer.decode(ids, skip_special_tokens=True),
-        event.finish_reason,
-        ids if body.return_token_ids else None,
-        request.prompt_len,
-        len(ids),
+        chat, request.id, state.card.name, choices, body.return_token_ids, request.prompt_len
     )
     return JSONResponse(payload)
 

@@ -61,6 +61,7 @@ class Stream:
     request: Request
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     sent: int = 0  # output tokens already handed to the front end (loop thread only)
+    generated: int = 0  # output tokens of every sample so far (n > 1: more than `sent`)
 
 
 @dataclass(frozen=True)
@@ -193,8 +194,10 @@ class EngineLoop:
             if count > stream.sent:
                 new = Tokens(request.output_ids[stream.sent :], request.token_times[stream.sent :])
                 events.append((stream, new))
-                self._generation_tokens += count - stream.sent
                 stream.sent = count
+            generated = count + sum(len(s.output_ids) for s in request.samples)
+            self._generation_tokens += generated - stream.generated
+            stream.generated = generated
         for request in result.delivered:
             stream = self._streams.pop(request)
             events.append((stream, self._close(request)))

@@ -67,8 +67,8 @@ class Intake:
                 param="model",
                 code="model_not_found",
             )
-        if body.n != 1:
-            raise APIError(400, "n must be 1: servelab returns one choice per request", "n")
+        if body.n != 1 and body.stream:
+            raise APIError(400, "a stream carries one choice: send n > 1 without stream", "n")
         if body.stop:
             raise APIError(
                 400, "stop strings are not supported; use max_tokens or end-of-sequence", "stop"
@@ -138,6 +138,7 @@ class Intake:
             top_p=body.top_p,
             ignore_eos=body.ignore_eos,
             seed=body.seed if body.seed is not None else next(self._seeds),
+            n=body.n,
         )
         request = Request(rid, prompt, sampling, t_scheduled=arrival, t_send=arrival)
         rejection = self.engine.rejection(request)

@@ -6,13 +6,14 @@ before any work (see `errors`). Fields servers commonly add and servelab honours
 then carries the token ids, as vLLM's option of that name does), and
 `stream_options.continuous_usage_stats` (every chunk carries the running `usage`). Unknown
 fields are ignored, as most OpenAI-compatible servers do. Only what servelab can serve
-faithfully is accepted: one prompt and one choice per request, no stop strings, no
-penalties, no logprobs.
+faithfully is accepted: one prompt per request, `n` choices of it (parallel sampling) in a
+whole response but one in a stream, no stop strings, no penalties, no logprobs.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -93,34 +94,45 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def _choice(chat: bool, text: str, finish_reason: str | None) -> dict[str, Any]:
-    if chat:
-        message = {"role": "assistant", "content": text}
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
-    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+@dataclass(frozen=True)
+class Choice:
+    """One sample of a whole response: its text, why it ended, its token ids."""
+
+    text: str
+    finish_reason: str
+    token_ids: list[int]
+
+
+def _choice(chat: bool, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    content: dict[str, Any] = (
+        {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+    )
+    return {"index": index, **content, "logprobs": None, "finish_reason": finish_reason}
 
 
 def response_body(
     chat: bool,
     rid: str,
     model: str,
-    text: str,
-    finish_reason: str,
-    token_ids: list[int] | None,
+    choices: list[Choice],
+    return_token_ids: bool,
     prompt_tokens: int,
-    completion_tokens: int,
 ) -> dict[str, Any]:
-    """A whole (non-streaming) completion or chat completion."""
-    choice = _choice(chat, text, finish_reason)
-    if token_ids is not None:
-        choice["token_ids"] = token_ids
+    """A whole (non-streaming) completion or chat completion: one choice per sample, the
+    prompt counted once and every sample's tokens in `completion_tokens`."""
+    bodies = []
+    for index, choice in enumerate(choices):
+        body = _choice(chat, index, choice.text, choice.finish_reason)
+        if return_token_ids:
+            body["token_ids"] = choice.token_ids
+        bodies.append(body)
     return {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [choice],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "choices": bodies,
+        "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in choices)),
     }
 
 

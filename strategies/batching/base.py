@@ -7,6 +7,9 @@ strategy's admission policy. When a running request cannot grow, the most recent
 unfinished request is preempted (recompute, or swap where the KV manager supports it). A
 cancelled request leaves the queue or the running set at once and returns its KV.
 Speculative drafts are fed only where room is left (`add_drafts`): they never preempt.
+A request for n samples takes n places (`Request.seats`) when admitted; its other samples
+join the running set when its prompt is computed, sharing or copying its KV, or, where the KV
+manager has no room for them, wait at the head of the queue to compute their prompt again.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from harness.engine.scheduling import (
     SchedulerLimits,
     SchedulerOutput,
 )
+from harness.errors import ConfigError
 
 
 class QueueScheduler(Scheduler):
@@ -38,6 +42,27 @@ class QueueScheduler(Scheduler):
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def limit_error(self, request: Request) -> ConfigError | None:
+        if request.sampling.n <= self.limits.max_num_seqs:
+            return None
+        return ConfigError(
+            "engine.max_batch_size",
+            f"request {request.id} asks for {request.sampling.n} samples, more than one batch "
+            f"holds ({self.limits.max_num_seqs})",
+        )
+
+    def seats_taken(self) -> int:
+        """Places of `max_num_seqs` the running set holds (n for a request yet to fork)."""
+        return sum(r.seats for r in self.running)
+
+    def fork(self, parent: Request, sample: Request) -> None:
+        if self.kv.fork(parent, sample):
+            sample.state = RequestState.RUNNING
+            self.running.append(sample)
+        else:
+            sample.state = RequestState.WAITING
+            self.waiting.appendleft(sample)
 
     def cancel(self, request: Request) -> None:
         if request in self.waiting:

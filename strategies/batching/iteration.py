@@ -53,7 +53,7 @@ class IterationScheduler(QueueScheduler):
     def limit_error(self, request: Request) -> ConfigError | None:
         budget = self.limits.max_num_batched_tokens
         if self.config.chunked_prefill or request.prompt_len <= budget:
-            return None
+            return super().limit_error(request)
         return ConfigError(
             "engine.max_num_batched_tokens",
             f"request {request.id} has a prompt of {request.prompt_len} tokens, more than one "
@@ -96,8 +96,9 @@ class IterationScheduler(QueueScheduler):
 
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
         """Admit waiting requests while they fit; the token budget left."""
+        seats = self.seats_taken()
         for request in self.admission_order():
-            if budget <= 0 or len(self.running) >= self.limits.max_num_seqs:
+            if budget <= 0 or seats + request.seats > self.limits.max_num_seqs:
                 break
             if not self.kv.admit(request):
                 break
@@ -108,6 +109,7 @@ class IterationScheduler(QueueScheduler):
             self.start_running(request)
             out.seqs.append(ScheduledSeq(request, count))
             budget -= count
+            seats += request.seats
         return budget
 
     def on_finished(self, request: Request) -> list[Request]:

@@ -1,9 +1,10 @@
 """Static batching, as FasterTransformer served: form a batch, run it to completion, repeat.
 
-Waiting requests (up to `max_num_seqs` that the KV manager can place) form a batch, which
-prefills together and then decodes one step per token until every member has finished; only
-then is the next batch formed, so a request that arrives meanwhile waits for the whole
-batch. Three switches, all on in the `fastertransformer` preset, make it behave as that
+Waiting requests (up to `max_num_seqs` places that the KV manager can place, n for a request
+for n samples, whose other samples join the batch once its prompt is computed) form a batch,
+which prefills together and then decodes one step per token until every member has
+finished; only then is the next batch formed, so a request that arrives meanwhile waits for
+the whole batch. Three switches, all on in the `fastertransformer` preset, make it behave as that
 baseline did, and can be turned off one by one to see what each costs:
 
 - `return_at=batch_end`: a member's response is delivered when its batch ends, not when its
@@ -90,7 +91,7 @@ class StaticScheduler(QueueScheduler):
                 out.seqs.append(ScheduledSeq(member, 0, 1))
 
     def _form_batch(self, out: SchedulerOutput) -> None:
-        candidates = self.admission_order()[: self.limits.max_num_seqs]
+        candidates = self._seated(self.admission_order())
         width = max((r.num_tokens for r in candidates), default=0)
         reserve = width if self.config.pad_prompts else 0
         for request in candidates:
@@ -107,6 +108,15 @@ class StaticScheduler(QueueScheduler):
             width = max((s.request.num_tokens for s in out.seqs), default=0)
             for seq in out.seqs:
                 seq.num_pad_tokens = width - seq.request.num_computed_tokens - seq.num_new_tokens
+
+    def _seated(self, order: list[Request]) -> list[Request]:
+        """The leading requests of `order` whose places (n for n samples) fit one batch."""
+        seats = 0
+        for count, request in enumerate(order):
+            seats += request.seats
+            if seats > self.limits.max_num_seqs:
+                return order[:count]
+        return order
 
     def on_finished(self, request: Request) -> list[Request]:
         if self.num_running():

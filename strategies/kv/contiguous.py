@@ -2,7 +2,9 @@
 
 This is what servers before PagedAttention did (FasterTransformer, Orca): the whole
 maximum length is reserved at admission, so a request that stops early leaves its tail
-unused, and free space fragments between slabs. Both show in the accounting.
+unused, and free space fragments between slabs. Both show in the accounting. Nothing is
+shared: each sample of a request for n samples reserves a slab of its own, into which the
+prompt's KV is copied.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from harness.engine.kv_cache import KVCache
 from harness.engine.kv_manager import KVManager, KVStats
 from harness.engine.request import Request
 from strategies.kv.block_pool import expect
@@ -33,9 +36,12 @@ class ContiguousConfig:
 class ContiguousKVManager(KVManager):
     """First-fit slab allocation over a flat slot space."""
 
-    def __init__(self, total_slots: int) -> None:
+    def __init__(self, total_slots: int, kv_cache: KVCache | None = None) -> None:
+        """`kv_cache`: the slots' tensors, which `fork` copies between (None: accounting
+        only, as in the allocator's own tests; `fork` then refuses)."""
         self.block_size = 1
         self.total_slots = total_slots
+        self.kv_cache = kv_cache
         self._free: list[tuple[int, int]] = [(0, total_slots)]  # sorted (start, length)
         self._slabs: dict[Request, tuple[int, int]] = {}
 
@@ -56,6 +62,21 @@ class ContiguousKVManager(KVManager):
 
     def grow(self, request: Request, num_new_tokens: int) -> bool:
         return request.num_computed_tokens + num_new_tokens <= self._slabs[request][1]
+
+    def fork(self, parent: Request, child: Request) -> bool:
+        """A slab of the child's own, the parent's computed KV copied into it."""
+        if self.kv_cache is None:
+            raise RuntimeError("this contiguous manager has no cache tensors to copy between")
+        computed = parent.num_computed_tokens
+        if child.all_token_ids()[:computed] != parent.all_token_ids()[:computed]:
+            raise ValueError(f"request {child.id} does not continue request {parent.id}")
+        if not self.admit(child):
+            return False
+        source, target = self._slabs[parent][0], self._slabs[child][0]
+        for layer in self.kv_cache.k + self.kv_cache.v:  # block size 1: a block is a slot
+            layer[target : target + computed].copy_(layer[source : source + computed])
+        child.num_computed_tokens = computed
+        return True
 
     def truncate(self, request: Request, num_tokens: int) -> None:
         if num_tokens > request.num_computed_tokens:
@@ -136,5 +157,5 @@ CONTIGUOUS: KVOption = Option(
     name="contiguous",
     summary="one slab per request, reserved for prompt + max output (FasterTransformer, Orca)",
     config=ContiguousConfig,
-    build=lambda config, cache: ContiguousKVManager(cache.num_slots),
+    build=lambda config, cache: ContiguousKVManager(cache.num_slots, cache),
 )

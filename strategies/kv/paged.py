@@ -291,12 +291,10 @@ class PagedKVManager(KVManager):
         self._swapped[request] = swap_out(self.kv_cache, self._tables[request].ids[:computed])
         self._release(request)
 
-    def fork(self, parent: Request, child: Request) -> None:
-        """`child` shares every block of `parent` and continues from its computed tokens.
-
-        The child's tokens must equal the parent's up to what the parent has computed; the
-        first write into a shared block copies it (see `grow`).
-        """
+    def fork(self, parent: Request, child: Request) -> bool:
+        """`child` shares every block of `parent` and continues from its computed tokens
+        (always room: nothing is allocated until the first write into a shared block copies
+        it, see `grow`). The child's tokens must equal the parent's up to there."""
         if child in self._tables or child in self._swapped:
             raise RuntimeError(f"request {child.id} holds KV already")
         computed = parent.num_computed_tokens
@@ -310,6 +308,7 @@ class PagedKVManager(KVManager):
         self._tables[child] = table
         self._chains[child] = list(self._chains[parent])
         child.num_computed_tokens = computed
+        return True
 
     def slot_mapping(self, request: Request, start: int, end: int) -> torch.Tensor:
         table = self._tables[request]

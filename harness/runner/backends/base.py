@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
+from harness.errors import ConfigError
 from harness.measure.flags import Flag
 from harness.measure.rundir import RunWriter
 from harness.models.load import (
@@ -74,6 +75,15 @@ def peer_inputs(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase | None = Non
     workload = build_workload(cfg.workload, tokenizer, max_context)
     sha = checkpoint_id(cfg.model, path) if path is not None and path.is_file() else None
     return PeerInputs(workload, tokenizer, path, sha)
+
+
+def check_one_sample(workload: Workload, kind: str) -> None:
+    """A peer that serves one sample per request refuses a workload asking for more."""
+    if any(spec.n > 1 for spec in workload.requests):
+        raise ConfigError(
+            "workload.sampling.n",
+            f"{kind} is measured one sample per request; run n > 1 samples on the engine",
+        )
 
 
 def seeds_of(cfg: DictConfig) -> dict[str, int]:

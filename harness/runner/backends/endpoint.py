@@ -29,7 +29,7 @@ from transformers import PreTrainedTokenizerBase
 from harness.engine.request import Request
 from harness.measure.flags import ESTIMATED, Flag
 from harness.measure.rundir import RunWriter, read_requests
-from harness.runner.backends.base import Backend, peer_inputs, seeds_of
+from harness.runner.backends.base import Backend, check_one_sample, peer_inputs, seeds_of
 from harness.runner.backends.endpoint_settings import (
     EndpointSettings,
     choose_model,
@@ -95,6 +95,7 @@ class EndpointBackend(Backend):
             model = choose_model(settings, models)
             inputs = peer_inputs(cfg)
             workload = inputs.workload
+            check_one_sample(workload, "an endpoint, read as a stream (one choice),")
             session.open_connections(workload.concurrency or burst(workload))
         except BaseException:
             session.close()

@@ -20,7 +20,13 @@ from omegaconf import DictConfig
 from harness.errors import ConfigError
 from harness.measure.rundir import RunWriter
 from harness.models.load import load_model
-from harness.runner.backends.base import Backend, PeerInputs, peer_inputs, seeds_of
+from harness.runner.backends.base import (
+    Backend,
+    PeerInputs,
+    check_one_sample,
+    peer_inputs,
+    seeds_of,
+)
 from harness.runner.backends.hf_continuous import ContinuousLimits, ContinuousRunner
 from harness.runner.backends.hf_model import transformers_model
 from harness.runner.backends.hf_static import replay_static
@@ -96,6 +102,7 @@ class HFBackend(Backend):
         loaded = load_model(cfg.model, settings.dtype, settings.device, cache_dir_of(cfg))
         inputs = peer_inputs(cfg, loaded.tokenizer)
         check_one_sampling(inputs.workload, kind)
+        check_one_sample(inputs.workload, kind)
         model = transformers_model(loaded)
         eos = loaded.config.eos_token_ids
         limits = runner = None
