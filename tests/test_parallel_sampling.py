@@ -9,12 +9,14 @@ index, whichever strategy ran it, and the response is delivered once, with every
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import torch
 
 from harness.engine.engine import Engine
 from harness.engine.request import Request, SamplingParams
+from harness.engine.sampler import DRAFT_STREAM, TARGET_STREAM, generator_for
 from harness.models.model import LlamaModel
 from harness.runner.replay import serve_all
 from tests.tiny import greedy_reference, make_engine, random_prompts, strategy, tiny_model
@@ -177,3 +179,19 @@ def test_cancelling_a_request_cancels_every_sample(model: LlamaModel, prompt: li
     assert engine.kv.pool.num_used == 0
     assert not engine.has_unfinished()
     _check(engine)
+
+
+def test_streams_and_sample_indices_seed_different_draws() -> None:
+    """torch's CPU generator keeps only a seed's low 32 bits: streams or samples told apart in
+    higher bits would draw the very same numbers (as the draft and target streams once did)."""
+    params = SamplingParams(max_tokens=4, temperature=1.0, seed=5)
+    lanes = [
+        generator_for(params, 0, TARGET_STREAM),
+        generator_for(params, 0, DRAFT_STREAM),
+        generator_for(replace(params, sample_index=1), 0, TARGET_STREAM),
+        generator_for(params, 1, TARGET_STREAM),
+    ]
+    draws = [tuple(torch.rand(4, generator=g).tolist()) for g in lanes]
+    assert len(set(draws)) == len(draws)
+    again = torch.rand(4, generator=generator_for(params, 0, TARGET_STREAM)).tolist()
+    assert tuple(again) == draws[0]
