@@ -3,7 +3,7 @@
 # comparisons are ratios within this one run of the script). Writes under runs/measure/.
 # Usage: scripts/measure.sh [section ...]
 #   sections: offline batch roofline prefix heads search verify awq peers speculative
-#             cpu-speed fidelity policy
+#             cpu-speed fidelity policy parallel
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=${SERVELAB:-.venv/bin/servelab}  # SERVELAB="python -m harness" runs from a checkout
@@ -61,6 +61,17 @@ print('bfloat16' if c().bf16_native else 'float32')")
         "+ responses held to the batch end=$F/ft-batch-end" \
         "+ finished rows padded=$F/ft-pad-finished" \
         "+ prompts padded (fastertransformer)=$F/ft" | tee $F/ablation.md ;;
+    parallel)  # parallel sampling (the vLLM paper's "more complex decoding"): n = 2, 4, 6 samples
+      # of 8 real-text prompts, 32 sampled tokens each, in one 32 MiB budget of fp32 KV; orca
+      # (contiguous: a slab per sample) against vllm (paged: the prompt's blocks shared)
+      for n in 2 4 6; do
+        for strategy in orca vllm; do
+          $S strategy=$strategy workload=offline workload.num_requests=8 \
+            workload.output_len.value=32 workload.sampling.n=$n workload.sampling.temperature=1 \
+            engine.dtype=fp32 engine.kv_budget=32MiB hydra.run.dir=$OUT/parallel/$strategy-n$n
+        done
+      done
+      PYTHONPATH=. $PY -m scripts.parallel_sampling_table $OUT/parallel | tee $OUT/parallel/table.md ;;
     policy)  # admission policies: on shared system prompts (prefix hits, TTFT, throughput) and on
       # the default comparison workload at 4 req/s (median against tail normalized latency)
       for policy in fcfs shortest_first prefix_first; do
