@@ -8,7 +8,6 @@ index, whichever strategy ran it, and the response is delivered once, with every
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -23,14 +22,6 @@ from tests.tiny import greedy_reference, make_engine, random_prompts, strategy, 
 
 PROMPT_LEN = 10  # not a multiple of the block size (4): the last prompt block is partial
 MAX_TOKENS = 6
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
