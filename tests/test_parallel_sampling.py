@@ -50,10 +50,6 @@ def _check(engine: Engine) -> None:
     engine.kv.check_integrity()
 
 
-def _samples(request: Request) -> list[Request]:
-    return [request, *request.samples]
-
-
 STRATEGIES = {
     "orca-paged": dict(batching="iteration", kv="paged"),
     "orca-paged-prefix": dict(batching="iteration", kv="paged", prefix_caching=True),
@@ -71,7 +67,7 @@ def test_each_sample_draws_what_a_single_request_with_its_index_draws(
     results = serve_all(make_engine(model, settings, kv_slots=256), [request], _check)
     delivered = [r for result in results for r in result.delivered]
     assert delivered == [request]  # one response, once, when the last sample is done
-    samples = _samples(request)
+    samples = request.every_sample
     assert [s.id for s in samples] == ["r", "r#1", "r#2", "r#3"]
     assert [s.sampling.sample_index for s in samples] == [0, 1, 2, 3]
     assert len({s.t_done for s in samples}) == 1
@@ -85,14 +81,19 @@ def test_each_sample_draws_what_a_single_request_with_its_index_draws(
     assert [r.sample_index for r in request.records()] == [0, 1, 2, 3]
 
 
+def _after_prefill(model: LlamaModel, prompt: list[int], kv: str, n: int) -> tuple[Engine, Request]:
+    """An orca engine over `kv` that has run the prefill step of one request for n samples."""
+    engine = make_engine(model, strategy(batching="iteration", kv=kv), kv_slots=256)
+    request = _request(prompt, n)
+    engine.add_request(request)
+    assert engine.step() is not None
+    return engine, request
+
+
 def test_paged_samples_share_the_prompt_blocks_and_copy_the_partial_one_on_write(
     model: LlamaModel, prompt: list[int]
 ) -> None:
-    engine = make_engine(model, strategy(batching="iteration", kv="paged"), kv_slots=256)
-    request = _request(prompt, 4)
-    engine.add_request(request)
-    prefill = engine.step()
-    assert prefill is not None
+    engine, request = _after_prefill(model, prompt, "paged", 4)
     pool = engine.kv.pool
     assert len(request.samples) == 3
     assert pool.num_used == 3  # ceil(10 / 4) blocks of prompt, held by all four samples
@@ -108,11 +109,7 @@ def test_paged_samples_share_the_prompt_blocks_and_copy_the_partial_one_on_write
 def test_contiguous_samples_each_hold_a_slab_with_the_prompt_copied(
     model: LlamaModel, prompt: list[int]
 ) -> None:
-    engine = make_engine(model, strategy(batching="iteration", kv="contiguous"), kv_slots=256)
-    request = _request(prompt, 3)
-    engine.add_request(request)
-    result = engine.step()
-    assert result is not None
+    engine, _ = _after_prefill(model, prompt, "contiguous", 3)
     stats = engine.kv.stats()
     assert stats.extra["kv_slabs"] == 3
     assert stats.allocated_slots == 3 * (PROMPT_LEN + MAX_TOKENS)
@@ -140,7 +137,7 @@ def test_greedy_samples_are_the_greedy_answer(model: LlamaModel, prompt: list[in
     request = Request("g", list(prompt), SamplingParams(max_tokens=5, ignore_eos=True, n=3))
     serve_all(make_engine(model, strategy(batching="iteration", kv="paged"), 256), [request])
     expected = greedy_reference(model, prompt, 5)
-    assert [s.output_ids for s in _samples(request)] == [expected] * 3
+    assert [s.output_ids for s in request.every_sample] == [expected] * 3
 
 
 def test_n_samples_take_n_places_in_the_batch(model: LlamaModel, prompt: list[int]) -> None:
@@ -166,7 +163,7 @@ def test_cancelling_a_request_cancels_every_sample(model: LlamaModel, prompt: li
     engine.add_request(request)
     engine.step()
     assert engine.cancel(request)
-    assert [s.finish_reason for s in _samples(request)] == ["cancelled"] * 3
+    assert [s.finish_reason for s in request.every_sample] == ["cancelled"] * 3
     assert engine.kv.pool.num_used == 0
     assert not engine.has_unfinished()
     _check(engine)

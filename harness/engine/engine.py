@@ -98,7 +98,7 @@ class Engine:
         its response was only held). False, and nothing changes, once it was delivered."""
         if request.t_done is not None:
             return False
-        for sample in [request, *request.samples]:
+        for sample in request.every_sample:
             self.scheduler.cancel(sample)
             self.decoder.release(sample)
         self.update.groups.forget(request)

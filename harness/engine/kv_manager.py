@@ -33,6 +33,14 @@ class KVStats:
         return (self.allocated_slots - self.live_slots) / self.allocated_slots
 
 
+def check_continues(parent: Request, child: Request) -> int:
+    """The parent's computed tokens, which a forked child must repeat; ValueError if not."""
+    computed = parent.num_computed_tokens
+    if child.token_slice(0, computed) != parent.token_slice(0, computed):
+        raise ValueError(f"request {child.id} does not continue request {parent.id}")
+    return computed
+
+
 class KVManager(ABC):
     """Slot allocation policy over a `KVCache` of `total_slots` slots."""
 

@@ -73,6 +73,11 @@ class Request:
         return self.sampling.n if self.parent is None and not self.samples else 1
 
     @property
+    def every_sample(self) -> list[Request]:
+        """This request (sample 0) and its other samples forked so far, in index order."""
+        return [self, *self.samples]
+
+    @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
 
@@ -118,14 +123,14 @@ class Request:
     def deliver(self, now: float) -> None:
         """The complete response (every sample) is handed back now: the one place `t_done`
         is set."""
-        for sample in [self, *self.samples]:
+        for sample in self.every_sample:
             sample.t_done = now
 
     def close(self, reason: str, now: float, error: str | None = None) -> None:
         """End a request that leaves without being served to its end (rejected, cancelled,
         failed): it and every sample finished so, whatever they had produced, and delivered
         at once."""
-        for sample in [self, *self.samples]:
+        for sample in self.every_sample:
             sample.finish(reason, error)
         self.deliver(now)
 
@@ -135,7 +140,7 @@ class Request:
     def records(self) -> list[RequestRecord]:
         """The `requests.jsonl` lines for this request: one per sample (DESIGN.md, run
         directory)."""
-        return [sample.record() for sample in [self, *self.samples]]
+        return [sample.record() for sample in self.every_sample]
 
     def record(self) -> RequestRecord:
         """The `requests.jsonl` line for this sample."""

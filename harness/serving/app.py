@@ -233,7 +233,7 @@ async def _whole(
             sample.finish_reason or event.finish_reason,
             sample.output_ids,
         )
-        for sample in [request, *request.samples]  # the engine is done with them all
+        for sample in request.every_sample  # the engine is done with them all
     ]
     payload = response_body(
         chat, request.id, state.card.name, choices, body.return_token_ids, request.prompt_len

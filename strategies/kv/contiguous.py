@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from harness.engine.kv_cache import KVCache
-from harness.engine.kv_manager import KVManager, KVStats
+from harness.engine.kv_manager import KVManager, KVStats, check_continues
 from harness.engine.request import Request
 from strategies.kv.block_pool import expect
 from strategies.registry import Option
@@ -67,9 +67,7 @@ class ContiguousKVManager(KVManager):
         """A slab of the child's own, the parent's computed KV copied into it."""
         if self.kv_cache is None:
             raise RuntimeError("this contiguous manager has no cache tensors to copy between")
-        computed = parent.num_computed_tokens
-        if child.all_token_ids()[:computed] != parent.all_token_ids()[:computed]:
-            raise ValueError(f"request {child.id} does not continue request {parent.id}")
+        computed = check_continues(parent, child)
         if not self.admit(child):
             return False
         source, target = self._slabs[parent][0], self._slabs[child][0]

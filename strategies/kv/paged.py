@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from harness.engine.kv_cache import KVCache
-from harness.engine.kv_manager import KVManager, KVStats
+from harness.engine.kv_manager import KVManager, KVStats, check_continues
 from harness.engine.request import Request
 from strategies.kv.block_pool import BlockPool, expect
 from strategies.kv.prefix_cache import CachedBlock, PrefixCache
@@ -297,9 +297,7 @@ class PagedKVManager(KVManager):
         it, see `grow`). The child's tokens must equal the parent's up to there."""
         if child in self._tables or child in self._swapped:
             raise RuntimeError(f"request {child.id} holds KV already")
-        computed = parent.num_computed_tokens
-        if child.all_token_ids()[:computed] != parent.all_token_ids()[:computed]:
-            raise ValueError(f"request {child.id} does not continue request {parent.id}")
+        computed = check_continues(parent, child)
         self._settle(parent)
         table = BlockTable()
         for block in self._tables[parent].ids:
