@@ -1,11 +1,12 @@
-"""Time fp32 products at decode-sized batches: torch's product (MKL) against `linear_f32`.
+"""Time fp32 products: torch's product (MKL) against `panel_linear_f32` on packed panels.
 
 For each row count and each weight shape of the embedded model (a decoder projection, the
 down projection, the LM head) it prints GFLOP/s and the rate the weight is read at for both,
-the speed-up, and the largest difference between the two outputs. The row limits in
-`kernels/linear.py` (`F32_ROWS`, `F32_LM_HEAD_ROWS`) come from this table.
+the speed-up, and the largest difference between the two outputs. Why fp32 layers take the
+panels at every row count (`kernels/linear.py`) rests on this table. Each weight is used again
+and again, so it is read from cache where it fits, as a step's are not.
 
-    python -m benchmarks.bench_linear_f32                  # one thread, rows 1..256
+    python -m benchmarks.bench_linear_f32                  # one thread, rows 1..2048
     python -m benchmarks.bench_linear_f32 --threads 2 --rows 1 3 8 64
 """
 
@@ -26,7 +27,9 @@ SHAPES = ((1536, 576), (576, 1536), (49152, 576))  # (out, in): up/gate, down, L
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 3, 8, 16, 32, 64, 128, 256])
+    parser.add_argument(
+        "--rows", type=int, nargs="+", default=[1, 3, 8, 16, 32, 64, 128, 256, 2048]
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
@@ -47,10 +50,13 @@ def main() -> None:
         for n_len, k_len in SHAPES:
             x = torch.randn(rows, k_len, generator=generator)
             w = torch.randn(n_len, k_len, generator=generator)
+            panels = ops.pack_panels_f32(w)
             theirs = time_call(lambda x=x, w=w: F.linear(x, w), CPU, args.repeats)
-            ours = time_call(lambda x=x, w=w: ops.linear_f32(x, w), CPU, args.repeats)
+            ours = time_call(
+                lambda x=x, p=panels, n=n_len: ops.panel_linear_f32(x, p, n), CPU, args.repeats
+            )
             flops, weight_bytes = 2 * rows * n_len * k_len, n_len * k_len * 4
-            diff = (ops.linear_f32(x, w) - F.linear(x, w)).abs().max().item()
+            diff = (ops.panel_linear_f32(x, panels, n_len) - F.linear(x, w)).abs().max().item()
             print(
                 f"{rows:>5} {n_len:>5}x{k_len:<4} {flops / theirs / 1e9:>11.1f} "
                 f"{weight_bytes / theirs / 1e9:>6.1f} {flops / ours / 1e9:>10.1f} "

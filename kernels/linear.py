@@ -1,4 +1,4 @@
-"""Linear layers on the fastest CPU paths: a matrix-vector loop for few rows, else oneDNN prepacked.
+"""Linear layers on the fastest CPU paths: fp32 on packed panels; bf16 oneDNN-prepacked or a matvec.
 
 A plain `F.linear` on the CPU hands oneDNN a row-major weight that it reorders into its own
 blocked layout on every call; for the small batches of decoding that reorder costs as much
@@ -6,10 +6,12 @@ as the product itself (measured on the development CPU, bfloat16, one thread: a
 1 x 576 x 1536 product in 91 us plain, 44 us prepacked; 64 rows 623 us and 565 us), and the
 outputs are bit-identical. `PackedLinear` is an `nn.Linear` (same parameter, same state dict)
 that packs its weight once, on its first CPU forward in bfloat16, and packs again only if the
-weight is replaced. fp32 stays off oneDNN's packed kernels (it is the mode exactness checks
-run in, and they round differently from the plain ones for some batch sizes): up to a few
-rows it takes the compiled `linear_f32` (`kernels/cpu/linear_f32.cpp`), whose sums do not
-depend on the row count, beyond them the plain layer. Anywhere else (CUDA, fp16,
+weight is replaced. fp32 layers multiply, at every row count, on a copy of the weight packed
+once into 16-column panels (`kernels/cpu/panel_gemm_f32.cpp`): each output is one sum over the
+inputs in order, so a row's result does not depend on the batch it is in, the thread count or
+the build's ISA branch (exactness checks run in fp32), and the product ran 1.2-1.4x torch's
+(MKL) at 64 rows and beyond and 1.4-6x below, the LM head 1.4-3x, measured on two Zen 5 threads
+at level avx2 (`python -m benchmarks.bench_linear_f32 --threads 2`). Anywhere else (CUDA, fp16,
 `enabled=False`) it is the plain layer too.
 
 oneDNN prepacks bfloat16 only where it multiplies it (`Capabilities.onednn_bf16`: AVX-512
@@ -38,32 +40,14 @@ from kernels.cpu_build import cpu_ops
 
 PACKED_DTYPES = (torch.bfloat16,)
 MATVEC_ROWS = 4
-# fp32 rows up to which the compiled `linear_f32` beats torch's product (MKL), measured on an
-# AVX2-only Zen 3 (`python -m benchmarks.bench_linear_f32 --threads N`): the decoder's
-# projections up to 8 rows on one thread (1.4-2.7x; 0.75-0.95x at 16-32), up to 32 on two
-# (1.07-2.9x; 0.87-0.95x at 64, where MKL's blocked kernels scale better); the LM head (a
-# 49152 x 576 weight, read from memory) up to 64 either way (1.05-2.8x).
-F32_ROWS_ONE_THREAD = 8
-F32_ROWS = 32
-F32_LM_HEAD_ROWS = 64
-
-
-def f32_row_limit(lm_head: bool) -> int:
-    """The fp32 rows up to which a layer takes `linear_f32`, for this many torch threads."""
-    if lm_head:
-        return F32_LM_HEAD_ROWS
-    return F32_ROWS_ONE_THREAD if torch.get_num_threads() == 1 else F32_ROWS
 
 
 class PackedLinear(nn.Linear):
-    """`nn.Linear` whose CPU forward runs on a oneDNN-prepacked copy of its weight."""
+    """`nn.Linear` whose CPU forward runs on a packed copy of its weight."""
 
-    def __init__(
-        self, in_features: int, out_features: int, bias: bool = False, lm_head: bool = False
-    ) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.enabled = True
-        self.lm_head = lm_head  # its fp32 rows take `linear_f32` up to F32_LM_HEAD_ROWS
         self._packed: torch.Tensor | None = None
         self._packed_from: tuple[int, int] | None = None  # (data_ptr, version) packed
 
@@ -79,10 +63,15 @@ class PackedLinear(nn.Linear):
         )
 
     def packed_weight(self) -> torch.Tensor:
-        """oneDNN's prepacked copy of the weight, packed again if the weight was replaced."""
+        """The packed copy of the weight (oneDNN's for bfloat16, the compiled panels for fp32),
+        packed again if the weight was replaced or edited."""
         source = (self.weight.data_ptr(), self.weight._version)
         if self._packed is None or self._packed_from != source:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+            weight = self.weight.detach()
+            if weight.dtype == torch.float32:
+                self._packed = cpu_ops().pack_panels_f32(weight)
+            else:
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(weight)
             self._packed_from = source
         return self._packed
 
@@ -107,13 +96,14 @@ class PackedLinear(nn.Linear):
         return out.view(*x.shape[:-1], self.out_features)
 
     def _forward_f32(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        ops = cpu_ops() if rows.shape[0] <= f32_row_limit(self.lm_head) else None
+        ops = cpu_ops()
         if ops is None:
             return F.linear(x, self.weight)
-        return ops.linear_f32(rows, self.weight).view(*x.shape[:-1], self.out_features)
+        rows = x.reshape(-1, x.shape[-1])
+        out = ops.panel_linear_f32(rows, self.packed_weight(), self.out_features)
+        return out.view(*x.shape[:-1], self.out_features)
 
 
 def packed_linear(in_features: int, out_features: int, name: str) -> nn.Module:
     """The linear factory for dense weights: a layer that prepacks on the CPU."""
-    return PackedLinear(in_features, out_features, lm_head=name == "lm_head")
+    return PackedLinear(in_features, out_features)

@@ -151,7 +151,7 @@ def test_the_run_record_names_each_operations_path(cpu_build: CpuBuild, dtype) -
     )
     assert paths["decode_attention"]["path"].startswith("compiled cpu_paged_attention")
     if not bf16:
-        assert paths["dense_linear"]["path"].startswith("compiled linear_f32 up to 8 rows")
+        assert paths["dense_linear"]["path"] == "compiled panel_linear_f32 at every row count"
     elif not capabilities().onednn_bf16:
         assert paths["dense_linear"]["path"] == "compiled matvec at every row count"
     assert paths["fused_layer"]["path"] == ("compiled decode_layer" if bf16 else "layer modules")

@@ -2,7 +2,8 @@
 layer gives exactly the plain layer's outputs and follows weight changes, a few rows go
 through the compiled matrix-vector operator instead, and where oneDNN does not (AVX2, the
 portable levels) every row count goes through that operator: the product of the same operands,
-and never a oneDNN error."""
+and never a oneDNN error. In fp32 every row count multiplies on the weight packed into panels,
+each output summed in one order whatever the rows beside it or the thread count."""
 
 from __future__ import annotations
 
@@ -11,15 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.capabilities import capabilities
-from kernels.linear import (
-    F32_LM_HEAD_ROWS,
-    F32_ROWS,
-    F32_ROWS_ONE_THREAD,
-    MATVEC_ROWS,
-    PackedLinear,
-    f32_row_limit,
-    packed_linear,
-)
+from kernels.linear import MATVEC_ROWS, PackedLinear
 from tests.conftest import CpuBuild
 
 
@@ -85,38 +78,58 @@ def test_fp16_runs_the_plain_layer() -> None:
     assert torch.equal(layer(x), F.linear(x, layer.weight)) and layer._packed is None
 
 
+def test_fp32_panels_hold_the_weight_sixteen_columns_at_a_time(cpu_build: CpuBuild) -> None:
+    weight = torch.randn(41, 7)
+    panels = cpu_build.ops.pack_panels_f32(weight)
+    assert panels.shape == (3, 7, 16)  # ceil(41 / 16) panels, a line of 16 columns per input
+    padded = torch.cat([weight, torch.zeros(48 - 41, 7)])
+    assert torch.equal(panels, padded.view(3, 16, 7).transpose(1, 2))
+
+
 @pytest.mark.parametrize("k_len", [576, 37])
-def test_fp32_rows_up_to_the_limit_take_the_compiled_product(cpu_build: CpuBuild, k_len) -> None:
+def test_fp32_layers_multiply_on_the_packed_panels_at_every_row_count(
+    cpu_build: CpuBuild, k_len: int
+) -> None:
     torch.manual_seed(k_len)
     layer = PackedLinear(k_len, 41)
-    limit = f32_row_limit(lm_head=False)  # tests run one torch thread
-    assert limit == F32_ROWS_ONE_THREAD
-    for rows in (1, 3, limit):
+    panels = cpu_build.ops.pack_panels_f32(layer.weight)
+    for rows in (1, 5, 6, 7, 64):
         x = torch.randn(rows, k_len)
         got = layer(x)
-        assert torch.equal(got, cpu_build.ops.linear_f32(x, layer.weight))
+        assert torch.equal(got, cpu_build.ops.panel_linear_f32(x, panels, 41))
         torch.testing.assert_close(got, F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
-    beyond = torch.randn(limit + 1, k_len)
-    assert torch.equal(layer(beyond), F.linear(beyond, layer.weight))
+    assert torch.equal(layer._packed, panels)
 
 
-def test_the_compiled_fp32_product_does_not_depend_on_the_rows_beside(cpu_build) -> None:
+def test_the_fp32_product_does_not_depend_on_the_rows_beside_or_the_threads(
+    cpu_build: CpuBuild,
+) -> None:
     generator = torch.Generator().manual_seed(5)
-    x = torch.randn(11, 200, generator=generator)
-    w = torch.randn(33, 200, generator=generator)
-    whole = cpu_build.ops.linear_f32(x, w)
-    for first, count in ((0, 1), (3, 2), (5, 6), (10, 1)):
-        part = cpu_build.ops.linear_f32(x[first : first + count], w)
+    x = torch.randn(300, 200, generator=generator)  # more rows than one block of x (256 KiB)
+    panels = cpu_build.ops.pack_panels_f32(torch.randn(33, 200, generator=generator))
+    whole = cpu_build.ops.panel_linear_f32(x, panels, 33)
+    for first, count in ((0, 1), (3, 2), (5, 6), (10, 1), (7, 293)):
+        part = cpu_build.ops.panel_linear_f32(x[first : first + count], panels, 33)
         assert torch.equal(part, whole[first : first + count])
+    torch.set_num_threads(2)  # restored by one_torch_thread
+    assert torch.equal(cpu_build.ops.panel_linear_f32(x, panels, 33), whole)
 
 
-def test_the_lm_head_takes_the_compiled_fp32_product_for_more_rows(cpu_build: CpuBuild) -> None:
-    head, up = packed_linear(576, 300, "lm_head"), packed_linear(576, 300, "layers.0.mlp.up_proj")
-    x = torch.randn(F32_LM_HEAD_ROWS, 576)
-    assert torch.equal(head(x), cpu_build.ops.linear_f32(x, head.weight))
-    assert torch.equal(up(x), F.linear(x, up.weight))
-    torch.set_num_threads(2)  # more threads: MKL wins later (restored by one_torch_thread)
-    assert f32_row_limit(lm_head=False) == F32_ROWS
+def test_an_edited_fp32_weight_is_packed_again(cpu_build: CpuBuild) -> None:
+    layer = PackedLinear(32, 16)
+    x = torch.randn(3, 32)
+    layer(x)
+    with torch.no_grad():
+        layer.weight.mul_(2)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+    layer.weight = torch.nn.Parameter(torch.randn(16, 32))
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+
+
+def test_a_packed_fp32_weight_of_another_shape_is_refused(cpu_build: CpuBuild) -> None:
+    panels = cpu_build.ops.pack_panels_f32(torch.randn(16, 32))
+    with pytest.raises(RuntimeError, match="pack_panels_f32"):
+        cpu_build.ops.panel_linear_f32(torch.randn(2, 31), panels, 16)
 
 
 def test_disabled_runs_the_plain_layer(cpu_build: CpuBuild) -> None:
