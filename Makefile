@@ -50,7 +50,7 @@ PORTABLE_ISA ?= avx2
 PORTABLE_TESTS ?= tests/test_capabilities.py tests/test_cpu_builds.py tests/test_linear_packed.py \
   tests/test_fused_decode.py tests/test_int4_kernels.py tests/test_int4_weights.py \
   tests/test_attention_entry.py tests/test_engine_static.py tests/test_engine_iteration.py \
-  tests/test_kv_paged_engine.py tests/test_spec_engine.py
+  tests/test_kv_paged_engine.py tests/test_spec_engine.py tests/test_awq.py
 # Tests compute on one torch thread each (tests/conftest.py), so they run in one worker per core.
 TEST_WORKERS ?= auto
 test: $(STAMP) browser

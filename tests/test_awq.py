@@ -8,6 +8,7 @@ import torch
 
 from harness.errors import ConfigError
 from harness.models.load import build_model
+from kernels.int4_layout import dequantize
 from strategies.weights.awq_search import (
     GroupChoice,
     _fold,
@@ -22,7 +23,9 @@ from strategies.weights.calibration import (
     calibration_windows,
     causal_attention,
 )
+from strategies.weights.int4_format import LINEARS
 from strategies.weights.int4_quant import fake_quantize, grouped
+from tests.conftest import CpuBuild
 from tests.int4_cases import (
     CONFIG,
     CPU,
@@ -176,3 +179,35 @@ def test_awq_model_serves_its_own_greedy_tokens_in_the_engine(tmp_path):
     serve(make_engine(model, strategy("iteration", "paged", prefix_caching=True), 256), requests)
     for request, prompt in zip(requests, prompts, strict=True):
         assert request.output_ids == greedy_reference(model, prompt, len(request.output_ids))
+
+
+def test_awq_in_fp32_serves_the_greedy_tokens_of_its_dequantised_weights(
+    tmp_path, cpu_build: CpuBuild
+) -> None:
+    """At each level this CPU runs (the portable ones too), the int4-awq model served in fp32
+    gives the tokens of a dense model holding its dequantised weights."""
+    weights = weights_format("int4-awq", int4_kernel="auto", **AWQ_KEYS)
+    ctx = context(tmp_path, calibration=random_text())
+    config, state = weights.prepare(tiny_checkpoint(), ctx)
+    int4 = build_model((config, state), torch.float32, CPU, weights.linear)
+    dense_state = {
+        name: tensor
+        for name, tensor in state.items()
+        if not name.endswith((".qweight", ".qzeros", ".scales"))
+    }
+    for layer in range(config.num_layers):
+        for name in LINEARS:
+            prefix = f"layers.{layer}.{name}"
+            parts = (state[f"{prefix}.{part}"] for part in ("qweight", "qzeros", "scales"))
+            dense_state[f"{prefix}.weight"] = dequantize(*parts, AWQ_KEYS["group_size"]).t()
+    dense = build_model((config, dense_state), torch.float32, CPU)
+    prompts = random_prompts(4, 5, 20, seed=8)
+    served = []
+    for model in (int4, dense):
+        requests = make_requests(prompts, [6, 9, 4, 7])
+        serve(
+            make_engine(model, strategy("iteration", "paged", prefix_caching=True), 256), requests
+        )
+        served.append([request.output_ids for request in requests])
+    assert served[0] == served[1]
+    torch.testing.assert_close(all_logits(int4, prompts[0]), all_logits(dense, prompts[0]))
