@@ -113,6 +113,19 @@ def test_any_group_size(group: tuple[int, int]) -> None:
     torch.testing.assert_close(out.double().cpu(), dense_attention(case, SCALE), atol=2e-5, rtol=0)
 
 
+@pytest.mark.parametrize("impl", CPU_IMPLS)
+@pytest.mark.parametrize("head_dim", [20, 72, 128])
+def test_fp32_cpu_paths_for_head_dims_beyond_one_block(
+    impl: str, head_dim: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Head dims the fp32 loops take in blocks of 64 and a shorter last block (72, 128), and one
+    they leave to the portable loops (20, not a multiple of 8), at every level."""
+    impl = attention_impl(impl, monkeypatch)
+    case = make_case(*MIXED, CaseShape(head_dim=head_dim), new_in_cache=False, seed=head_dim)
+    out = _run(Attention(AttentionConfig(impl), DEVICE), case)
+    torch.testing.assert_close(out.double().cpu(), dense_attention(case, SCALE), atol=2e-5, rtol=0)
+
+
 @pytest.mark.parametrize("impl", ["torch", *CPU_IMPLS])
 @pytest.mark.parametrize("lens", [MIXED, PREFILL], ids=["mixed", "prefill"])
 def test_bfloat16_cpu_paths(

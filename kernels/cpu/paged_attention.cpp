@@ -10,7 +10,9 @@
 // Scores and accumulation are fp32 whatever the cache dtype; a row at position
 // `seq_len - n + i` attends causally to positions 0 .. that position. The portable loops run
 // over the head dimension and are written to be vectorised by the compiler (-O3, the host's
-// vector ISA; exp by a polynomial). A bfloat16 cache on an AVX-512 host takes explicit loops:
+// vector ISA; exp by a polynomial). An fp32 cache with AVX2 and FMA takes explicit loops for
+// its scores (8 positions per transposed sum) and value sums (in registers), the portable
+// softmax between them. A bfloat16 cache on an AVX-512 host takes explicit loops:
 // scores on vdpbf16ps with one transposed sum per 16 positions (with AVX-512 BF16), a
 // vectorised softmax that zeroes what a row cannot see, and value sums in registers.
 // Registered as the operator `servelab::cpu_paged_attention` (declared in paged_attention.h
@@ -25,7 +27,7 @@
 #include "ops_library.h"
 #include "vector_math.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -238,6 +240,89 @@ void accumulate_portable(const Item& it, const float* weights, const scalar_t* v
   }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// The same two loops for an fp32 cache with AVX2 and FMA (every level from avx2 up), for head
+// dims that are multiples of 8: the scores of 8 positions at a time as 8 vectors of partial
+// sums, each query chunk loaded once for the 8 keys, turned into 8 scores by one transposed
+// reduction; the value sums of one lane in registers over the positions it sees, 64 dims at a
+// time. Every lane gets every position's score (the softmax reads only what it sees).
+inline bool avx2_fits(const Item& it) { return it.dim % 8 == 0; }
+
+// The first `left` of 8 lanes, as a maskstore's mask.
+inline __m256i lanes_below(int64_t left) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lanes);
+}
+
+// Lane i of the result is the sum of the 8 lanes of v[i].
+inline __m256 transposed_sum8(const __m256 v[8]) {
+  const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  // low: v[0..3] summed over lanes 0-3, then over lanes 4-7; high: the same for v[4..7]
+  return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20),
+                       _mm256_permute2f128_ps(low, high, 0x31));
+}
+
+void score_avx2(const Item& it, const float* query, const float* k_cache, float* scores,
+                LineStream& ahead) {
+  const int64_t chunks = it.dim / 8;
+  for (int64_t pos0 = 0; pos0 < it.seq_len; pos0 += 8) {
+    const int64_t count = std::min<int64_t>(8, it.seq_len - pos0);
+    const float* keys[8];  // past the last position: the last key again, its score not stored
+    for (int64_t p = 0; p < 8; ++p) keys[p] = k_cache + it.cache_offset(pos0 + std::min(p, count - 1));
+    const __m256i store = lanes_below(count);
+    for (int64_t lane = 0; lane < it.lanes(); ++lane) {
+      ahead.step();
+      const float* q = query + lane * it.dim;
+      __m256 partial[8];
+      for (int p = 0; p < 8; ++p) partial[p] = _mm256_setzero_ps();
+      for (int64_t c = 0; c < chunks; ++c) {
+        const __m256 q_chunk = _mm256_loadu_ps(q + 8 * c);
+        for (int p = 0; p < 8; ++p) {
+          partial[p] = _mm256_fmadd_ps(q_chunk, _mm256_loadu_ps(keys[p] + 8 * c), partial[p]);
+        }
+      }
+      _mm256_maskstore_ps(scores + lane * it.seq_len + pos0, store, transposed_sum8(partial));
+    }
+  }
+}
+
+// acc[lane][dim0 .. dim0 + 8 kChunks) = the lane's weights times the values it sees.
+template <int kChunks>
+void accumulate_lane_avx2(const Item& it, int64_t lane, int64_t dim0, const float* weights,
+                          const float* v_cache, float* acc) {
+  __m256 sum[kChunks];
+  for (int c = 0; c < kChunks; ++c) sum[c] = _mm256_setzero_ps();
+  const float* row = weights + lane * it.seq_len;
+  const int64_t visible = it.first_pos() + lane / it.group + 1;
+  for (int64_t pos = 0; pos < visible; ++pos) {
+    const float* value = v_cache + it.cache_offset(pos) + dim0;
+    const __m256 weight = _mm256_broadcast_ss(row + pos);
+    for (int c = 0; c < kChunks; ++c) {
+      sum[c] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(value + 8 * c), sum[c]);
+    }
+  }
+  for (int c = 0; c < kChunks; ++c) _mm256_storeu_ps(acc + lane * it.dim + dim0 + 8 * c, sum[c]);
+}
+
+void accumulate_avx2(const Item& it, const float* weights, const float* v_cache, float* acc) {
+  for (int64_t lane = 0; lane < it.lanes(); ++lane) {
+    for (int64_t dim0 = 0; dim0 < it.dim; dim0 += 64) {
+      switch (std::min<int64_t>(8, (it.dim - dim0) / 8)) {
+        case 1: accumulate_lane_avx2<1>(it, lane, dim0, weights, v_cache, acc); break;
+        case 2: accumulate_lane_avx2<2>(it, lane, dim0, weights, v_cache, acc); break;
+        case 3: accumulate_lane_avx2<3>(it, lane, dim0, weights, v_cache, acc); break;
+        case 4: accumulate_lane_avx2<4>(it, lane, dim0, weights, v_cache, acc); break;
+        case 5: accumulate_lane_avx2<5>(it, lane, dim0, weights, v_cache, acc); break;
+        case 6: accumulate_lane_avx2<6>(it, lane, dim0, weights, v_cache, acc); break;
+        case 7: accumulate_lane_avx2<7>(it, lane, dim0, weights, v_cache, acc); break;
+        default: accumulate_lane_avx2<8>(it, lane, dim0, weights, v_cache, acc); break;
+      }
+    }
+  }
+}
+#endif
+
 #if defined(__AVX512F__)
 // The same two loops for a bfloat16 cache with AVX-512: each key and value row is widened
 // to fp32 in registers once (a bfloat16 is the top half of a float) and used by every lane,
@@ -428,7 +513,16 @@ void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_c
   };
   scores.assign(lanes * it.seq_len, -std::numeric_limits<float>::infinity());
   acc.assign(lanes * dim, 0.0f);
-  bool vectorised = false;
+  bool vectorised = false;  // AVX-512 loops for a bfloat16 cache
+  bool f32_lanes = false;   // AVX2 loops for an fp32 cache
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (avx2_fits(it)) {
+      score_avx2(it, widened_query(), k_cache, scores.data(), ahead);
+      f32_lanes = true;
+    }
+  }
+#endif
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
     if (avx512_fits(it)) {
@@ -445,7 +539,7 @@ void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_c
     }
   }
 #endif
-  if (!vectorised) score_portable(it, widened_query(), k_cache, scores.data());
+  if (!vectorised && !f32_lanes) score_portable(it, widened_query(), k_cache, scores.data());
   denom.assign(lanes, 0.0f);
   for (int64_t lane = 0; lane < lanes; ++lane) {
     float* row = scores.data() + lane * it.seq_len;
@@ -465,7 +559,12 @@ void attend_item(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_c
     if (vectorised) accumulate_avx512(it, scores.data(), v_cache, acc.data());
   }
 #endif
-  if (!vectorised) accumulate_portable(it, scores.data(), v_cache, acc.data());
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (f32_lanes) accumulate_avx2(it, scores.data(), v_cache, acc.data());
+  }
+#endif
+  if (!vectorised && !f32_lanes) accumulate_portable(it, scores.data(), v_cache, acc.data());
   for (int64_t lane = 0; lane < lanes; ++lane) {
     float* a = acc.data() + lane * dim;
     const float inv = 1.0f / denom[lane];
