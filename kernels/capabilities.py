@@ -188,6 +188,11 @@ def torch_int4_block(probe_outputs: int = 64) -> int | None:
     """
     if not hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu"):
         return None
+    with torch.device("cpu"):  # asked while a model is built on the meta device, too
+        return _packing_block(probe_outputs)
+
+
+def _packing_block(probe_outputs: int) -> int | None:
     outputs, inner = probe_outputs, 4
     values = (torch.arange(outputs * inner).view(outputs, inner) * 7 + 3) % 16
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values.to(torch.int32), 2)

@@ -9,11 +9,15 @@ a forward reads are those of the form actually served. The choice, made once per
 - `torch-packed`: torch's CPU int4 kernel after repacking, the fastest CPU path measured in
   bfloat16 (`benchmarks/bench_int4.py`; in float16 and float32 it is slower than the
   reference);
-- `reference`: unpack, dequantise, multiply; the CPU path in float32, where the product must
-  be the quantised model's exact function (quality is measured in float32).
+- `cpu-panels`: the compiled fp32 panel product on nibbles (`kernels/int4_matmul_cpu.py`),
+  the CPU path in float32: bit for bit the dense fp32 layer of the dequantised weight, so the
+  product is the quantised model's exact function (quality is measured in float32);
+- `reference`: unpack, dequantise, multiply, in plain PyTorch (what the others are checked
+  against, and the CPU path where no compiled build exists).
 
-`auto` picks triton on CUDA, torch-packed on a CPU in bfloat16 where the shape allows, and the
-reference otherwise; the other names force a kernel (the tests' switch).
+`auto` picks triton on CUDA, torch-packed on a CPU in bfloat16 where the shape allows,
+cpu-panels on a CPU in float32 where the compiled operators are built, and the reference
+otherwise; the other names force a kernel (the tests' switch).
 """
 
 from __future__ import annotations
@@ -24,17 +28,20 @@ from dataclasses import dataclass
 import torch
 
 from harness.errors import ConfigError
+from kernels.cpu_build import cpu_ops
 from kernels.int4_layout import PACK, num_groups
 from kernels.int4_matmul_cpu import (
+    PANEL_COLUMNS,
     cpu_group_size,
     cpu_packed_available,
     int4_matmul_cpu,
     to_cpu_packed,
+    to_cpu_panels,
 )
 from kernels.int4_matmul_ref import int4_matmul_ref
 from kernels.int4_matmul_triton import int4_matmul_triton, interpreted
 
-IMPLS = ("auto", "triton", "torch-packed", "reference")
+IMPLS = ("auto", "triton", "torch-packed", "cpu-panels", "reference")
 FIELD = "strategy.int4_kernel"
 
 Operands = dict[str, torch.Tensor]
@@ -63,6 +70,14 @@ class Int4Kernel:
                 ),
             }
         groups = num_groups(self.in_features, self.group_size)
+        if self.name == "cpu-panels":
+            panels = -(-self.out_features // PANEL_COLUMNS)
+            per_group = ((panels, groups, PANEL_COLUMNS), torch.float32)
+            return {
+                "nibbles": ((panels, self.in_features, PANEL_COLUMNS // 2), torch.uint8),
+                "zeros": per_group,
+                "group_scales": per_group,
+            }
         return {
             "qweight": ((self.in_features, self.out_features // PACK), torch.int32),
             "qzeros": ((groups, self.out_features // PACK), torch.int32),
@@ -76,6 +91,9 @@ class Int4Kernel:
         if self.name == "torch-packed":
             packed, pairs = to_cpu_packed(qweight, qzeros, scales, self.group_size, self.dtype)
             return {"packed": packed, "scales_and_offsets": pairs}
+        if self.name == "cpu-panels":
+            nibbles, zeros, group_scales = to_cpu_panels(qweight, qzeros, scales)
+            return {"nibbles": nibbles, "zeros": zeros, "group_scales": group_scales}
         return {"qweight": qweight, "qzeros": qzeros, "scales": scales.to(self.dtype)}
 
     def matmul(self, x: torch.Tensor, operands: Mapping[str, torch.Tensor | None]) -> torch.Tensor:
@@ -83,6 +101,15 @@ class Int4Kernel:
         get = operands.__getitem__
         if self.name == "torch-packed":
             return int4_matmul_cpu(x, get("packed"), get("scales_and_offsets"), self.cpu_group())
+        if self.name == "cpu-panels":
+            return cpu_ops().int4_panel_linear_f32(
+                x,
+                get("nibbles"),
+                get("zeros"),
+                get("group_scales"),
+                self.group_size,
+                self.out_features,
+            )
         args = (x, get("qweight"), get("qzeros"), get("scales"), self.group_size)
         if self.name == "triton":
             return int4_matmul_triton(*args)
@@ -121,6 +148,8 @@ def choose_kernel(
             impl = "triton"
         elif packed_fits and dtype == torch.bfloat16:
             impl = "torch-packed"
+        elif device.type == "cpu" and dtype == torch.float32 and cpu_ops() is not None:
+            impl = "cpu-panels"
         else:
             impl = "reference"
     if impl == "torch-packed" and not packed_fits:
@@ -128,6 +157,14 @@ def choose_kernel(
             FIELD,
             f"torch-packed needs a CPU, torch's int4 CPU kernel and a group of 32-256 dividing "
             f"in={in_features} (group_size={group_size}); use auto or reference",
+        )
+    if impl == "cpu-panels" and not (
+        device.type == "cpu" and dtype == torch.float32 and cpu_ops() is not None
+    ):
+        raise ConfigError(
+            FIELD,
+            f"cpu-panels needs a CPU, float32 and the compiled CPU operators (got "
+            f"{device.type}, {dtype}); use auto or reference",
         )
     if impl == "triton":
         _check_triton(device, dtype)

@@ -1,4 +1,4 @@
-"""The int4 matrix product on a CPU through torch's own packed int4 kernel.
+"""The int4 matrix products on a CPU: torch's own packed int4 kernel, and fp32 panels.
 
 torch ships a CPU kernel for 4-bit weights (`aten._weight_int4pack_mm_for_cpu`) that reads
 its own packing (`aten._convert_weight_to_int4pack_for_cpu`: uint8 `[out, in / 2]`) and one
@@ -15,6 +15,11 @@ torch's packing follows its own vector ISA (blocks of 64 outputs with AVX-512, 3
 compiled `int4_matvec` (`kernels/cpu/int4_matvec.cpp`, the loop the fused decoder layer uses),
 twice as fast as torch's kernel at batch 1 on the development CPU (a 1536 x 576 weight: 15 us
 against 30).
+
+In float32 the compiled `int4_panel_linear_f32` (`kernels/cpu/panel_gemm_f32.cpp`) reads the
+values as nibbles on the 16-column panels of the dense fp32 product, dequantises a panel at a
+time and multiplies it as the dense layer would: bit for bit the dense product of the
+dequantised weight, at an eighth of its bytes (`to_cpu_panels` packs them).
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from kernels.capabilities import capabilities
 from kernels.cpu_build import cpu_ops
 from kernels.int4_layout import unpack_int4
 
 CPU_GROUP_SIZES = (32, 64, 128, 256)
+PANEL_COLUMNS = 16  # the fp32 panels' width (kernels/cpu/panel_gemm_f32.cpp)
 MATVEC_ROWS = 4  # at most this many rows take the compiled int4_matvec
 FAST_LOOP_BLOCK = 64  # the packing block its byte-permute branch reads
 
@@ -62,6 +69,25 @@ def to_cpu_packed(
     zeros = unpack_int4(qzeros).to(torch.float32)[source]
     pairs = torch.stack((step, (8.0 - zeros) * step), dim=-1)
     return packed, pairs.to(dtype).contiguous()
+
+
+def to_cpu_panels(
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """AutoAWQ tensors -> (nibbles [P, in, 8] uint8, zero points and scales [P, groups, 16]
+    float32) on panels of 16 outputs, the last one zero-padded, for `int4_panel_linear_f32`."""
+    values = unpack_int4(qweight)  # [in, out]
+    out_features = values.shape[1]
+    panels = -(-out_features // PANEL_COLUMNS)
+
+    def by_panel(t: torch.Tensor) -> torch.Tensor:  # [rows, out] -> [panels, rows, 16]
+        padded = F.pad(t, (0, panels * PANEL_COLUMNS - out_features))
+        return padded.view(t.shape[0], panels, PANEL_COLUMNS).transpose(0, 1).contiguous()
+
+    lines = by_panel(values)
+    half = PANEL_COLUMNS // 2
+    nibbles = (lines[..., :half] | (lines[..., half:] << 4)).contiguous()
+    return nibbles, by_panel(unpack_int4(qzeros).float()), by_panel(scales.float())
 
 
 def int4_loop_block() -> int | None:

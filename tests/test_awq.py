@@ -9,6 +9,7 @@ import torch
 from harness.errors import ConfigError
 from harness.models.load import build_model
 from kernels.int4_layout import dequantize
+from kernels.linear import packed_linear
 from strategies.weights.awq_search import (
     GroupChoice,
     _fold,
@@ -185,7 +186,8 @@ def test_awq_in_fp32_serves_the_greedy_tokens_of_its_dequantised_weights(
     tmp_path, cpu_build: CpuBuild
 ) -> None:
     """At each level this CPU runs (the portable ones too), the int4-awq model served in fp32
-    gives the tokens of a dense model holding its dequantised weights."""
+    gives the tokens of a dense model holding its dequantised weights, and its logits bit for
+    bit: both multiply on the same fp32 panels, the int4 layers dequantising theirs exactly."""
     weights = weights_format("int4-awq", int4_kernel="auto", **AWQ_KEYS)
     ctx = context(tmp_path, calibration=random_text())
     config, state = weights.prepare(tiny_checkpoint(), ctx)
@@ -200,7 +202,7 @@ def test_awq_in_fp32_serves_the_greedy_tokens_of_its_dequantised_weights(
             prefix = f"layers.{layer}.{name}"
             parts = (state[f"{prefix}.{part}"] for part in ("qweight", "qzeros", "scales"))
             dense_state[f"{prefix}.weight"] = dequantize(*parts, AWQ_KEYS["group_size"]).t()
-    dense = build_model((config, dense_state), torch.float32, CPU)
+    dense = build_model((config, dense_state), torch.float32, CPU, packed_linear)
     prompts = random_prompts(4, 5, 20, seed=8)
     served = []
     for model in (int4, dense):
@@ -210,4 +212,4 @@ def test_awq_in_fp32_serves_the_greedy_tokens_of_its_dequantised_weights(
         )
         served.append([request.output_ids for request in requests])
     assert served[0] == served[1]
-    torch.testing.assert_close(all_logits(int4, prompts[0]), all_logits(dense, prompts[0]))
+    assert torch.equal(all_logits(int4, prompts[0]), all_logits(dense, prompts[0]))

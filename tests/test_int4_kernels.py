@@ -1,5 +1,5 @@
-"""Int4 matrix products: AutoAWQ's nibble order, the Triton kernel (interpreted) and torch's CPU
-kernel against the unpack-then-matmul reference, and the kernel choice."""
+"""Int4 matrix products: AutoAWQ's nibble order, the Triton kernel (interpreted), torch's CPU
+kernel and the fp32 panels against the unpack-then-matmul reference, and the kernel choice."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from harness.errors import ConfigError
+from kernels.cpu_build import cpu_ops
 from kernels.int4_layout import num_groups, pack_int4, unpack_int4
 from kernels.int4_matmul import choose_kernel
-from kernels.int4_matmul_cpu import int4_loop_block, int4_matmul_cpu, to_cpu_packed
+from kernels.int4_matmul_cpu import int4_loop_block, int4_matmul_cpu, to_cpu_packed, to_cpu_panels
 from kernels.int4_matmul_ref import int4_matmul_ref
 from kernels.int4_matmul_triton import int4_matmul_triton, interpreted
 
@@ -85,7 +86,9 @@ def test_kernel_choice():
 
     assert chosen(torch.bfloat16) == "torch-packed"
     assert chosen(torch.float16) == "reference"  # measured faster there than torch-packed
-    assert chosen(torch.float32) == "reference"  # exact, for quality measurements
+    # exact, for quality measurements: the dense panels' sums of the dequantised weight
+    assert chosen(torch.float32) == ("reference" if cpu_ops() is None else "cpu-panels")
+    assert chosen(torch.float32, impl="reference") == "reference"
     assert chosen(torch.bfloat16, in_features=200) == "reference"  # gcd(200, 128) = 8
     if interpreted():  # tests on a CPU-only host run Triton in its interpreter
         assert chosen(torch.float32, impl="triton") == "triton"
@@ -100,6 +103,41 @@ def test_kernel_choice():
         chosen(torch.bfloat16, impl="triton")  # the interpreter gets bfloat16 wrong
     with pytest.raises(ConfigError, match="divisible by 8"):
         choose_kernel("auto", CPU, torch.bfloat16, 576, 196, 128)
+    with pytest.raises(ConfigError, match="cpu-panels needs a CPU, float32"):
+        chosen(torch.bfloat16, impl="cpu-panels")
+
+
+@pytest.mark.parametrize(
+    ("rows", "in_features", "out_features", "group"),
+    [(1, 576, 192, 128), (7, 200, 72, 64), (64, 130, 24, 32), (300, 96, 136, 32)],
+)
+def test_cpu_panels_are_the_dense_panels_of_the_dequantised_weight(
+    cpu_build, rows, in_features, out_features, group
+):
+    """Bit for bit at every level, groups that do not divide the inputs (576 by 128, 130 by
+    32) and outputs that are not a multiple of 16 included."""
+    qweight, qzeros, scales, weight = random_int4(in_features, out_features, group, seed=rows)
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(9))
+    nibbles, zeros, group_scales = to_cpu_panels(qweight, qzeros, scales)
+    assert nibbles.shape == (-(-out_features // 16), in_features, 8)
+    ops = cpu_build.ops
+    got = ops.int4_panel_linear_f32(x, nibbles, zeros, group_scales, group, out_features)
+    dense = ops.panel_linear_f32(x, ops.pack_panels_f32(weight.t()), out_features)
+    assert torch.equal(got, dense)
+    torch.testing.assert_close(got, int4_matmul_ref(x, qweight, qzeros, scales, group))
+
+
+def test_cpu_panels_refuse_operands_of_another_shape(cpu_build):
+    qweight, qzeros, scales, _ = random_int4(64, 32, 32, seed=1)
+    nibbles, zeros, group_scales = to_cpu_panels(qweight, qzeros, scales)
+    with pytest.raises(RuntimeError, match="zero points and scales"):
+        cpu_build.ops.int4_panel_linear_f32(
+            torch.randn(2, 64), nibbles, zeros, zeros[:, :1], 32, 32
+        )
+    with pytest.raises(RuntimeError, match="nibbles are uint8"):
+        cpu_build.ops.int4_panel_linear_f32(
+            torch.randn(2, 64), nibbles, zeros, group_scales, 32, 40
+        )
 
 
 def test_few_rows_take_the_int4_loop_only_where_it_pays(cpu_build):

@@ -269,7 +269,9 @@ void score_avx2(const Item& it, const float* query, const float* k_cache, float*
   for (int64_t pos0 = 0; pos0 < it.seq_len; pos0 += 8) {
     const int64_t count = std::min<int64_t>(8, it.seq_len - pos0);
     const float* keys[8];  // past the last position: the last key again, its score not stored
-    for (int64_t p = 0; p < 8; ++p) keys[p] = k_cache + it.cache_offset(pos0 + std::min(p, count - 1));
+    for (int64_t p = 0; p < 8; ++p) {
+      keys[p] = k_cache + it.cache_offset(pos0 + std::min(p, count - 1));
+    }
     const __m256i store = lanes_below(count);
     for (int64_t lane = 0; lane < it.lanes(); ++lane) {
       ahead.step();
