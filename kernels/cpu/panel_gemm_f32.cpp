@@ -2,11 +2,12 @@
 // panels: the operators `pack_panels_f32` and `panel_linear_f32`, and `int4_panel_linear_f32`
 // for int4 weights held as nibbles on the same panels.
 //
-// Where bfloat16 is not multiplied natively fp32 is the dtype a CPU serves in, and there
-// torch's product (MKL, which runs AVX2 code on AMD CPUs whatever their level) reaches 62-80
-// GFLOP/s on one Zen 5 core at the 64 rows of a decode step (1536 x 576 weight), about 70% of
-// what the core's two FMA pipes do; `benchmarks/bench_linear_f32.py` has the table. The tile
-// here keeps every operand of its inner loop in registers or L1.
+// Where bfloat16 is not multiplied natively fp32 is the dtype a CPU serves in. Measured on a
+// Zen 5 at level avx2 (`python -m benchmarks.bench_linear_f32`; MKL ran as fast capped at AVX2
+// as at AVX-512 there), one thread, the decoder's projections: torch's product (MKL) 54-66
+// GFLOP/s at 8 rows, 86-96 at 64 and 1,900, these panels 85-90, 117-120 and 107-114; the
+// 49152 x 576 LM head at 64 rows 73 against 112; two threads at 64 rows 159-171 against
+// 221-233.
 //
 // Layout: a weight [N, K] becomes [ceil(N / 16), K, 16], zero-padded: panel p, line k holds
 // w[16 p + c][k] for its 16 columns c, one 64-byte cache line. A tile is 6 rows of x by one
