@@ -7,6 +7,8 @@ memory as in a real step rather than sit in cache). Candidates, each in its own 
 - `dense`: `x @ W.T` with float weights (the `dense` weights option);
 - `torch-packed`: torch's CPU int4 kernel after repacking (what `auto` serves on a CPU in
   bf16/fp16);
+- `cpu-panels` (fp32 only): the compiled fp32 panels on nibbles (what `auto` serves on a CPU
+  in fp32);
 - `reference`: unpack AutoAWQ's layout, dequantise, multiply, every call;
 - `cached-dense`: int4 weights dequantised once and kept as a float copy. As fast as
   `dense`, and as big: it gives up the memory saving, so the int4 formats do not use it;
@@ -93,6 +95,8 @@ def candidates(config: BenchConfig, dtype: torch.dtype) -> dict[str, list[torch.
         return torch.nn.Linear(*shape, bias=False).to(device, dtype)
 
     kernels = ["triton"] if device.type == "cuda" else ["torch-packed", "reference"]
+    if device.type == "cpu" and dtype == torch.float32:
+        kernels.insert(1, "cpu-panels")
     out = {"dense": [dense(s) for s in shapes]}
     for kernel in kernels:
         out[kernel] = [int4_layer(*s, kernel, config, dtype) for s in shapes]

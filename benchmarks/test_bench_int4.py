@@ -1,8 +1,8 @@
 """The int4 weight-only product on the embedded model's feed-forward shape (576 -> 1,536, group
-128): torch's packed CPU kernel in bfloat16 (what `auto` serves on a CPU) and the
-unpack-then-multiply reference in float32 (what quality is measured with), at batch 1 (decode of
-one request) and 32 (a decode step of many), beside the dense bfloat16 layer they replace (the
-engine's prepacked linear)."""
+128): torch's packed CPU kernel in bfloat16 (what `auto` serves on a CPU in bfloat16), the fp32
+panels (what `auto` serves in float32, where quality is measured) and the unpack-then-multiply
+reference in float32, at batch 1 (decode of one request) and 32 (a decode step of many), beside
+the dense bfloat16 layer they replace (the engine's prepacked linear)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from kernels.linear import PackedLinear
 
 IN, OUT, GROUP = 576, 1536, 128
 CPU = torch.device("cpu")
-KERNELS = {"torch-packed": torch.bfloat16, "reference": torch.float32}
+KERNELS = {"torch-packed": torch.bfloat16, "cpu-panels": torch.float32, "reference": torch.float32}
 
 
 def _awq_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
