@@ -248,12 +248,6 @@ void accumulate_portable(const Item& it, const float* weights, const scalar_t* v
 // time. Every lane gets every position's score (the softmax reads only what it sees).
 inline bool avx2_fits(const Item& it) { return it.dim % 8 == 0; }
 
-// The first `left` of 8 lanes, as a maskstore's mask.
-inline __m256i lanes_below(int64_t left) {
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lanes);
-}
-
 // Lane i of the result is the sum of the 8 lanes of v[i].
 inline __m256 transposed_sum8(const __m256 v[8]) {
   const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
@@ -272,7 +266,7 @@ void score_avx2(const Item& it, const float* query, const float* k_cache, float*
     for (int64_t p = 0; p < 8; ++p) {
       keys[p] = k_cache + it.cache_offset(pos0 + std::min(p, count - 1));
     }
-    const __m256i store = lanes_below(count);
+    const __m256i store = servelab::lanes_below(count);
     for (int64_t lane = 0; lane < it.lanes(); ++lane) {
       ahead.step();
       const float* q = query + lane * it.dim;

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "ops_library.h"
+#include "vector_math.h"
 
 namespace servelab::panels_f32 {
 namespace {
@@ -51,12 +52,6 @@ constexpr int64_t kBlockBytes = 256 << 10;  // x rows per block: about this much
 int64_t panels_of(int64_t n_len) { return (n_len + kColumns - 1) / kColumns; }
 
 #if defined(__AVX2__) && defined(__FMA__)
-// Lanes of 8 below `left` (a panel's last columns past N are not stored).
-inline __m256i lanes_below(int64_t left) {
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lanes);
-}
-
 // y[m][0 .. columns) = x[m] . the panel's columns, for M rows of x; `next` (or nullptr) is the
 // panel to ask into L2, a line per k. The sums are named variables, two per row: GCC 12 stored
 // every element of a sums array to the stack at each k (about 60% of this speed).
@@ -74,7 +69,8 @@ template <int M>
 inline void store_rows(float* y, int64_t y_stride, int64_t columns, __m256 l0, __m256 r0,
                        __m256 l1, __m256 r1, __m256 l2, __m256 r2, __m256 l3, __m256 r3,
                        __m256 l4, __m256 r4, __m256 l5, __m256 r5) {
-  const __m256i mask0 = lanes_below(columns), mask1 = lanes_below(columns - 8);
+  const __m256i mask0 = servelab::lanes_below(columns);
+  const __m256i mask1 = servelab::lanes_below(columns - 8);
   const __m256 sums[kTileRows][2] = {{l0, r0}, {l1, r1}, {l2, r2}, {l3, r3}, {l4, r4}, {l5, r5}};
   for (int m = 0; m < M; ++m) {
     _mm256_maskstore_ps(y + m * y_stride, mask0, sums[m][0]);

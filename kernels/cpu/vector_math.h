@@ -1,7 +1,23 @@
-// AVX-512 helpers shared by the CPU operators: masks for a loop's last partial vector, a
-// softmax exponential, and the transposed sum that turns sixteen vectors of partial dot
-// products into sixteen scores.
+// Vector helpers shared by the CPU operators: masks for a loop's last partial vector (AVX2 and
+// AVX-512), a softmax exponential, and the transposed sum that turns sixteen vectors of partial
+// dot products into sixteen scores (AVX-512).
 #pragma once
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace servelab {
+
+// The first `left` of 8 lanes, as a maskload's or maskstore's mask (none for left <= 0).
+inline __m256i lanes_below(int64_t left) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lanes);
+}
+
+}  // namespace servelab
+#endif
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
