@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.capabilities import capabilities
-from kernels.linear import MATVEC_ROWS, PackedLinear
+from kernels.linear import MATVEC_ROWS, PackedLinear, pack_ahead
 from tests.conftest import CpuBuild
 
 
@@ -138,3 +138,17 @@ def test_disabled_runs_the_plain_layer(cpu_build: CpuBuild) -> None:
     x = torch.randn(MATVEC_ROWS + 1, 32, dtype=torch.bfloat16)
     assert torch.equal(layer(x), F.linear(x, layer.weight))
     assert layer._packed is None
+
+
+def test_pack_ahead_packs_what_a_forward_would_and_nothing_else(cpu_build: CpuBuild) -> None:
+    model = torch.nn.Sequential(PackedLinear(32, 16), PackedLinear(16, 8).to(torch.bfloat16))
+    model.append(PackedLinear(8, 4).to(torch.float16))
+    pack_ahead(model)
+    fp32, bf16, fp16 = model
+    assert torch.equal(fp32._packed, cpu_build.ops.pack_panels_f32(fp32.weight))
+    assert (bf16._packed is not None) == capabilities().onednn_bf16
+    assert fp16._packed is None
+    packed = fp32._packed
+    x = torch.randn(3, 32)
+    assert torch.equal(fp32(x), cpu_build.ops.panel_linear_f32(x, packed, 16))
+    assert fp32._packed is packed  # the forward used the copy packed ahead

@@ -31,6 +31,7 @@ from harness.models.weights_format import CalibrationText, WeightsContext, Weigh
 from harness.runner.settings import EngineSettings, cache_dir_of
 from kernels.attention import Attention, AttentionConfig
 from kernels.fused_decode import fused_decode_layers
+from kernels.linear import pack_ahead
 from strategies.decoding.context import DecoderContext
 from strategies.factories import HeadsChoice, WeightsChoice
 from strategies.settings import StrategySettings
@@ -98,6 +99,7 @@ def load_served(
         model_node, settings.dtype, settings.device, cache_dir, transform, weights.linear
     )
     heads.apply(loaded.model)
+    pack_ahead(loaded.model)  # start-up work, never inside the first request's latency
     return ServedModel(loaded, weights, served_id)
 
 
