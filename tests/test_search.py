@@ -8,7 +8,13 @@ from harness.measure.verdict import Verdict, attainment, verdict, wilson
 from harness.search.knee import Knee, KneeSettings, Outcome, Probe, find_knees
 
 SETTINGS = KneeSettings(
-    target=0.9, resolution=0.1, requests=48, max_requests=96, floor_requests=8, ceiling_requests=16
+    target=0.9,
+    resolution=0.1,
+    requests=48,
+    max_requests=96,
+    floor_requests=8,
+    ceiling_requests=16,
+    confidence=0.95,
 )
 
 

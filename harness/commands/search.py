@@ -85,6 +85,7 @@ class SearchSettings:
             max_requests=counts["max_requests"],
             floor_requests=counts["floor_requests"],
             ceiling_requests=counts["ceiling_requests"],
+            confidence=numbers["confidence"],
         )
         return cls(
             strategies,
@@ -251,8 +252,28 @@ def ratio_interval(a: Knee, b: Knee) -> tuple[float | None, float | None]:
     return low, high
 
 
+def fitted_ratio(a: Knee, b: Knee) -> tuple[float | None, float | None]:
+    """a's fitted knee over b's: (lowest, highest) consistent with both fitted intervals."""
+    if a.fit is None or b.fit is None:
+        return None, None
+    low = a.fit.low / b.fit.high if a.fit.low and b.fit.high else None
+    high = a.fit.high / b.fit.low if a.fit.high and b.fit.low else None
+    return low, high
+
+
 def _rate(value: float | None, missing: str) -> str:
     return missing if value is None else f"{value:.3g}"
+
+
+def fitted_text(knee: Knee) -> str:
+    """The fitted knee and its interval, e.g. "0.73 [0.61, 1.03] (3 probes, 192 requests)"."""
+    fit = knee.fit
+    if fit is None:
+        return "-"
+    return (
+        f"{fit.estimate:.3g} [{_rate(fit.low, '?')}, {_rate(fit.high, '?')}] "
+        f"({fit.probes} probes, {fit.requests} requests)"
+    )
 
 
 def render_search(knees: list[Knee]) -> str:
@@ -260,7 +281,8 @@ def render_search(knees: list[Knee]) -> str:
         title="sustained request rate (req/s): the knee lies in [passed, failed), or below the "
         "ceiling where no rate clearly failed"
     )
-    for column in ("strategy", "ceiling", "passed", "failed", "estimate", "probes", "note"):
+    columns = ("strategy", "ceiling", "passed", "failed", "estimate", "fitted knee", "probes")
+    for column in (*columns, "note"):
         table.add_column(column)
     for knee in knees:
         probes = ", ".join(
@@ -275,17 +297,25 @@ def render_search(knees: list[Knee]) -> str:
             _rate(knee.passed, "none"),
             _rate(knee.failed, "none"),
             _rate(knee.estimate, "-"),
+            fitted_text(knee),
             probes,
             knee.note or ("resolved" if knee.resolved else ""),
         )
-    ratios = Table(title="sustained-rate ratios, as intervals")
-    for column in ("ratio", "lowest", "highest"):
+    ratios = Table(
+        title="sustained-rate ratios, as intervals: from the clear verdicts, and from "
+        "the fitted knees"
+    )
+    for column in ("ratio", "lowest", "highest", "fitted lowest", "fitted highest"):
         ratios.add_column(column)
     for i, first in enumerate(knees):
         for second in knees[:i]:
             a, b = sorted((first, second), key=lambda k: k.estimate or 0.0, reverse=True)
             low, high = ratio_interval(a, b)
-            ratios.add_row(f"{a.strategy} / {b.strategy}", _rate(low, "-"), _rate(high, "-"))
+            fit_low, fit_high = fitted_ratio(a, b)
+            ratios.add_row(
+                f"{a.strategy} / {b.strategy}",
+                *(_rate(value, "-") for value in (low, high, fit_low, fit_high)),
+            )
     console = Console(record=True, width=160)
     with console.capture() as capture:
         console.print(table)

@@ -7,7 +7,10 @@ time budget going where the knee is least known.
    there is the most it can serve, so no rate above it is sustained; it bounds the search.
 3. Rate probes (Poisson arrivals) start at half the ceiling and halve until one passes, then
    bisect (geometrically) between the highest rate that passed (or likely passed) and the
-   lowest that failed (or the ceiling) until the two are within `resolution` of each other.
+   lowest that failed (or the ceiling) until the two are within `resolution` of each other,
+   or until the knee fitted on every rate probe's requests (`attainment_curve`) is known
+   within `resolution`. Once there is such a fit, the next rate is its knee, kept inside the
+   middle half of the bracket (in log rate) so the bracket still narrows by a quarter or more.
 
 A probe whose attainment interval straddles the target (`Verdict.KNEE`) is run again with
 twice the requests, up to `max_requests`; if it still straddles, it is evidence of where the
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from harness.measure.verdict import Attainment, Verdict, verdict
+from harness.search.attainment_curve import KneeFit, RateEvidence, fit_knee
 
 LOWEST_SHARE = 1 / 64  # the lowest rate probed, as a share of the ceiling
 
@@ -69,8 +73,9 @@ class Knee:
     ceiling: float | None = None  # request throughput with every request at once
     passed: float | None = None  # highest rate whose attainment clearly met the target
     failed: float | None = None  # lowest rate that clearly missed it (None: none did)
-    resolved: bool = False  # the steering bounds came within the resolution
+    resolved: bool = False  # the steering bounds, or the fitted knee, came within the resolution
     note: str = ""
+    fit: KneeFit | None = None  # the knee fitted on every completed rate probe
     probes: list[Probe] = field(default_factory=list)
 
     @property
@@ -95,6 +100,7 @@ class KneeSettings:
     max_requests: int  # a knee probe is lengthened up to this
     floor_requests: int
     ceiling_requests: int
+    confidence: float  # of each probe's attainment interval and of the fitted knee's
 
 
 class Prober(Protocol):
@@ -181,6 +187,7 @@ class KneeSearch:
         outcome = self.prober.at(probe.rate, probe.requests)
         self.spent_s += outcome.seconds
         decided = self._add("rate", probe.rate, probe.requests, outcome)
+        knee.fit = fit_knee(self._evidence(), settings.target, settings.confidence)
         if decided is Verdict.PASS:
             knee.passed = max(knee.passed or 0.0, probe.rate)
         elif decided is Verdict.FAIL:
@@ -211,13 +218,36 @@ class KneeSearch:
                 return
             self.rate /= 2
             return
-        if self.high / self.low <= 1 + self.settings.resolution:
+        resolution = 1 + self.settings.resolution
+        if knee.fit is not None and knee.fit.width <= resolution:
+            self._finish("")
+            return
+        if self.high / self.low <= resolution:
             if knee.failed is None and knee.passed is not None:
                 self._finish("no rate below the ceiling clearly failed: the knee is near it")
             else:
                 self._finish("")
             return
-        self.rate = (self.low * self.high) ** 0.5
+        self.rate = self._next_rate()
+
+    def _next_rate(self) -> float:
+        """The fitted knee, kept within the middle half of the bracket in log rate; the
+        bracket's geometric middle while there is no fit."""
+        low, high = self.low or 0.0, self.high
+        middle = (low * high) ** 0.5
+        fit = self.knee.fit
+        if fit is None:
+            return middle
+        quarter = (high / low) ** 0.25
+        return min(max(fit.estimate, low * quarter), high / quarter)
+
+    def _evidence(self) -> list[RateEvidence]:
+        """Every completed rate probe's requests (a stopped one's share is only a bound)."""
+        return [
+            RateEvidence(p.rate, p.outcome.attainment.met, p.outcome.attainment.counted)
+            for p in self.knee.probes
+            if p.kind == "rate" and p.rate is not None and not p.outcome.stopped
+        ]
 
     def _cost(self, requests: int) -> float:
         return requests / self.rate + self.overhead_s
