@@ -27,6 +27,7 @@ VERBS = {
     "verify": "harness.commands.verify",
     "serve": "harness.commands.serve",
     "gate": "harness.commands.gate",
+    "claims": "harness.commands.claims",
     "fit-steps": "harness.commands.fit_steps",
     "plan": "harness.commands.plan",
 }

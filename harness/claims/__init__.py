@@ -1,0 +1,1 @@
+"""The papers' claims beside what this machine measures for them (`servelab claims`)."""

@@ -1,0 +1,103 @@
+"""`claims.json`, `claims.md` and the terminal table: each paper's claim beside what this
+machine measured for it, with the intervals and a verdict.
+
+The record is built from a claims file and the gate record of its measurements
+(`harness.gate.record`), so every figure in it points back to runs that can be opened; the
+Markdown and the HTML page (`reports.claims_report`) are drawn from the record alone.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from rich.console import Console
+from rich.table import Table
+
+from harness.claims.papers import ClaimsFile, verdict_of
+from harness.gate.record import outcome_text
+from harness.measure.bootstrap import Outcome
+
+CLAIMS_SCHEMA = 1
+
+
+def measurement_text(measured: dict) -> str:
+    """One measurement in a line: `output_throughput orca / fastertransformer on online >= 1:
+    2.08 [2.02, 2.16], pass`."""
+    if measured["estimate"] is None:
+        value = "no value"
+    else:
+        value = f"{measured['estimate']:.3g} [{measured['low']:.3g}, {measured['high']:.3g}]"
+    return f"{measured['statement']}: {value}, {outcome_text(measured)}"
+
+
+def claims_record(claims: ClaimsFile, gate: dict, elapsed_s: float) -> dict:
+    """Every paper claim with its measurements (the gate record's entries) and verdict."""
+    by_name = {c["name"]: c for c in gate["claims"]}
+    entries = []
+    for claim in claims.claims:
+        measured = [by_name[name] for name in claim.measured]
+        outcomes = [Outcome(m["outcome"]) for m in measured]
+        entries.append(
+            {
+                "name": claim.name,
+                "paper": claim.paper,
+                "says": claim.says,
+                "figure": claim.figure,
+                "conditions": claim.conditions,
+                "differs": claim.differs,
+                "not_testable": claim.not_testable,
+                "verdict": verdict_of(claim, outcomes).value,
+                "measured": measured,
+            }
+        )
+    return {
+        "schema": CLAIMS_SCHEMA,
+        "claims_file": str(claims.path),
+        "measurements_file": str(claims.measurements),
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "elapsed_s": elapsed_s,
+        "gate_dir": gate["dir"],
+        "read_from": gate["read_from"],
+        "machine": gate["machine"],
+        "confidence": gate["confidence"],
+        "repeats": gate["repeats"],
+        "claims": entries,
+    }
+
+
+def claims_markdown(record: dict) -> str:
+    """The table of claims as Markdown, for a README or an issue."""
+    machine = record["machine"]
+    lines = [
+        f"# Papers' claims, measured on {machine['cpu']}",
+        "",
+        f"Machine {machine['fingerprint']}; every ratio of strategies measured side by side, "
+        f"{record['repeats']} repetitions interleaved, {record['confidence']:.0%} bootstrap "
+        f"intervals; {record['elapsed_s']:.0f} s; measurements in `{record['gate_dir']}`.",
+        "",
+        "| claim | paper's figure | measured here | verdict | what differs |",
+        "|---|---|---|---|---|",
+    ]
+    for entry in record["claims"]:
+        measured = "<br>".join(measurement_text(m) for m in entry["measured"])
+        reason = entry["differs"]
+        if entry["not_testable"]:
+            reason = f"{entry['not_testable']} {reason}"
+        lines.append(
+            f"| {entry['paper']} | {entry['figure']} | {measured} | **{entry['verdict']}** "
+            f"| {reason} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def render_claims(record: dict) -> str:
+    table = Table(title=f"the papers' claims on {record['machine']['cpu']}")
+    for column in ("claim", "paper's figure", "measured here", "verdict"):
+        table.add_column(column)
+    for entry in record["claims"]:
+        measured = "\n".join(measurement_text(m) for m in entry["measured"])
+        table.add_row(entry["paper"], entry["figure"], measured, entry["verdict"])
+    console = Console(record=True, width=160)
+    with console.capture() as capture:
+        console.print(table)
+    return capture.get()

@@ -1,0 +1,74 @@
+"""`claims.html`: a self-contained page of the papers' claims, each with its measurements'
+intervals drawn (the gate page's strips) and its verdict. It reads only `claims.json`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.claims.record import measurement_text
+from reports.gate_report import interval_svg
+from reports.html import STYLE, esc
+
+VERDICT_COLOURS = {
+    "holds": "#2e7d32",
+    "holds in part": "#e69500",
+    "does not hold here": "#c62828",
+    "not testable here": "#55606e",
+    "undecided here": "#6a1b9a",
+}
+
+
+def _claim_rows(entry: dict) -> str:
+    measured = entry["measured"]
+    colour = VERDICT_COLOURS[entry["verdict"]]
+    reason = entry["differs"]
+    if entry["not_testable"]:
+        reason = f"{entry['not_testable']} {reason}"
+    head = (
+        f'<td rowspan="{len(measured)}"><b>{esc(entry["paper"])}</b><br>{esc(entry["says"])}'
+        f"<br><i>{esc(entry['conditions'])}</i></td>"
+        f'<td rowspan="{len(measured)}">{esc(entry["figure"])}</td>'
+    )
+    tail = (
+        f'<td rowspan="{len(measured)}" style="color:{colour}"><b>{esc(entry["verdict"])}</b>'
+        f'</td><td rowspan="{len(measured)}">{esc(reason)}</td>'
+    )
+    rows = []
+    for i, m in enumerate(measured):
+        cells = f"<td>{esc(measurement_text(m))}</td><td>{interval_svg(m)}</td>"
+        rows.append("<tr>" + (head if i == 0 else "") + cells + (tail if i == 0 else "") + "</tr>")
+    return "".join(rows)
+
+
+def claims_page(record: dict) -> str:
+    headers = ["claim", "paper's figure", "measured here", "interval", "verdict", "what differs"]
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    rows = "".join(_claim_rows(e) for e in record["claims"])
+    machine = record["machine"]
+    source = f"runs read from {record['read_from']}" if record["read_from"] else "measured here"
+    summary = (
+        f"{len(record['claims'])} claims on machine {machine['fingerprint']} ({machine['cpu']}), "
+        f"{source}: {record['repeats']} repetitions interleaved, {record['confidence']:.0%} "
+        f"bootstrap intervals, {record['elapsed_s']:.0f} s. Measurements: "
+        f"{record['measurements_file']}, runs in {record['gate_dir']}."
+    )
+    title = "The papers' claims, measured here"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{esc(title)}</title><style>{STYLE}</style></head><body><main>"
+        f"<h1>{esc(title)}</h1><p>{esc(summary)}</p>"
+        '<p class="note">A claim holds when every measurement passes, holds in part when some '
+        "do, does not hold here when none does; a measurement passes when its whole interval "
+        "lies on the claimed side of its bound (the dashed line).</p>"
+        f'<div class="scroll"><table><tr>{head}</tr>{rows}</table></div>'
+        "</main></body></html>\n"
+    )
+
+
+def build_claims_report(claims_dir: Path) -> Path:
+    """Write `claims.html` beside `claims.json`; returns its path."""
+    record = json.loads((claims_dir / "claims.json").read_text())
+    path = claims_dir / "claims.html"
+    path.write_text(claims_page(record), encoding="utf-8")
+    return path

@@ -1,0 +1,142 @@
+"""`servelab claims` on the tiny model: each paper claim gets its measurements (gate claims
+measured side by side) and the verdict they support; a claims file's mistakes are refused
+before any work; an earlier claims run is read again without measuring."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.claims.papers import PaperClaim, Verdict, parse_claims_file, verdict_of
+from harness.commands.cli import main
+from harness.errors import ConfigError
+from harness.measure.bootstrap import Outcome
+
+MEASUREMENTS = """
+name: tiny-claims
+repeats: 2
+overrides: [model=dummy-tiny, telemetry.roofline=false, engine.dtype=fp32]
+workloads:
+  small: [workload=offline, workload.num_requests=2, workload.input_len.lo=8,
+          workload.input_len.hi=16, workload.output_len.value=2]
+claims:
+  - {name: slowed, workload: small, metric: output_throughput,
+     of: "orca +engine.test_step_delay_s=0.5", over: orca, at_least: 0.8}
+  - {name: waste, workload: small, metric: kv_waste_mean, of: orca, at_most: 1.0}
+  - {name: lossless, kind: identical, workload: small, of: vllm, over: orca}
+"""
+
+
+def _claim(name: str, measured: list[str], not_testable: str | None = None) -> str:
+    entry = (
+        f"  - name: {name}\n    paper: Paper {name}\n    says: It is so.\n    figure: 2x\n"
+        f"    conditions: a GPU\n    measured: {measured}\n    differs: a CPU.\n"
+    )
+    return entry + (f"    not_testable: {not_testable}\n" if not_testable else "")
+
+
+PAPERS = "name: tiny\nmeasurements: measurements.yaml\nclaims:\n" + "".join(
+    [
+        _claim("a", ["waste", "lossless"]),
+        _claim("b", ["slowed", "waste"]),
+        _claim("c", ["slowed"]),
+        _claim("d", ["waste"], not_testable="Needs uptraining."),
+    ]
+)
+
+
+def _paper(not_testable: str | None = None) -> PaperClaim:
+    return PaperClaim("x", "P", "s", "f", "c", ("m",), "d", not_testable)
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "expected"),
+    [
+        ([Outcome.PASS, Outcome.PASS], Verdict.HOLDS),
+        ([Outcome.PASS, Outcome.FAIL], Verdict.IN_PART),
+        ([Outcome.PASS, Outcome.INCONCLUSIVE], Verdict.IN_PART),
+        ([Outcome.FAIL, Outcome.INCONCLUSIVE], Verdict.DOES_NOT_HOLD),
+        ([Outcome.REFUSED], Verdict.DOES_NOT_HOLD),
+        ([Outcome.INCONCLUSIVE, Outcome.INCONCLUSIVE], Verdict.UNDECIDED),
+    ],
+)
+def test_a_verdict_follows_its_measurements(outcomes: list[Outcome], expected: Verdict) -> None:
+    assert verdict_of(_paper(), outcomes) is expected
+
+
+def test_a_claim_that_cannot_be_tested_here_says_so_whatever_is_measured() -> None:
+    assert verdict_of(_paper("no uptraining"), [Outcome.PASS]) is Verdict.NOT_TESTABLE
+
+
+def test_a_measurement_the_gate_file_lacks_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "measurements.yaml").write_text(MEASUREMENTS)
+    path = tmp_path / "papers.yaml"
+    with pytest.raises(ConfigError, match=r"claims\[0\] \(a\).measured: 'nope' is not a claim"):
+        parse_claims_file(
+            "measurements: measurements.yaml\nclaims:\n" + _claim("a", ["nope"]), path, {"waste"}
+        )
+    with pytest.raises(ConfigError, match=r"claims\[0\] \(a\).says: give it as text"):
+        parse_claims_file(
+            "measurements: measurements.yaml\nclaims:\n"
+            + _claim("a", ["waste"]).replace("    says: It is so.\n", ""),
+            path,
+            {"waste"},
+        )
+
+
+def _claims(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with pytest.MonkeyPatch.context() as monkeypatch, redirect_stdout(out), redirect_stderr(err):
+        monkeypatch.setattr(sys, "argv", ["servelab", "claims", *args])
+        try:
+            main()
+        except SystemExit as exit_info:
+            code = int(exit_info.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.integration
+def test_claims_get_their_measurements_and_verdicts_and_a_rerun_reads_them(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "measurements.yaml").write_text(MEASUREMENTS)
+    (tmp_path / "papers.yaml").write_text(PAPERS)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        code, table, err = _claims(f"claims={tmp_path / 'papers.yaml'}", f"out={tmp_path / 'out'}")
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0, err
+    record = json.loads((tmp_path / "out" / "claims.json").read_text())
+    verdicts = {c["name"]: c["verdict"] for c in record["claims"]}
+    assert verdicts == {
+        "a": "holds",
+        "b": "holds in part",
+        "c": "does not hold here",
+        "d": "not testable here",
+    }
+    b = record["claims"][1]
+    assert [m["name"] for m in b["measured"]] == ["slowed", "waste"]
+    assert b["measured"][0]["outcome"] == "fail" and b["measured"][0]["high"] < 0.8
+    assert record["read_from"] is None and "holds in part" in table
+    markdown = (tmp_path / "out" / "claims.md").read_text()
+    assert markdown.count("\n| Paper ") == 4 and "**does not hold here**" in markdown
+    page = (tmp_path / "out" / "claims.html").read_text()
+    assert page.count("<svg") == 6 and "Needs uptraining." in page
+    code, _, err = _claims(
+        f"claims={tmp_path / 'papers.yaml'}",
+        f"from={tmp_path / 'out'}",
+        f"out={tmp_path / 'again'}",
+    )
+    assert code == 0, err
+    again = json.loads((tmp_path / "again" / "claims.json").read_text())
+    assert again["read_from"] == str(tmp_path / "out")
+    assert [c["verdict"] for c in again["claims"]] == list(verdicts.values())
