@@ -140,3 +140,15 @@ def test_claims_get_their_measurements_and_verdicts_and_a_rerun_reads_them(
     again = json.loads((tmp_path / "again" / "claims.json").read_text())
     assert again["read_from"] == str(tmp_path / "out")
     assert [c["verdict"] for c in again["claims"]] == list(verdicts.values())
+
+
+def test_the_shipped_claims_file_names_the_five_papers_and_measurements_that_exist() -> None:
+    from harness.claims.papers import read_measurements_path
+    from harness.gate.fingerprint import machine_fingerprint
+    from harness.gate.spec import load_gate
+
+    path = Path("conf/claims/papers.yaml")
+    measurements = load_gate(read_measurements_path(path), machine_fingerprint())
+    claims = parse_claims_file(path.read_text(), path, {c.name for c in measurements.claims})
+    assert [c.name for c in claims.claims] == ["orca", "vllm", "gqa", "awq", "speculative"]
+    assert [c.name for c in claims.claims if c.not_testable] == ["gqa"]
