@@ -24,6 +24,7 @@ VERBS = {
     "search": "harness.commands.search",
     "perplexity": "harness.commands.perplexity",
     "quantize": "harness.commands.quantize",
+    "salient": "harness.commands.salient",
     "verify": "harness.commands.verify",
     "serve": "harness.commands.serve",
     "gate": "harness.commands.gate",
