@@ -17,7 +17,7 @@ BENCH_BASE ?=
 BENCH_FAIL ?= min:25%
 BENCH_RUNS ?=
 
-.PHONY: run test lint gate bench bench-list bench-compare browser clean
+.PHONY: run test lint gate claims bench bench-list bench-compare browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -68,6 +68,15 @@ test: $(STAMP) browser
 # (repeated, interleaved); exit status 1 when a claim fails. Writes gate.json and gate.html.
 gate: $(STAMP)
 	OMP_NUM_THREADS=$(GATE_THREADS) $(VENV)/bin/servelab gate $(GATE) $(GATE_ARGS)
+
+# The five papers' claims beside what this machine measures for them (`servelab claims`), the
+# published copy (claims.md, claims.html, claims.json) under reports/published/claims/.
+# CLAIMS_ARGS adds arguments, e.g. from=runs/claims/... to re-read an earlier run.
+CLAIMS_DIR ?= runs/claims/$(NOW)
+claims: $(STAMP)
+	OMP_NUM_THREADS=$(GATE_THREADS) $(VENV)/bin/servelab claims out=$(CLAIMS_DIR) $(CLAIMS_ARGS)
+	mkdir -p reports/published/claims
+	cp $(CLAIMS_DIR)/claims.md $(CLAIMS_DIR)/claims.html $(CLAIMS_DIR)/claims.json reports/published/claims/
 
 # Microbenchmarks of the hot paths (benchmarks/, never collected by `make test`), saved as
 # JSON under .benchmarks/ with the commit; with BENCH_BASE, compared against that saved run.
