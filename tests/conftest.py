@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import os
+import sys
+from contextlib import redirect_stderr, redirect_stdout
 
 import torch
 
@@ -129,3 +132,18 @@ settings.register_profile(
     "explore", max_examples=1000, deadline=None, database=None, print_blob=True
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "servelab"))
+
+
+def servelab(*args: str) -> tuple[int, str, str]:
+    """`servelab ARGS` in this process: (exit status, stdout, stderr)."""
+    from harness.commands.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with pytest.MonkeyPatch.context() as monkeypatch, redirect_stdout(out), redirect_stderr(err):
+        monkeypatch.setattr(sys, "argv", ["servelab", *args])
+        try:
+            main()
+        except SystemExit as exit_info:
+            code = int(exit_info.code or 0)
+    return code, out.getvalue(), err.getvalue()

@@ -4,19 +4,16 @@ before any work; an earlier claims run is read again without measuring."""
 
 from __future__ import annotations
 
-import io
 import json
-import sys
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 import torch
 
 from harness.claims.papers import PaperClaim, Verdict, parse_claims_file, verdict_of
-from harness.commands.cli import main
 from harness.errors import ConfigError
 from harness.measure.bootstrap import Outcome
+from tests.conftest import servelab
 
 MEASUREMENTS = """
 name: tiny-claims
@@ -91,15 +88,8 @@ def test_a_measurement_the_gate_file_lacks_is_refused(tmp_path: Path) -> None:
 
 
 def _claims(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with pytest.MonkeyPatch.context() as monkeypatch, redirect_stdout(out), redirect_stderr(err):
-        monkeypatch.setattr(sys, "argv", ["servelab", "claims", *args])
-        try:
-            main()
-        except SystemExit as exit_info:
-            code = int(exit_info.code or 0)
-    return code, out.getvalue(), err.getvalue()
+    """`servelab claims ARGS` in this process: (exit status, stdout, stderr)."""
+    return servelab("claims", *args)
 
 
 @pytest.mark.integration

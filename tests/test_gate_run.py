@@ -5,20 +5,17 @@ the policy says; perplexity claims compare head layouts and flip with their boun
 
 from __future__ import annotations
 
-import io
 import json
-import sys
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
-from harness.commands.cli import main
 from harness.commands.config import compose
 from harness.errors import ConfigError
 from harness.runner.step_delay import step_delay_s
+from tests.conftest import servelab
 
 SLOW = "orca +engine.test_step_delay_s=0.5"
 HEAD = """
@@ -47,15 +44,7 @@ CLAIMS = (
 
 def _gate(*args: str) -> tuple[int, str, str]:
     """`servelab gate ARGS` in this process: (exit status, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with pytest.MonkeyPatch.context() as monkeypatch, redirect_stdout(out), redirect_stderr(err):
-        monkeypatch.setattr(sys, "argv", ["servelab", "gate", *args])
-        try:
-            main()
-        except SystemExit as exit_info:
-            code = int(exit_info.code or 0)
-    return code, out.getvalue(), err.getvalue()
+    return servelab("gate", *args)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from harness.errors import ConfigError
+from harness.gate.spec import entry_name
 from harness.measure.bootstrap import Outcome
 
 FILE_KEYS = {"name", "measurements", "claims"}
@@ -89,14 +90,7 @@ def parse_claim(node: Any, field: str, known: set[str]) -> PaperClaim:
     """One claim entry; `known` holds the measurements file's claim names."""
     if not isinstance(node, dict):
         raise ConfigError(field, "each claim is a mapping (name, paper, says, measured, ...)")
-    unknown = set(node) - CLAIM_KEYS
-    if unknown:
-        raise ConfigError(
-            f"{field}.{sorted(unknown)[0]}", f"unknown key; use: {sorted(CLAIM_KEYS)}"
-        )
-    name = node.get("name")
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{field}.name", "give every claim a name")
+    name = entry_name(node, CLAIM_KEYS, field)
     field = f"{field} ({name})"
     measured = node.get("measured")
     if not isinstance(measured, list) or not measured:

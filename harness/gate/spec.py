@@ -191,18 +191,22 @@ def _check_fingerprint(node: dict, claim: Claim, field: str, machine: Fingerprin
         )
 
 
+def entry_name(node: dict, keys: set[str], field: str) -> str:
+    """The name of a claim entry whose keys are all among `keys`."""
+    unknown = set(node) - keys
+    if unknown:
+        raise ConfigError(f"{field}.{sorted(unknown)[0]}", f"unknown key; use: {sorted(keys)}")
+    name = node.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{field}.name", "give every claim a name")
+    return name
+
+
 def parse_claims(
     node: dict, index: int, field: str, workloads: dict, policy: str, machine: Fingerprint
 ) -> list[Claim]:
     """One claim entry; an `identical` entry with several strategies gives one claim each."""
-    unknown = set(node) - CLAIM_KEYS
-    if unknown:
-        raise ConfigError(
-            f"{field}.{sorted(unknown)[0]}", f"unknown key; use: {sorted(CLAIM_KEYS)}"
-        )
-    name = node.get("name")
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{field}.name", "give every claim a name")
+    name = entry_name(node, CLAIM_KEYS, field)
     field = f"{field} ({name})"
     kind = _choice(node, "kind", "metric", KINDS, field)
     direction, bound = _bound(node, field, kind)
