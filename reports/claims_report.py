@@ -19,24 +19,36 @@ VERDICT_COLOURS = {
 }
 
 
+def _measurement_cells(measured: dict | None, not_measured: list[str]) -> str:
+    if measured is None:
+        names = ", ".join(not_measured)
+        return f"<td>not measured (no search=DIR): {esc(names)}</td><td></td>"
+    open_side = None in (measured["low"], measured["high"])
+    drawn = "open interval" if open_side else interval_svg(measured)
+    return f"<td>{esc(measurement_text(measured))}</td><td>{drawn}</td>"
+
+
 def _claim_rows(entry: dict) -> str:
-    measured = entry["measured"]
+    measured: list[dict | None] = list(entry["measured"])
+    if entry["not_measured"]:
+        measured.append(None)
+    span = len(measured)
     colour = VERDICT_COLOURS[entry["verdict"]]
     reason = entry["differs"]
     if entry["not_testable"]:
         reason = f"{entry['not_testable']} {reason}"
     head = (
-        f'<td rowspan="{len(measured)}"><b>{esc(entry["paper"])}</b><br>{esc(entry["says"])}'
+        f'<td rowspan="{span}"><b>{esc(entry["paper"])}</b><br>{esc(entry["says"])}'
         f"<br><i>{esc(entry['conditions'])}</i></td>"
-        f'<td rowspan="{len(measured)}">{esc(entry["figure"])}</td>'
+        f'<td rowspan="{span}">{esc(entry["figure"])}</td>'
     )
     tail = (
-        f'<td rowspan="{len(measured)}" style="color:{colour}"><b>{esc(entry["verdict"])}</b>'
-        f'</td><td rowspan="{len(measured)}">{esc(reason)}</td>'
+        f'<td rowspan="{span}" style="color:{colour}"><b>{esc(entry["verdict"])}</b>'
+        f'</td><td rowspan="{span}">{esc(reason)}</td>'
     )
     rows = []
     for i, m in enumerate(measured):
-        cells = f"<td>{esc(measurement_text(m))}</td><td>{interval_svg(m)}</td>"
+        cells = _measurement_cells(m, entry["not_measured"])
         rows.append("<tr>" + (head if i == 0 else "") + cells + (tail if i == 0 else "") + "</tr>")
     return "".join(rows)
 

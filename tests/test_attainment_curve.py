@@ -104,9 +104,9 @@ def test_the_fit_narrows_a_smooth_knee_that_clear_verdicts_leave_2x_wide() -> No
 
 
 def test_the_search_table_shows_each_fitted_knee_and_the_fitted_ratios() -> None:
-    from harness.commands.search import fitted_ratio, fitted_text, render_search
+    from harness.commands.search import fitted_text, render_search
     from harness.search.attainment_curve import KneeFit
-    from harness.search.knee import Knee
+    from harness.search.knee import Knee, fitted_ratio
 
     fast = Knee("vllm", ceiling=4.0, passed=0.5, failed=2.0)
     fast.fit = KneeFit(1.0, 0.8, 1.2, 4.0, 1.0, 3, 192)

@@ -38,14 +38,36 @@ def _claim(name: str, measured: list[str], not_testable: str | None = None) -> s
     return entry + (f"    not_testable: {not_testable}\n" if not_testable else "")
 
 
-PAPERS = "name: tiny\nmeasurements: measurements.yaml\nclaims:\n" + "".join(
-    [
-        _claim("a", ["waste", "lossless"]),
-        _claim("b", ["slowed", "waste"]),
-        _claim("c", ["slowed"]),
-        _claim("d", ["waste"], not_testable="Needs uptraining."),
-    ]
+KNEES = "knees:\n  - {name: sustained, of: vllm, over: orca, at_least: 1.5}\n"
+PAPERS = (
+    "name: tiny\nmeasurements: measurements.yaml\n"
+    + KNEES
+    + "claims:\n"
+    + "".join(
+        [
+            _claim("a", ["waste", "lossless"]),
+            _claim("b", ["slowed", "waste"]),
+            _claim("c", ["slowed"]),
+            _claim("d", ["waste"], not_testable="Needs uptraining."),
+            _claim("e", ["sustained"]),
+        ]
+    )
 )
+
+
+def _search_dir(root: Path) -> Path:
+    """A knee search's record with vllm fitted at 2 [1.8, 2.2] and orca at 1 [0.9, 1.1]."""
+
+    def knee(strategy: str, rate: float) -> dict:
+        fit = {"estimate": rate, "low": 0.9 * rate, "high": 1.1 * rate, "slope": 4.0,
+               "dispersion": 1.0, "probes": 3, "requests": 144}  # fmt: skip
+        return {"strategy": strategy, "ceiling": 4 * rate, "passed": rate / 2,
+                "failed": rate * 2, "note": "", "fit": fit}  # fmt: skip
+
+    root.mkdir()
+    record = {"settings": {}, "knees": [knee("vllm", 2.0), knee("orca", 1.0)]}
+    (root / "search.json").write_text(json.dumps(record))
+    return root
 
 
 def _paper(not_testable: str | None = None) -> PaperClaim:
@@ -112,24 +134,32 @@ def test_claims_get_their_measurements_and_verdicts_and_a_rerun_reads_them(
         "b": "holds in part",
         "c": "does not hold here",
         "d": "not testable here",
+        "e": "undecided here",  # its one measurement needs search=DIR
     }
+    assert record["claims"][4]["not_measured"] == ["sustained"]
     b = record["claims"][1]
     assert [m["name"] for m in b["measured"]] == ["slowed", "waste"]
     assert b["measured"][0]["outcome"] == "fail" and b["measured"][0]["high"] < 0.8
     assert record["read_from"] is None and "holds in part" in table
     markdown = (tmp_path / "out" / "claims.md").read_text()
-    assert markdown.count("\n| Paper ") == 4 and "**does not hold here**" in markdown
+    assert markdown.count("\n| Paper ") == 5 and "**does not hold here**" in markdown
     page = (tmp_path / "out" / "claims.html").read_text()
     assert page.count("<svg") == 6 and "Needs uptraining." in page
+    assert "not measured (no search=DIR): sustained" in page
     code, _, err = _claims(
         f"claims={tmp_path / 'papers.yaml'}",
         f"from={tmp_path / 'out'}",
         f"out={tmp_path / 'again'}",
+        f"search={_search_dir(tmp_path / 'search')}",
     )
     assert code == 0, err
     again = json.loads((tmp_path / "again" / "claims.json").read_text())
     assert again["read_from"] == str(tmp_path / "out")
-    assert [c["verdict"] for c in again["claims"]] == list(verdicts.values())
+    assert [c["verdict"] for c in again["claims"]] == [*list(verdicts.values())[:4], "holds"]
+    sustained = again["claims"][4]["measured"][0]
+    assert sustained["estimate"] == pytest.approx(2.0)
+    assert (sustained["low"], sustained["high"]) == pytest.approx((1.8 / 1.1, 2.2 / 0.9))
+    assert sustained["notes"] == ["interval from the fitted knees"]
 
 
 def test_the_shipped_claims_file_names_the_five_papers_and_measurements_that_exist() -> None:
@@ -141,4 +171,31 @@ def test_the_shipped_claims_file_names_the_five_papers_and_measurements_that_exi
     measurements = load_gate(read_measurements_path(path), machine_fingerprint())
     claims = parse_claims_file(path.read_text(), path, {c.name for c in measurements.claims})
     assert [c.name for c in claims.claims] == ["orca", "vllm", "gqa", "awq", "speculative"]
+    assert [k.name for k in claims.knees][:2] == ["orca-sustained-paper", "orca-sustained"]
     assert [c.name for c in claims.claims if c.not_testable] == ["gqa"]
+
+
+def test_a_knee_without_a_fit_is_read_from_its_brackets_and_an_open_side_is_inconclusive(
+    tmp_path: Path,
+) -> None:
+    from harness.claims.knees import KneeClaim, knee_measurement, read_knees
+
+    record = {
+        "knees": [
+            {"strategy": "vllm", "ceiling": 4.0, "passed": 1.0, "failed": 2.0, "fit": None},
+            {"strategy": "ft", "ceiling": 1.0, "passed": None, "failed": 0.2, "fit": None},
+            {"strategy": "orca", "ceiling": 3.0, "passed": 0.5, "failed": 1.0, "fit": None},
+        ]
+    }
+    (tmp_path / "search.json").write_text(json.dumps(record))
+    knees = read_knees(tmp_path)
+    over_orca = knee_measurement(KneeClaim("x", "vllm", "orca", "at_least", 1.0), knees, tmp_path)
+    assert (over_orca["low"], over_orca["high"]) == (1.0, 4.0)  # 1 / 1, 2 / 0.5
+    assert over_orca["outcome"] == "pass" and over_orca["estimate"] == pytest.approx(2.0)
+    over_ft = knee_measurement(KneeClaim("y", "vllm", "ft", "at_least", 2.0), knees, tmp_path)
+    assert (over_ft["low"], over_ft["high"]) == (5.0, None)  # ft passed nothing: no upper end
+    assert over_ft["outcome"] == "pass" and over_ft["estimate"] is None
+    below = knee_measurement(KneeClaim("z", "vllm", "ft", "at_most", 2.0), knees, tmp_path)
+    assert below["outcome"] == "fail"
+    with pytest.raises(ConfigError, match="has no knee of sglang"):
+        knee_measurement(KneeClaim("w", "sglang", "ft", "at_least", 1.0), knees, tmp_path)

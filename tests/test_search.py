@@ -196,8 +196,9 @@ def test_a_strategy_slowed_on_purpose_moves_its_knee_down_by_the_factor(tmp_path
     own step), so its knee should about halve: the two brackets hold a ratio near 2. Static
     batching, whose waits grow with the load well before its throughput ceiling."""
     from harness.commands.config import compose
-    from harness.commands.search import ratio_interval, search
+    from harness.commands.search import search
     from harness.runner.run import run
+    from harness.search.knee import ratio_interval
 
     def knee_at(delay: float) -> Knee:
         overrides = [

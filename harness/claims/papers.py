@@ -2,11 +2,12 @@
 stand for it, and the rule that turns those measurements into a verdict.
 
 A claims file names a measurements file (a gate file, `harness.gate.spec`, read relative to
-the claims file) and lists claims: the paper, its words, its figure, its conditions, the gate
-claims (`measured`) that test it on this machine, and one sentence on what differs from the
-paper's setup. A claim the machine cannot test (`not_testable`, with the reason) keeps that
-verdict whatever its measurements show; they are reported beside it. Every mistake is one
-`ConfigError` naming the file, the claim and the key, before any work.
+the claims file), may name measurements of sustained rates read from a knee search
+(`knees:`, `harness.claims.knees`), and lists claims: the paper, its words, its figure, its
+conditions, the measurements (`measured`) that test it on this machine, and one sentence on
+what differs from the paper's setup. A claim the machine cannot test (`not_testable`, with
+the reason) keeps that verdict whatever its measurements show; they are reported beside it.
+Every mistake is one `ConfigError` naming the file, the claim and the key, before any work.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from typing import Any
 
 import yaml
 
+from harness.claims.knees import KneeClaim, parse_knee_claims
 from harness.errors import ConfigError
 from harness.gate.spec import entry_name
 from harness.measure.bootstrap import Outcome
 
-FILE_KEYS = {"name", "measurements", "claims"}
+FILE_KEYS = {"name", "measurements", "knees", "claims"}
 CLAIM_KEYS = {
     "name",
     "paper",
@@ -61,6 +63,7 @@ class ClaimsFile:
     name: str
     path: Path
     measurements: Path
+    knees: tuple[KneeClaim, ...]  # read from a knee search (`servelab claims search=DIR`)
     claims: tuple[PaperClaim, ...]
 
 
@@ -108,7 +111,8 @@ def parse_claim(node: Any, field: str, known: set[str]) -> PaperClaim:
 
 
 def parse_claims_file(text: str, path: Path, known: set[str]) -> ClaimsFile:
-    """A claims file whose measurements file has the claim names `known`."""
+    """A claims file whose measurements file has the claim names `known` (its `knees:`
+    entries name measurements too)."""
     field = path.name
     node = yaml.safe_load(text)
     if not isinstance(node, dict):
@@ -116,6 +120,11 @@ def parse_claims_file(text: str, path: Path, known: set[str]) -> ClaimsFile:
     unknown = set(node) - FILE_KEYS
     if unknown:
         raise ConfigError(f"{field}.{sorted(unknown)[0]}", f"unknown key; use: {sorted(FILE_KEYS)}")
+    knees = parse_knee_claims(node.get("knees"), f"{field}: knees")
+    overlap = sorted(known & {k.name for k in knees})
+    if overlap:
+        raise ConfigError(f"{field}: knees", f"{overlap[0]!r} is a measurement's name already")
+    known = known | {k.name for k in knees}
     raw = node.get("claims")
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f"{field}.claims", "list at least one claim")
@@ -124,7 +133,8 @@ def parse_claims_file(text: str, path: Path, known: set[str]) -> ClaimsFile:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ConfigError(f"{field}.claims", f"claim names must differ; {repeated[0]!r} repeats")
-    return ClaimsFile(str(node.get("name", path.stem)), path, measurements_path(node, path), claims)
+    name = str(node.get("name", path.stem))
+    return ClaimsFile(name, path, measurements_path(node, path), knees, claims)
 
 
 def measurements_path(node: dict, path: Path) -> Path:

@@ -26,16 +26,31 @@ def measurement_text(measured: dict) -> str:
     if measured["estimate"] is None:
         value = "no value"
     else:
-        value = f"{measured['estimate']:.3g} [{measured['low']:.3g}, {measured['high']:.3g}]"
+        low, high = (
+            "?" if measured[side] is None else f"{measured[side]:.3g}" for side in ("low", "high")
+        )
+        value = f"{measured['estimate']:.3g} [{low}, {high}]"
     return f"{measured['statement']}: {value}, {outcome_text(measured)}"
 
 
-def claims_record(claims: ClaimsFile, gate: dict, elapsed_s: float) -> dict:
-    """Every paper claim with its measurements (the gate record's entries) and verdict."""
-    by_name = {c["name"]: c for c in gate["claims"]}
+def measured_lines(entry: dict) -> list[str]:
+    """A claim's measurements, a line each, then those not measured (no search given)."""
+    lines = [measurement_text(m) for m in entry["measured"]]
+    if entry["not_measured"]:
+        lines.append(f"not measured (no search=DIR): {', '.join(entry['not_measured'])}")
+    return lines
+
+
+def claims_record(
+    claims: ClaimsFile, gate: dict, knees: list[dict], search_dir: str | None, elapsed_s: float
+) -> dict:
+    """Every paper claim with its measurements (the gate record's entries and the knee
+    measurements read from `search_dir`) and verdict; a knee measurement not read (no
+    search given) is listed as not measured and left out of the verdict."""
+    by_name = {c["name"]: c for c in [*gate["claims"], *knees]}
     entries = []
     for claim in claims.claims:
-        measured = [by_name[name] for name in claim.measured]
+        measured = [by_name[name] for name in claim.measured if name in by_name]
         outcomes = [Outcome(m["outcome"]) for m in measured]
         entries.append(
             {
@@ -48,6 +63,7 @@ def claims_record(claims: ClaimsFile, gate: dict, elapsed_s: float) -> dict:
                 "not_testable": claim.not_testable,
                 "verdict": verdict_of(claim, outcomes).value,
                 "measured": measured,
+                "not_measured": [name for name in claim.measured if name not in by_name],
             }
         )
     return {
@@ -57,6 +73,7 @@ def claims_record(claims: ClaimsFile, gate: dict, elapsed_s: float) -> dict:
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "elapsed_s": elapsed_s,
         "gate_dir": gate["dir"],
+        "search_dir": search_dir,
         "read_from": gate["read_from"],
         "machine": gate["machine"],
         "confidence": gate["confidence"],
@@ -79,7 +96,7 @@ def claims_markdown(record: dict) -> str:
         "|---|---|---|---|---|",
     ]
     for entry in record["claims"]:
-        measured = "<br>".join(measurement_text(m) for m in entry["measured"])
+        measured = "<br>".join(measured_lines(entry))
         reason = entry["differs"]
         if entry["not_testable"]:
             reason = f"{entry['not_testable']} {reason}"
@@ -95,7 +112,7 @@ def render_claims(record: dict) -> str:
     for column in ("claim", "paper's figure", "measured here", "verdict"):
         table.add_column(column)
     for entry in record["claims"]:
-        measured = "\n".join(measurement_text(m) for m in entry["measured"])
+        measured = "\n".join(measured_lines(entry))
         table.add_row(entry["paper"], entry["figure"], measured, entry["verdict"])
     console = Console(record=True, width=160)
     with console.capture() as capture:

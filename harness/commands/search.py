@@ -27,7 +27,15 @@ from harness.commands.config import compose
 from harness.errors import ConfigError
 from harness.measure.slo import LIMITS, SLO
 from harness.measure.verdict import attainment
-from harness.search.knee import Knee, KneeSettings, Outcome, Probe, find_knees
+from harness.search.knee import (
+    Knee,
+    KneeSettings,
+    Outcome,
+    Probe,
+    find_knees,
+    fitted_ratio,
+    ratio_interval,
+)
 
 SUMMARY = "each strategy's knee: the highest rate it sustains under the SLO, as an interval"
 USAGE = """usage: servelab search [search.strategies=[a,b]] slo.ttft_s=S ... [OVERRIDE ...]
@@ -243,22 +251,6 @@ def plan_line(settings: SearchSettings) -> str:
         f"within {knee.resolution:.0%}; attainment >= {knee.target:g} at "
         f"{settings.confidence:.0%} confidence; probes under {settings.out_dir}"
     )
-
-
-def ratio_interval(a: Knee, b: Knee) -> tuple[float | None, float | None]:
-    """a's sustained rate over b's: (lowest, highest) consistent with both brackets."""
-    low = a.passed / b.upper if a.passed and b.upper else None
-    high = a.upper / b.passed if a.upper and b.passed else None
-    return low, high
-
-
-def fitted_ratio(a: Knee, b: Knee) -> tuple[float | None, float | None]:
-    """a's fitted knee over b's: (lowest, highest) consistent with both fitted intervals."""
-    if a.fit is None or b.fit is None:
-        return None, None
-    low = a.fit.low / b.fit.high if a.fit.low and b.fit.high else None
-    high = a.fit.high / b.fit.low if a.fit.high and b.fit.low else None
-    return low, high
 
 
 def _rate(value: float | None, missing: str) -> str:

@@ -92,6 +92,36 @@ class Knee:
         return (self.passed * self.upper) ** 0.5
 
 
+def ratio_interval(a: Knee, b: Knee) -> tuple[float | None, float | None]:
+    """a's sustained rate over b's: (lowest, highest) consistent with both brackets."""
+    low = a.passed / b.upper if a.passed and b.upper else None
+    high = a.upper / b.passed if a.upper and b.passed else None
+    return low, high
+
+
+def fitted_ratio(a: Knee, b: Knee) -> tuple[float | None, float | None]:
+    """a's fitted knee over b's: (lowest, highest) consistent with both fitted intervals."""
+    if a.fit is None or b.fit is None:
+        return None, None
+    low = a.fit.low / b.fit.high if a.fit.low and b.fit.high else None
+    high = a.fit.high / b.fit.low if a.fit.high and b.fit.low else None
+    return low, high
+
+
+def knee_of_record(record: dict) -> Knee:
+    """A knee as `search.json` records it, without its probes: to read a search again."""
+    fit = record.get("fit")
+    return Knee(
+        strategy=record["strategy"],
+        ceiling=record.get("ceiling"),
+        passed=record.get("passed"),
+        failed=record.get("failed"),
+        resolved=bool(record.get("resolved")),
+        note=record.get("note", ""),
+        fit=None if fit is None else KneeFit(**fit),
+    )
+
+
 @dataclass(frozen=True)
 class KneeSettings:
     target: float  # slo.attainment
