@@ -11,6 +11,7 @@ crash or an older run left out: a missing optional field reads as its default.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from functools import cache
 from typing import Any
 
 FINISH_REASONS = ("stop", "length", "rejected", "error", "cancelled", "stopped")
@@ -89,16 +90,33 @@ class StepRecord:
         return _from_json(cls, payload)
 
 
+@cache
+def _fixed_fields(cls: type) -> tuple[str, ...]:
+    """A record class's field names but `counters`, in order: asked once per class (looked
+    up for every record, they took about as long as parsing the record's line)."""
+    return tuple(f.name for f in fields(cls) if f.name != "counters")
+
+
 def _to_json(record: Any) -> dict[str, Any]:
     """A record's fields, its counters merged in: the one line it writes. Shallow (a deep
     copy per step was most of a long simulated run's time); the line is written at once."""
-    payload = {f.name: getattr(record, f.name) for f in fields(record) if f.name != "counters"}
+    payload = {name: getattr(record, name) for name in _fixed_fields(type(record))}
     payload.update(record.counters)
     return payload
 
 
+@cache
+def _fixed_field_set(cls: type) -> frozenset[str]:
+    return frozenset(_fixed_fields(cls))
+
+
 def _from_json(cls: type, payload: dict[str, Any]) -> Any:
-    names = {f.name for f in fields(cls)} - {"counters"}
-    known = {k: v for k, v in payload.items() if k in names}
-    counters = {k: v for k, v in payload.items() if k not in names}
+    names = _fixed_field_set(cls)
+    known: dict[str, Any] = {}
+    counters: dict[str, Any] = {}
+    for key, value in payload.items():
+        if key in names:
+            known[key] = value
+        else:
+            counters[key] = value
     return cls(**known, counters=counters)

@@ -29,8 +29,8 @@ def sample(logits: torch.Tensor, requests: list[Request]) -> list[int]:
     """One token per row of `logits` [S, vocab] (fp32), for the matching request."""
     greedy = logits.argmax(dim=-1).tolist()
     return [
-        token if request.sampling.greedy else _sample_one(row, request)
-        for token, row, request in zip(greedy, logits, requests, strict=True)
+        token if request.sampling.greedy else _sample_one(logits[row], request)
+        for row, (token, request) in enumerate(zip(greedy, requests, strict=True))
     ]
 
 

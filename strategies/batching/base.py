@@ -2,10 +2,12 @@
 order, and preemption when the KV manager has no room.
 
 Requests wait in arrival order. Preempted requests go back to the head of the queue and are
-offered a place before anything new; new requests are offered places in the order of the
-strategy's admission policy. When a running request cannot grow, the most recently admitted
-unfinished request is preempted (recompute, or swap where the KV manager supports it). A
-cancelled request leaves the queue or the running set at once and returns its KV.
+offered a place before anything new (they wait in a queue of their own, so that a step finds
+them without looking through every waiting request); new requests are offered places in the
+order of the strategy's admission policy. When a running request cannot grow, the most
+recently admitted unfinished request is preempted (recompute, or swap where the KV manager
+supports it). A cancelled request leaves the queue or the running set at once and returns
+its KV.
 Speculative drafts are fed only where room is left (`add_drafts`): they never preempt.
 A request for n samples takes n places (`Request.seats`) when admitted; its other samples
 join the running set when its prompt is computed, sharing or copying its KV, or, where the KV
@@ -33,15 +35,21 @@ class QueueScheduler(Scheduler):
         self.kv = kv
         self.limits = limits
         self.policy = policy
-        self.waiting: deque[Request] = deque()
+        self.resumed: deque[Request] = deque()  # preempted, the most recently preempted first
+        self.fresh: deque[Request] = deque()  # every other waiting request, as queued
         self.running: list[Request] = []
+
+    @property
+    def waiting(self) -> list[Request]:
+        """Every waiting request: the preempted ones first, then the rest as queued."""
+        return [*self.resumed, *self.fresh]
 
     def add(self, request: Request) -> None:
         request.state = RequestState.WAITING
-        self.waiting.append(request)
+        self.fresh.append(request)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.resumed or self.fresh or self.running)
 
     def limit_error(self, request: Request) -> ConfigError | None:
         if request.sampling.n <= self.limits.max_num_seqs:
@@ -62,18 +70,20 @@ class QueueScheduler(Scheduler):
             self.running.append(sample)
         else:
             sample.state = RequestState.WAITING
-            self.waiting.appendleft(sample)
+            self.fresh.appendleft(sample)
 
     def cancel(self, request: Request) -> None:
-        if request in self.waiting:
-            self.waiting.remove(request)
+        if request in self.resumed:
+            self.resumed.remove(request)
+        elif request in self.fresh:
+            self.fresh.remove(request)
         elif request in self.running:
             self.running.remove(request)
         if self.kv.holds(request):
             self.kv.free(request)
 
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.resumed) + len(self.fresh)
 
     def num_running(self) -> int:
         return sum(1 for r in self.running if not r.is_finished)
@@ -83,18 +93,18 @@ class QueueScheduler(Scheduler):
 
     def admission_order(self) -> list[Request]:
         """Preempted requests first, as they were queued; then the policy's order."""
-        resumed = [r for r in self.waiting if r.state is RequestState.PREEMPTED]
-        if len(resumed) == len(self.waiting):
-            return resumed
-        fresh = [r for r in self.waiting if r.state is not RequestState.PREEMPTED]
-        return resumed + self.policy.order(fresh, self.kv)
+        if not self.fresh:
+            return list(self.resumed)
+        ordered = self.policy.order(self.fresh, self.kv)
+        return [*self.resumed, *ordered] if self.resumed else ordered
 
     def start_running(self, request: Request) -> None:
-        """Move an admitted request from the queue to the running set."""
-        if self.waiting and self.waiting[0] is request:
-            self.waiting.popleft()
+        """Move an admitted request from its queue to the running set."""
+        queue = self.resumed if request.state is RequestState.PREEMPTED else self.fresh
+        if queue and queue[0] is request:
+            queue.popleft()
         else:
-            self.waiting.remove(request)
+            queue.remove(request)
         request.state = RequestState.RUNNING
         self.running.append(request)
 
@@ -127,7 +137,7 @@ class QueueScheduler(Scheduler):
             victim.state = RequestState.PREEMPTED
             victim.preemptions += 1
             victim.draft_ids = []
-            self.waiting.appendleft(victim)
+            self.resumed.appendleft(victim)
             out.preempted.append(victim)
             if victim is request:
                 return False

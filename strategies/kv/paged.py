@@ -51,32 +51,33 @@ class PagedConfig:
 
 
 class BlockTable:
-    """One request's block ids, appended to in place, with an int32 tensor view kept beside."""
+    """One request's block ids, appended to in place; their int32 tensor is made when a
+    forward asks for it and kept until the ids change (a simulated forward never asks, and
+    writing each new id into a tensor was a tenth of a simulated step)."""
 
     def __init__(self) -> None:
         self.ids: list[int] = []
-        self._buffer = torch.zeros(8, dtype=torch.int32)
+        self._tensor: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
 
     @property
     def tensor(self) -> torch.Tensor:
-        return self._buffer[: len(self.ids)]
+        if self._tensor is None:
+            self._tensor = torch.tensor(self.ids, dtype=torch.int32)
+        return self._tensor
 
     def append(self, block: int) -> None:
-        if len(self.ids) == self._buffer.numel():
-            grown = torch.zeros(2 * self._buffer.numel(), dtype=torch.int32)
-            grown[: len(self.ids)] = self._buffer
-            self._buffer = grown
-        self._buffer[len(self.ids)] = block
         self.ids.append(block)
+        self._tensor = None
 
     def replace(self, index: int, block: int) -> None:
         self.ids[index] = block
-        self._buffer[index] = block
+        self._tensor = None
 
     def pop(self) -> int:
+        self._tensor = None
         return self.ids.pop()
 
 

@@ -1,0 +1,92 @@
+"""Simulated runs pinned to their records: every request's times and every step's shape and
+times, digested, for the schedulers' main paths (paged KV with preemption, an admission
+policy, chunked prefill, static batching, closed-loop arrivals) under a cost model written
+by hand. A simulation is deterministic, so any change to what it records fails here: a
+faster simulator must write the same run directory."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from harness.commands.config import compose
+from harness.measure.rundir import read_requests, read_steps
+from harness.runner.run import run
+from harness.simulate.cost_model import StepCostModel
+
+SECONDS_PER_UNIT = {
+    "step": 0.004,
+    "seqs": 0.0003,
+    "tokens": 0.0001,
+    "logits_rows": 0.0002,
+    "attended_pairs": 2e-7,
+    "context_tokens": 3e-6,
+}
+WORKLOAD = [
+    "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
+    "workload.num_requests=300", "workload.input_len.dist=uniform_range",
+    "workload.input_len.lo=8", "workload.input_len.hi=48",
+    "workload.output_len.dist=uniform_range", "workload.output_len.lo=4",
+    "workload.output_len.hi=60", "workload.arrival.process=poisson",
+    "workload.arrival.rate=40", "engine.kv_budget=96KiB",
+]  # fmt: skip
+CLOSED_LOOP = [
+    "workload.arrival.process=closed_loop", "workload.arrival.rate=null",
+    "workload.arrival.concurrency=12",
+]  # fmt: skip
+# name: (overrides, digest, steps, preemptions, most requests waiting at once)
+PINNED = {
+    "vllm": (["strategy=vllm"], "07cca0dd63e9f6cb", 2927, 204, 197),
+    "vllm-shortest-first": (
+        ["strategy=vllm", "strategy.policy=shortest_first"],
+        "b2b69054ff42a8ad",
+        2945,
+        201,
+        134,
+    ),
+    "orca-chunked": (
+        ["strategy=orca-chunked", "engine.max_num_batched_tokens=32"],
+        "b7b85e3807ca4b83",
+        4414,
+        0,
+        223,
+    ),
+    "fastertransformer": (["strategy=fastertransformer"], "770da264dc8f6ff0", 5191, 0, 237),
+    "vllm-closed-loop": (["strategy=vllm", *CLOSED_LOOP], "f16138f5594b9dbc", 2921, 207, 10),
+}
+
+
+def digest(run_dir: Path) -> str:
+    """The first 16 hex digits of a sha256 over every request's times and every step's
+    shape and times, in record order."""
+    hashed = hashlib.sha256()
+    for r in read_requests(run_dir):
+        fields = (r.id, r.t_scheduled, r.t_admitted, r.t_done, r.token_times, r.preemptions)
+        hashed.update(repr((*fields, r.finish_reason)).encode())
+    for s in read_steps(run_dir):
+        shape = (s.step, s.t_start, s.t_end, s.num_seqs, s.prefill_tokens, s.decode_tokens)
+        held = (s.pad_tokens, s.waiting, s.running, s.kv_allocated_slots, s.kv_live_slots)
+        hashed.update(repr((*shape, *held, s.preempted, s.delivered)).encode())
+    return hashed.hexdigest()[:16]
+
+
+@pytest.fixture(scope="module")
+def cost(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("pinned") / "cost.json"
+    StepCostModel(SECONDS_PER_UNIT, 0.0005, {"model": "dummy-tiny"}).save(path)
+    return path
+
+
+@pytest.mark.parametrize("name", PINNED)
+def test_a_simulated_run_records_exactly_what_it_recorded(name: str, cost: Path, tmp_path):
+    overrides, expected, steps, preemptions, waiting = PINNED[name]
+    simulated = [*WORKLOAD, *overrides, "backend=simulated", f"simulate.cost_model={cost}"]
+    summary = run(compose(simulated), tmp_path, progress=False)
+    recorded = read_steps(tmp_path)
+    assert summary["completed"] == 300
+    assert len(recorded) == steps
+    assert sum(s.preempted for s in recorded) == preemptions
+    assert max(s.waiting for s in recorded) == waiting
+    assert digest(tmp_path) == expected
