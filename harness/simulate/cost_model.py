@@ -10,10 +10,12 @@ A step's time is a sum of terms, each a count the step's batch fixes times secon
 - `context_tokens`: context the batch's sequences hold (KV bytes attention reads).
 
 plus `gap_s`, the time from one step's end to the next one's start while work waits (the
-loop's own overhead: admitting, writing records). `fit` finds the seconds per unit from the
-steps of real runs (`steps.jsonl` records every count), least squares with no negative
-coefficient; the model keeps what it was fitted on, so a simulation can refuse a run it does
-not describe (another model, dtype, weights format or head layout).
+loop's own overhead: admitting, writing records). `fit_counts` finds the seconds per unit
+from measured steps' counts, least squares with no negative coefficient: `fit` on the steps
+of real runs (`steps.jsonl` records every count), `harness.simulate.profile` on a grid of
+step shapes timed on the model. `check_errors` says how well a model predicts steps it was
+not fitted on. The model keeps what it was fitted on, so a simulation can refuse a run it
+does not describe (another model, dtype, weights format or head layout).
 """
 
 from __future__ import annotations
@@ -78,14 +80,31 @@ class StepCounts:
 
 
 @dataclass(frozen=True)
-class FitQuality:
-    """How well the fitted model reproduces the steps it was fitted on."""
+class StepErrors:
+    """How far predicted step times fall from measured ones."""
 
-    steps: int  # steps used
-    warmup: int  # steps left out: each run's first
+    steps: int  # steps compared
     median_error: float  # median |predicted - measured| / measured, per step
     p90_error: float
     total_error: float  # predicted / measured - 1 over the sum of every step's time
+
+    @classmethod
+    def of(cls, predicted: np.ndarray, measured: np.ndarray) -> StepErrors:
+        relative = np.abs(predicted - measured) / measured
+        return cls(
+            steps=len(measured),
+            median_error=float(np.median(relative)),
+            p90_error=float(np.quantile(relative, 0.9)),
+            total_error=float(predicted.sum() / measured.sum() - 1.0),
+        )
+
+
+@dataclass(frozen=True)
+class FitQuality(StepErrors):
+    """How well the fitted model reproduces the steps it was fitted on (a profiled grid's
+    shapes count as its steps)."""
+
+    warmup: int = 0  # steps left out: each run's first
 
 
 @dataclass(frozen=True)
@@ -137,38 +156,59 @@ class StepCostModel:
 def fit(
     runs: Sequence[Sequence[StepRecord]], described: dict[str, str], sources: list[str]
 ) -> StepCostModel:
-    """Seconds per unit of each term from the steps of real runs (each run's steps in order):
-    least squares with no coefficient below zero, on every step with work but each run's
-    first `WARMUP_STEPS` (first touches of the weights and caches). Slow steps from a noisy
-    neighbour are kept: a real run lives through them too, and the fit's mean stays true."""
-    steps = [
+    """Seconds per unit of each term from the steps of real runs (each run's steps in order),
+    fitted on every step `measured_steps` keeps. Slow steps from a noisy neighbour are kept: a
+    real run lives through them too, and the fit's mean stays true."""
+    steps = measured_steps(runs)
+    if len(steps) < 2 * len(TERMS):
+        raise ConfigError(
+            "fit-steps", f"{len(steps)} steps with work; need at least {2 * len(TERMS)} to fit"
+        )
+    seconds_per_unit, errors = fit_counts(
+        [StepCounts.of_record(step) for step in steps], [duration(step) for step in steps]
+    )
+    warmup = sum(min(len(run), WARMUP_STEPS) for run in runs)
+    return StepCostModel(
+        seconds_per_unit=seconds_per_unit,
+        gap_s=busy_gap_s(runs),
+        described=described,
+        quality=FitQuality(**asdict(errors), warmup=warmup),
+        sources=sources,
+    )
+
+
+def measured_steps(runs: Sequence[Sequence[StepRecord]]) -> list[StepRecord]:
+    """The steps a fit or a check compares: every step with work but each run's first
+    `WARMUP_STEPS` (first touches of the weights and caches)."""
+    return [
         step
         for run in runs
         for step in run[WARMUP_STEPS:]
         if step.num_seqs > 0 and step.t_end > step.t_start
     ]
-    if len(steps) < 2 * len(TERMS):
-        raise ConfigError(
-            "fit-steps", f"{len(steps)} steps with work; need at least {2 * len(TERMS)} to fit"
-        )
-    rows = np.array([StepCounts.of_record(step).row() for step in steps])
-    seconds = np.array([step.t_end - step.t_start for step in steps])
-    coefficients = _nonnegative_least_squares(rows, seconds)
-    relative = np.abs(rows @ coefficients - seconds) / seconds
-    quality = FitQuality(
-        steps=len(steps),
-        warmup=sum(min(len(run), WARMUP_STEPS) for run in runs),
-        median_error=float(np.median(relative)),
-        p90_error=float(np.quantile(relative, 0.9)),
-        total_error=float(coefficients @ rows.sum(axis=0) / seconds.sum() - 1.0),
-    )
-    return StepCostModel(
-        seconds_per_unit=dict(zip(TERMS, map(float, coefficients), strict=True)),
-        gap_s=busy_gap_s(runs),
-        described=described,
-        quality=quality,
-        sources=sources,
-    )
+
+
+def duration(step: StepRecord) -> float:
+    return step.t_end - step.t_start
+
+
+def fit_counts(
+    counts: Sequence[StepCounts], seconds: Sequence[float]
+) -> tuple[dict[str, float], StepErrors]:
+    """Seconds per unit of each term from steps' counts and measured seconds (a run's steps,
+    or a profiled grid's shapes): least squares with no coefficient below zero; and how well
+    they reproduce those steps."""
+    rows = np.array([c.row() for c in counts])
+    measured = np.array(seconds, dtype=float)
+    coefficients = _nonnegative_least_squares(rows, measured)
+    seconds_per_unit = dict(zip(TERMS, map(float, coefficients), strict=True))
+    return seconds_per_unit, StepErrors.of(rows @ coefficients, measured)
+
+
+def check_errors(model: StepCostModel, steps: Sequence[StepRecord]) -> StepErrors:
+    """How far `model`'s predictions fall from measured steps it was not fitted on."""
+    predicted = np.array([model.step_seconds(StepCounts.of_record(step)) for step in steps])
+    return StepErrors.of(predicted, np.array([duration(step) for step in steps]))
 
 
 def busy_gap_s(runs: Sequence[Sequence[StepRecord]]) -> float:
