@@ -30,6 +30,7 @@ VERBS = {
     "gate": "harness.commands.gate",
     "claims": "harness.commands.claims",
     "fit-steps": "harness.commands.fit_steps",
+    "profile-steps": "harness.commands.profile_steps",
     "plan": "harness.commands.plan",
 }
 HELP_FLAGS = ("-h", "--help")
