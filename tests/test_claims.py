@@ -199,3 +199,17 @@ def test_a_knee_without_a_fit_is_read_from_its_brackets_and_an_open_side_is_inco
     assert below["outcome"] == "fail"
     with pytest.raises(ConfigError, match="has no knee of sglang"):
         knee_measurement(KneeClaim("w", "sglang", "ft", "at_least", 1.0), knees, tmp_path)
+
+
+def test_a_measurement_with_an_open_interval_shows_the_side_it_has() -> None:
+    from harness.claims.record import measurement_text
+
+    base = {"statement": "sustained rate a / b >= 2", "outcome": "pass", "counted": "pass"}
+    assert (
+        measurement_text({**base, "estimate": None, "low": 3.71, "high": None})
+        == "sustained rate a / b >= 2: ? [3.71, ?], pass"
+    )
+    assert (
+        measurement_text({**base, "estimate": None, "low": None, "high": None})
+        == "sustained rate a / b >= 2: no value, pass"
+    )

@@ -23,13 +23,12 @@ CLAIMS_SCHEMA = 1
 def measurement_text(measured: dict) -> str:
     """One measurement in a line: `output_throughput orca / fastertransformer on online >= 1:
     2.08 [2.02, 2.16], pass`."""
-    if measured["estimate"] is None:
-        value = "no value"
-    else:
-        low, high = (
-            "?" if measured[side] is None else f"{measured[side]:.3g}" for side in ("low", "high")
-        )
-        value = f"{measured['estimate']:.3g} [{low}, {high}]"
+    estimate, low, high = (
+        "?" if measured[key] is None else f"{measured[key]:.3g}"
+        for key in ("estimate", "low", "high")
+    )
+    bounded = measured["low"] is not None or measured["high"] is not None
+    value = f"{estimate} [{low}, {high}]" if bounded else "no value"
     return f"{measured['statement']}: {value}, {outcome_text(measured)}"
 
 
