@@ -281,3 +281,25 @@ def test_a_scaled_limit_must_name_a_limit() -> None:
 
     with pytest.raises(ConfigError, match=r"search\.slo_scale\.ttft: not a limit"):
         SearchSettings.of(compose(["+search.slo_scale.ttft=4"]))
+
+
+def test_steering_bounds_that_meet_without_a_clear_pass_are_not_resolved() -> None:
+    """Below the knee every probe straddles the target (46 of 48 met: likely, not clearly,
+    passing); above it every probe stops early as a failure (no fit: a stopped probe's share
+    is only a bound). The steering bounds meet, but the knee is known only as "below the
+    lowest failure", which is no interval within 10%."""
+
+    class Straddling(System):
+        def at(self, rate: float, requests: int) -> Outcome:
+            self.calls.append(("rate", rate, requests))
+            if rate <= self.knee:
+                return self._outcome(round(requests * 46 / 48), requests, requests / rate)
+            self.now += 1.0
+            measured = attainment(39, 48, 0.95)
+            return Outcome("dir", measured, self.top, 1.0, 1.0, stopped=True)
+
+    system = Straddling(knee=3.0, ceiling=10.0)
+    knee = _search(system)
+    assert knee.passed is None and knee.failed is not None and knee.fit is None
+    assert not knee.resolved
+    assert "no rate clearly passed: the knee is below the lowest failure" in knee.note

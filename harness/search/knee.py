@@ -253,7 +253,14 @@ class KneeSearch:
             self._finish("")
             return
         if self.high / self.low <= resolution:
-            if knee.failed is None and knee.passed is not None:
+            if knee.passed is None:
+                self._finish(
+                    f"the probes near {self.low:.3g}-{self.high:.3g} req/s straddle the target"
+                    " and no rate clearly passed: the knee is below the lowest failure"
+                    " (longer probes: search.max_requests)",
+                    resolved=False,
+                )
+            elif knee.failed is None:
                 self._finish("no rate below the ceiling clearly failed: the knee is near it")
             else:
                 self._finish("")
@@ -289,8 +296,11 @@ class KneeSearch:
         self.seen(self.knee.strategy, probe)
         return probe.verdict
 
-    def _finish(self, note: str) -> None:
-        self.done = self.knee.resolved = True
+    def _finish(self, note: str, resolved: bool = True) -> None:
+        """Stop this strategy's search; `resolved` unless what it reports is wider than the
+        resolution (steering bounds that met with no rate clearly passed)."""
+        self.done = True
+        self.knee.resolved = resolved
         self.knee.note = note
 
 
