@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from harness.measure.verdict import attainment
 from harness.search.attainment_curve import RateEvidence, fit_knee
 from harness.search.knee import KneeSettings, Outcome, find_knees
+from tests.test_search import System
 
 
 def _share(rate: float, knee: float, slope: float, target: float = 0.9) -> float:
@@ -65,27 +65,12 @@ def test_one_side_unbounded_by_the_probes_is_left_open() -> None:
     assert fit is not None and fit.high is None and math.isinf(fit.width)
 
 
-class SmoothSystem:
+class SmoothSystem(System):
     """A strategy whose share of requests meeting the SLO falls smoothly with the rate (the
     expected count of a logistic curve): no single 48-request probe decides within 10%."""
 
-    def __init__(self, knee: float, ceiling: float) -> None:
-        self.knee, self.top, self.now = knee, ceiling, 0.0
-
-    def clock(self) -> float:
-        return self.now
-
-    def _outcome(self, met: int, requests: int, seconds: float) -> Outcome:
-        self.now += seconds
-        return Outcome("dir", attainment(met, requests, 0.95), self.top, seconds, seconds)
-
-    def floor(self, requests: int) -> Outcome:
-        return self._outcome(requests, requests, 1.0)
-
-    def ceiling(self, requests: int) -> Outcome:
-        return self._outcome(0, requests, 2.0)
-
     def at(self, rate: float, requests: int) -> Outcome:
+        self.calls.append(("rate", rate, requests))
         met = round(requests * _share(rate, self.knee, 6.0))
         return self._outcome(met, requests, requests / rate)
 
