@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
-from harness.search.attainment_curve import RateEvidence, fit_knee
+from harness.search.attainment_curve import EvidenceArrays, RateEvidence, fit_knee
 from harness.search.knee import KneeSettings, Outcome, find_knees
 from tests.test_search import System
 
@@ -105,3 +106,23 @@ def test_the_search_table_shows_each_fitted_knee_and_the_fitted_ratios() -> None
     table = render_search([slow, fast])
     assert "0.5 [0.4, 0.6] (4 probes, 240 requests)" in table
     assert "vllm / orca" in table and "1.33" in table and "3" in table
+
+
+def test_a_probe_stopped_early_bounds_the_side_no_completed_probe_bounds() -> None:
+    completed = [RateEvidence(1.0, 45, 48), RateEvidence(1.1, 42, 48)]
+    stopped = RateEvidence(2.0, 10, 30, stopped=True)  # at most 10 of its first 30 could meet
+    open_fit, bounded = fit_knee(completed, 0.9, 0.95), fit_knee([*completed, stopped], 0.9, 0.95)
+    assert open_fit is not None and open_fit.high is None
+    assert bounded is not None and bounded.high is not None
+    assert 1.1 < bounded.high < 2.0
+    assert (bounded.probes, bounded.requests) == (3, 126)
+
+
+def test_a_stopped_probe_weighs_as_the_binomial_chance_of_at_most_its_bound() -> None:
+    """Its log-likelihood term is log P(Binomial(n, p) <= met), p the curve's share there."""
+    probes = EvidenceArrays([RateEvidence(2.0, 3, 7, stopped=True)])
+    offset, slope, log_knee = math.log(9), 1.5, math.log(1.2)
+    p = 1 / (1 + math.exp(-(offset - slope * (math.log(2.0) - log_knee))))
+    expected = math.log(sum(math.comb(7, k) * p**k * (1 - p) ** (7 - k) for k in range(4)))
+    got = probes.log_likelihood(np.array([log_knee]), np.array([slope]), offset)
+    assert got[0] == pytest.approx(expected, rel=1e-12)

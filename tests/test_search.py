@@ -121,15 +121,16 @@ class Sharing(System):
 
 
 def test_a_shared_budget_brackets_every_knee_before_refining_any() -> None:
-    """Three strategies and a budget too small to resolve all three: every one's anchors run
-    first, then every knee gets a passing rate before any bracket is narrowed."""
+    """Three strategies and a budget too small to resolve all three, large enough that no
+    probe before a pass exceeds its strategy's share: every one's anchors run first, then
+    every knee gets a passing rate before any bracket is narrowed."""
     clock = SharedClock()
     systems = {
         name: Sharing(clock, knee, 10.0) for name, knee in [("a", 3.0), ("b", 1.5), ("c", 4.0)]
     }
     order: list[tuple[str, str, float | None]] = []
     knees = find_knees(
-        systems, SETTINGS, 200.0, clock, lambda s, p: order.append((s, p.kind, p.rate))
+        systems, SETTINGS, 220.0, clock, lambda s, p: order.append((s, p.kind, p.rate))
     )
     assert [kind for _, kind, _ in order[:6]] == ["floor", "ceiling"] * 3
     assert [s for s, _, _ in order[:6]] == ["a", "a", "b", "b", "c", "c"]
@@ -142,7 +143,7 @@ def test_a_shared_budget_brackets_every_knee_before_refining_any() -> None:
     }
     refining = [i for i, s, _ in rates if i > first_pass[s]]  # a bracket narrowed
     assert refining and min(refining) > max(first_pass.values())  # only once all had a pass
-    assert clock.now <= 200.0
+    assert clock.now <= 220.0
     assert all("budget spent" in k.note for k in knees if not k.resolved)
 
 
@@ -285,9 +286,9 @@ def test_a_scaled_limit_must_name_a_limit() -> None:
 
 def test_steering_bounds_that_meet_without_a_clear_pass_are_not_resolved() -> None:
     """Below the knee every probe straddles the target (46 of 48 met: likely, not clearly,
-    passing); above it every probe stops early as a failure (no fit: a stopped probe's share
-    is only a bound). The steering bounds meet, but the knee is known only as "below the
-    lowest failure", which is no interval within 10%."""
+    passing); above it every probe stops early as a failure, at most 39 of 48. The steering
+    bounds meet, but no rate clearly passed and the fit on those bounds is wider than 10%,
+    so the knee is not resolved."""
 
     class Straddling(System):
         def at(self, rate: float, requests: int) -> Outcome:
@@ -300,6 +301,24 @@ def test_steering_bounds_that_meet_without_a_clear_pass_are_not_resolved() -> No
 
     system = Straddling(knee=3.0, ceiling=10.0)
     knee = _search(system)
-    assert knee.passed is None and knee.failed is not None and knee.fit is None
+    assert knee.passed is None and knee.failed is not None
+    assert knee.fit is not None and knee.fit.width > 1.1
     assert not knee.resolved
     assert "no rate clearly passed: the knee is below the lowest failure" in knee.note
+
+
+def test_a_probe_over_its_share_of_the_budget_waits_while_the_others_refine() -> None:
+    """ "slow" passes nothing down to a 32nd of its ceiling, each halving twice the cost of the
+    last. With no pass it would go first every turn, spending 384 s at 0.125 req/s before "b"
+    refines at all; over its share of the budget, that probe waits until "b" has resolved,
+    and then runs on what "b" left."""
+    clock = SharedClock()
+    systems = {"slow": Sharing(clock, 0.02, 1.0), "b": Sharing(clock, 3.0, 10.0)}
+    order: list[tuple[str, float | None]] = []
+    slow, b = find_knees(systems, SETTINGS, 1000.0, clock, lambda s, p: order.append((s, p.rate)))
+    assert b.resolved and b.passed is not None and b.failed is not None
+    assert b.failed / b.passed <= 1.1
+    assert slow.passed is None and not slow.resolved and "budget spent" in slow.note
+    last_b = max(i for i, (s, _) in enumerate(order) if s == "b")
+    assert ("slow", 0.125) in order[last_b:]  # what b left went back to slow
+    assert clock.now <= 1000.0

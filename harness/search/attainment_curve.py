@@ -9,14 +9,17 @@ probe's requests are evidence about one curve, though:
 
     logit P(a request meets the SLO at rate r) = logit(target) - slope * (ln r - ln knee)
 
-fitted by maximum likelihood on each completed rate probe's (met, counted), with the slope
-at least 0 (attainment does not rise with load). The knee's interval holds every knee whose
-profile likelihood (the slope fitted again for that knee) is within the chi-square bound of
-the best at the search's confidence. Requests of one run share queues, so they vary more than
-independent draws would: the bound is scaled by the fit's Pearson dispersion (at least 1, the
-quasi-likelihood rule), so probes that disagree with the curve widen the interval. A probe
-stopped early is left out (its share is only a bound); so is a fit that no probe below the
-target and no probe above it pins down: then there is no interval.
+fitted by maximum likelihood on each rate probe's (met, counted), with the slope at least 0
+(attainment does not rise with load). A probe stopped early over saturation
+(`harness.runner.early_stop`) counts as censored evidence: at most `met` of its counted
+requests could have met the SLO, so it adds the binomial probability of `met` or fewer;
+without it, a knee whose only failures were stopped would have no upper bound. The knee's
+interval holds every knee whose profile likelihood (the slope fitted again for that knee) is
+within the chi-square bound of the best at the search's confidence. Requests of one run share
+queues, so they vary more than independent draws would: the bound is scaled by the fit's
+Pearson dispersion over the completed probes (at least 1, the quasi-likelihood rule), so
+probes that disagree with the curve widen the interval. A fit that no probe below the target
+and no probe at or above it pins down has no interval.
 """
 
 from __future__ import annotations
@@ -31,16 +34,18 @@ import numpy as np
 MAX_SLOPE = 200.0  # steeper than any measured curve; bounds the fit of a clean step
 GRID_POINTS = 801  # candidate knees, log-spaced over the probed rates widened by GRID_SPAN
 GRID_SPAN = 4.0
-NEWTON_STEPS = 50
+GOLDEN_STEPS = 48  # narrows ln(1 + slope)'s range by 0.618 each: to about 1e-10 of it
 
 
 @dataclass(frozen=True)
 class RateEvidence:
-    """One completed rate probe: its rate and how many of its counted requests met the SLO."""
+    """One rate probe: its rate and how many of its counted requests met the SLO; for a probe
+    stopped early, the most that could have (`met` is a bound, not a count)."""
 
     rate: float
     met: int
     counted: int
+    stopped: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,29 +72,64 @@ def _logit(p: float) -> float:
     return math.log(p / (1 - p))
 
 
-def _best_slope(z: np.ndarray, met: np.ndarray, counted: np.ndarray, offset: float) -> float:
-    """The slope in [0, MAX_SLOPE] maximising the likelihood of logit p = offset - slope * z
-    (the log-likelihood is concave in the slope: Newton's method, clamped to the range)."""
-    slope = 1.0
-    for _ in range(NEWTON_STEPS):
-        p = 1 / (1 + np.exp(-(offset - slope * z)))
-        gradient = float(np.sum(-z * (met - counted * p)))
-        curvature = float(np.sum(counted * p * (1 - p) * z * z))
-        if curvature <= 0:
-            break
-        step = gradient / curvature
-        slope = min(max(slope + step, 0.0), MAX_SLOPE)
-        if abs(step) < 1e-9 * max(1.0, slope):
-            break
-    return slope
+class EvidenceArrays:
+    """The evidence as arrays: each completed probe's met of counted, and each stopped probe's
+    bound (at most `met` of its `counted` met), with its binomial coefficients up to it."""
 
+    def __init__(self, evidence: Sequence[RateEvidence]) -> None:
+        exact = [e for e in evidence if not e.stopped]
+        stopped = [e for e in evidence if e.stopped]
+        self.x = np.log([e.rate for e in exact])
+        self.met = np.array([e.met for e in exact], dtype=float)
+        self.counted = np.array([e.counted for e in exact], dtype=float)
+        self.stopped_x = np.log([e.rate for e in stopped])
+        most = max((e.counted for e in stopped), default=0)
+        self.k = np.arange(most + 1, dtype=float)
+        self.stopped_n = np.array([e.counted for e in stopped], dtype=float).reshape(-1, 1)
+        self.coefficients = np.full((len(stopped), most + 1), -np.inf)
+        for row, e in enumerate(stopped):  # ln C(n, k) for each k up to the bound
+            self.coefficients[row, : e.met + 1] = [
+                math.lgamma(e.counted + 1) - math.lgamma(k + 1) - math.lgamma(e.counted - k + 1)
+                for k in range(e.met + 1)
+            ]
 
-def _log_likelihood(
-    z: np.ndarray, met: np.ndarray, counted: np.ndarray, offset: float, slope: float
-) -> float:
-    eta = offset - slope * z
-    # log p = -log(1 + e^-eta), log(1 - p) = -log(1 + e^eta), both computed without overflow
-    return float(np.sum(-met * np.logaddexp(0, -eta) - (counted - met) * np.logaddexp(0, eta)))
+    def log_likelihood(self, log_knee: np.ndarray, slope: np.ndarray, offset: float) -> np.ndarray:
+        """The log-likelihood of each (knee, slope) pair, up to a constant."""
+        log_knee, slope = log_knee[:, None], slope[:, None]
+        eta = offset - slope * (self.x[None, :] - log_knee)
+        # log p = -log(1 + e^-eta), log(1 - p) = -log(1 + e^eta), both without overflow
+        exact = -self.met * np.logaddexp(0, -eta) - (self.counted - self.met) * np.logaddexp(0, eta)
+        total = exact.sum(axis=1)
+        if len(self.stopped_x):
+            eta = offset - slope * (self.stopped_x[None, :] - log_knee)
+            log_p = -np.logaddexp(0, -eta)[..., None]
+            log_q = -np.logaddexp(0, eta)[..., None]
+            terms = self.coefficients + self.k * log_p + (self.stopped_n - self.k) * log_q
+            total = total + np.logaddexp.reduce(terms, axis=2).sum(axis=1)
+        return total
+
+    def best_slopes(self, log_knees: np.ndarray, offset: float) -> tuple[np.ndarray, np.ndarray]:
+        """For every knee at once, the slope in [0, MAX_SLOPE] maximising the likelihood (it
+        is unimodal in the slope: golden-section search over ln(1 + slope)), and that
+        likelihood."""
+        low = np.zeros_like(log_knees)
+        high = np.full_like(log_knees, math.log1p(MAX_SLOPE))
+        ratio = (math.sqrt(5) - 1) / 2
+        for _ in range(GOLDEN_STEPS):
+            a = high - ratio * (high - low)
+            b = low + ratio * (high - low)
+            a_better = self.log_likelihood(log_knees, np.expm1(a), offset) >= self.log_likelihood(
+                log_knees, np.expm1(b), offset
+            )
+            high = np.where(a_better, b, high)
+            low = np.where(a_better, low, a)
+        candidates = [np.expm1((low + high) / 2), np.zeros_like(log_knees)]
+        likelihoods = [self.log_likelihood(log_knees, s, offset) for s in candidates]
+        flat_better = likelihoods[1] > likelihoods[0]
+        return (
+            np.where(flat_better, candidates[1], candidates[0]),
+            np.maximum(likelihoods[0], likelihoods[1]),
+        )
 
 
 def fit_knee(evidence: Sequence[RateEvidence], target: float, confidence: float) -> KneeFit | None:
@@ -99,21 +139,18 @@ def fit_knee(evidence: Sequence[RateEvidence], target: float, confidence: float)
     shares = [e.met / e.counted for e in kept]
     if not kept or max(shares) < target or min(shares) >= target:
         return None
-    x = np.log([e.rate for e in kept])
-    met = np.array([e.met for e in kept], dtype=float)
-    counted = np.array([e.counted for e in kept], dtype=float)
+    probes = EvidenceArrays(kept)
     offset = _logit(target)
+    rates = np.log([e.rate for e in kept])
     span = math.log(GRID_SPAN)
-    knees = np.linspace(x.min() - span, x.max() + span, GRID_POINTS)
-    profile = np.empty(GRID_POINTS)
-    slopes = np.empty(GRID_POINTS)
-    for i, log_knee in enumerate(knees):
-        slopes[i] = _best_slope(x - log_knee, met, counted, offset)
-        profile[i] = _log_likelihood(x - log_knee, met, counted, offset, slopes[i])
+    knees = np.linspace(rates.min() - span, rates.max() + span, GRID_POINTS)
+    slopes, profile = probes.best_slopes(knees, offset)
     best = int(np.argmax(profile))
     if slopes[best] == 0.0:
         return None  # a flat curve crosses the target nowhere
-    dispersion = _dispersion(x - knees[best], met, counted, offset, float(slopes[best]))
+    dispersion = _dispersion(
+        probes.x - knees[best], probes.met, probes.counted, offset, float(slopes[best])
+    )
     chi2 = NormalDist().inv_cdf(0.5 + confidence / 2) ** 2  # chi-square, 1 degree of freedom
     inside = np.flatnonzero(2 * (profile[best] - profile) <= chi2 * dispersion)
     first, last = int(inside[0]), int(inside[-1])
@@ -124,15 +161,15 @@ def fit_knee(evidence: Sequence[RateEvidence], target: float, confidence: float)
         slope=float(slopes[best]),
         dispersion=dispersion,
         probes=len(kept),
-        requests=int(counted.sum()),
+        requests=sum(e.counted for e in kept),
     )
 
 
 def _dispersion(
     z: np.ndarray, met: np.ndarray, counted: np.ndarray, offset: float, slope: float
 ) -> float:
-    """Pearson chi-square of the fit per degree of freedom (probes less the two parameters),
-    at least 1; 1 when there are no degrees of freedom to estimate it from."""
+    """Pearson chi-square of the fit per degree of freedom (completed probes less the two
+    parameters), at least 1; 1 when there are no degrees of freedom to estimate it from."""
     freedom = len(met) - 2
     if freedom <= 0:
         return 1.0

@@ -23,11 +23,13 @@ The strategies share one budget (`find_knees`): every strategy's anchors run fir
 rate probe goes to a strategy with no rate passed yet before any other, and among equals to
 the one that has spent least on rate probes (then the widest bracket). So a budget that runs
 out leaves every knee as narrow as it allowed, rather than one resolved and the last
-unprobed, and a strategy whose knee lies far below its ceiling (each halving costs twice the
-last) cannot starve the rest. Every rate probe is costed before
-it runs (its requests over its rate, plus the loading and drain the anchor probes took); one
-that would not fit the remaining budget is not run, a cheaper one of another strategy may
-be, and the result says which knees are unresolved.
+unprobed. Every rate probe is costed before it runs (its requests over its rate, plus the
+loading and drain the anchor probes took). One that would take its strategy's rate probes
+past an equal share (what is left and what the strategies still searching have spent, over
+their number) waits while another strategy has a probe within its share, so a strategy
+whose knee lies far below its ceiling (each halving costs twice the last) cannot starve the
+rest: the others refine, and what they leave comes back to it. One that would not fit the
+remaining budget is not run, and the result says which knees are unresolved.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class Knee:
     failed: float | None = None  # lowest rate that clearly missed it (None: none did)
     resolved: bool = False  # the steering bounds, or the fitted knee, came within the resolution
     note: str = ""
-    fit: KneeFit | None = None  # the knee fitted on every completed rate probe
+    fit: KneeFit | None = None  # the knee fitted on every rate probe
     probes: list[Probe] = field(default_factory=list)
 
     @property
@@ -279,11 +281,13 @@ class KneeSearch:
         return min(max(fit.estimate, low * quarter), high / quarter)
 
     def _evidence(self) -> list[RateEvidence]:
-        """Every completed rate probe's requests (a stopped one's share is only a bound)."""
+        """Every rate probe's requests (a stopped one's met is the most that could have)."""
         return [
-            RateEvidence(p.rate, p.outcome.attainment.met, p.outcome.attainment.counted)
+            RateEvidence(
+                p.rate, p.outcome.attainment.met, p.outcome.attainment.counted, p.outcome.stopped
+            )
             for p in self.knee.probes
-            if p.kind == "rate" and p.rate is not None and not p.outcome.stopped
+            if p.kind == "rate" and p.rate is not None
         ]
 
     def _cost(self, requests: int) -> float:
@@ -319,11 +323,14 @@ def find_knees(
         search.anchor()
     while True:
         waiting = sorted((s for s in searches if not s.done), key=lambda s: s.turn)
-        wants = [(s, s.wanted(deadline - clock())) for s in waiting]
-        fitting = [(s, want) for s, want in wants if clock() + want.cost_s <= deadline]
+        left_s = deadline - clock()
+        wants = [(s, s.wanted(left_s)) for s in waiting]
+        fitting = [(s, want) for s, want in wants if want.cost_s <= left_s]
         if not fitting:
             for search, want in wants:
                 search.out_of_budget(want)
             return [s.knee for s in searches]
-        search, want = fitting[0]
+        share_s = (left_s + sum(s.spent_s for s in waiting)) / len(waiting)
+        within_share = [(s, want) for s, want in fitting if s.spent_s + want.cost_s <= share_s]
+        search, want = (within_share or fitting)[0]
         search.probe_rate(want)
