@@ -90,7 +90,7 @@ def test_the_fit_narrows_a_smooth_knee_that_clear_verdicts_leave_2x_wide() -> No
 
 
 def test_the_search_table_shows_each_fitted_knee_and_the_fitted_ratios() -> None:
-    from harness.commands.search import fitted_text, render_search
+    from harness.commands.search import fitted_text, needed_text, render_search
     from harness.search.attainment_curve import KneeFit
     from harness.search.knee import Knee, fitted_ratio
 
@@ -103,9 +103,14 @@ def test_the_search_table_shows_each_fitted_knee_and_the_fitted_ratios() -> None
     unbounded = Knee("ft", fit=KneeFit(0.1, 0.05, None, 2.0, 1.0, 2, 96))
     assert fitted_text(unbounded) == "0.1 [0.05, ?] (2 probes, 96 requests)"
     assert fitted_ratio(fast, unbounded) == (None, pytest.approx(1.2 / 0.05))
-    table = render_search([slow, fast])
+    table = render_search([slow, fast], 0.1)
     assert "0.5 [0.4, 0.6] (4 probes, 240 requests)" in table
     assert "vllm / orca" in table and "1.33" in table and "3" in table
+    # 10% of a 50% wide interval: (ln 1.5 / ln 1.1)^2 = 18.1 times the requests
+    assert needed_text(slow.fit, 0.1) == (
+        "fitted within 50%; 10% needs about 4104 more requests near 0.5 req/s (~8208 s)"
+    )
+    assert needed_text(unbounded.fit, 0.1) == ""
 
 
 def test_a_probe_stopped_early_bounds_the_side_no_completed_probe_bounds() -> None:

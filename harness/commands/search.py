@@ -27,6 +27,7 @@ from harness.commands.config import compose
 from harness.errors import ConfigError
 from harness.measure.slo import LIMITS, SLO
 from harness.measure.verdict import attainment
+from harness.search.attainment_curve import KneeFit
 from harness.search.knee import (
     Knee,
     KneeSettings,
@@ -268,7 +269,20 @@ def fitted_text(knee: Knee) -> str:
     )
 
 
-def render_search(knees: list[Knee]) -> str:
+def needed_text(fit: KneeFit, resolution: float) -> str:
+    """What the fitted knee would need to be known within `resolution`, in requests near it
+    and in seconds at its rate; '' where a side is open (no such estimate)."""
+    requests = fit.requests_for(resolution)
+    if requests is None:
+        return ""
+    more = requests - fit.requests
+    return (
+        f"fitted within {fit.width - 1:.0%}; {resolution:.0%} needs about {more} more requests "
+        f"near {fit.estimate:.3g} req/s (~{more / fit.estimate:.0f} s)"
+    )
+
+
+def render_search(knees: list[Knee], resolution: float) -> str:
     table = Table(
         title="sustained request rate (req/s): the knee lies in [passed, failed), or below the "
         "ceiling where no rate clearly failed"
@@ -277,6 +291,8 @@ def render_search(knees: list[Knee]) -> str:
     for column in (*columns, "note"):
         table.add_column(column)
     for knee in knees:
+        unresolved_fit = None if knee.resolved else knee.fit
+        needed = "" if unresolved_fit is None else needed_text(unresolved_fit, resolution)
         probes = ", ".join(
             f"{p.kind if p.rate is None else f'{p.rate:.3g}'}:{p.verdict.value}"
             f"({'stopped, at most ' if p.outcome.stopped else ''}"
@@ -291,7 +307,7 @@ def render_search(knees: list[Knee]) -> str:
             _rate(knee.estimate, "-"),
             fitted_text(knee),
             probes,
-            knee.note or ("resolved" if knee.resolved else ""),
+            "; ".join(filter(None, [knee.note or ("resolved" if knee.resolved else ""), needed])),
         )
     ratios = Table(
         title="sustained-rate ratios, as intervals: from the clear verdicts, and from "
@@ -322,7 +338,7 @@ def main(args: list[str]) -> None:
         return completed_summary(cfg, run_dir) or run(cfg, run_dir, progress=False)
 
     knees, settings = search(args, compose, run_or_reuse)
-    print(render_search(knees))
+    print(render_search(knees, settings.knee.resolution))
     unresolved = [k.strategy for k in knees if not k.resolved]
     if unresolved:
         print(f"not resolved within the budget: {', '.join(unresolved)} (raise search.budget_s)")

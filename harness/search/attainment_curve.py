@@ -67,6 +67,15 @@ class KneeFit:
             return math.inf
         return self.high / self.low
 
+    def requests_for(self, resolution: float) -> int | None:
+        """About how many requests in all the fit would need for an interval `resolution`
+        wide (high / low = 1 + resolution): the interval's log width shrinks as one over the
+        square root of the requests. None where a side is unbounded."""
+        if math.isinf(self.width):
+            return None
+        shrink = math.log(self.width) / math.log(1 + resolution)
+        return max(self.requests, math.ceil(self.requests * shrink**2))
+
 
 def _logit(p: float) -> float:
     return math.log(p / (1 - p))
