@@ -5,7 +5,8 @@ A rate is sustained by the one SLO rule (`harness.measure.slo`): at least `slo.a
 the requests meet every configured limit, each latency from arrival, failed requests counted
 as misses; each probe's verdict carries the attainment's interval (`harness.measure.verdict`).
 The time budget (`search.budget_s`) is shared among the strategies (a knee with no passing
-rate probed first, the strategy that spent least first) and said up front; what it could
+rate probed first, the strategy that spent least first, none past an equal share while
+another's probe fits in its own) and said up front; what it could
 not resolve is said at the end. Every probe is a full run in its own directory under
 `search.out_dir/STRATEGY/` (floor, ceiling, rate-R-nN), so the evidence for every answer can
 be opened, a rerun reuses complete probes, and `servelab report` draws them.
@@ -246,8 +247,9 @@ def plan_line(settings: SearchSettings) -> str:
     return (
         f"search: {', '.join(settings.strategies)}; {settings.budget_s:.0f} s in all, shared "
         "(each strategy's floor and ceiling first, then each rate probe to a strategy with no "
-        f"passing rate, the one that spent least first); {knee.ceiling_requests} requests at "
-        "once for the ceiling, "
+        "passing rate, the one that spent least first, a probe past its strategy's equal share "
+        f"waiting while another fits); {knee.ceiling_requests} requests at once for the "
+        "ceiling, "
         f"{knee.requests} a rate probe (up to {knee.max_requests} at the knee); the knee "
         f"within {knee.resolution:.0%}; attainment >= {knee.target:g} at "
         f"{settings.confidence:.0%} confidence; probes under {settings.out_dir}"
