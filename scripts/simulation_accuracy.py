@@ -1,19 +1,20 @@
 """Simulated against measured, on configurations the step-cost model was not fitted on.
 
-Usage: python scripts/simulation_accuracy.py SEARCH_DIR --fit STRATEGY [...] [--out DIR]
-       [--knees]
+Usage: python scripts/simulation_accuracy.py SEARCH_DIR (--fit STRATEGY [...] | --cost-model
+       FILE) [--out DIR] [--knees]
 
 SEARCH_DIR is one `servelab search` (`make run` writes one under runs/comparison/): its
 probes are real runs of several strategies at several loads, all of one model, dtype and
 device. The step-cost model is fitted on every probe of the `--fit` strategies (stopped ones
-too: their steps are whole); every other strategy's complete probe (held out) is run again
+too: their steps are whole), or given (`--cost-model`, e.g. from `servelab profile-steps`,
+which holds every strategy out); every other strategy's complete probe (held out) is run again
 as `backend=simulated` from its own `config.yaml`, and its TTFT p50/p99, TPOT p50/p99 and
 output throughput are set beside the measured ones; each held-out rate probe is also
 simulated as it was probed (stopping early as it did) and its SLO outcome set beside the
 measured one. `--knees` also runs the whole search simulated, under the real search's
-absolute SLO limits, and sets each strategy's simulated knee beside the measured one. Writes
-accuracy.json (and the simulated runs) under --out; prints the tables and the median
-absolute error of each metric.
+absolute SLO limits, and sets each strategy's simulated knee (bracket and fitted estimate)
+beside the measured one. Writes accuracy.json (and the simulated runs) under --out; prints
+the tables and the median absolute error of each metric.
 """
 
 from __future__ import annotations
@@ -69,17 +70,24 @@ def simulate_probe(probe: Path, cost: Path, out: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("search_dir", type=Path)
-    parser.add_argument("--fit", nargs="+", required=True, help="strategies to fit on")
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--fit", nargs="+", help="strategies to fit on")
+    given.add_argument(
+        "--cost-model", type=Path, help="a model fitted elsewhere (profile-steps): all held out"
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/simulation-accuracy"))
     parser.add_argument("--knees", action="store_true", help="also search simulated")
     args = parser.parse_args()
     search_record = json.loads((args.search_dir / "search.json").read_text())
     strategies = list(search_record["settings"]["strategies"])
-    held_out = [s for s in strategies if s not in args.fit]
-    fitted_on = [p for s in args.fit for p in probes(args.search_dir, s, complete=False)]
-    cost = args.out / "cost.json"
+    fit = args.fit or []
+    held_out = [s for s in strategies if s not in fit]
+    fitted_on = [p for s in fit for p in probes(args.search_dir, s, complete=False)]
+    cost = args.cost_model or args.out / "cost.json"
     start = time.perf_counter()
-    fit_steps([*map(str, fitted_on), "--out", str(cost)])
+    args.out.mkdir(parents=True, exist_ok=True)
+    if fitted_on:
+        fit_steps([*map(str, fitted_on), "--out", str(cost)])
     rows = []
     for strategy in held_out:
         for probe in probes(args.search_dir, strategy):
@@ -114,7 +122,8 @@ def main() -> None:
     print(
         "median |simulated / measured - 1|: " + ", ".join(f"{k} {v:.1%}" for k, v in errors.items())
     )
-    record: dict = {"fitted_on": [str(p) for p in fitted_on], "held_out": held_out, "rows": rows,
+    record: dict = {"fitted_on": [str(p) for p in fitted_on] or str(cost), "held_out": held_out,
+                    "rows": rows,
                     "verdicts": verdicts, "median_errors": errors,
                     "simulate_s": time.perf_counter() - start}  # fmt: skip
     if args.knees:
@@ -165,13 +174,17 @@ def simulated_knees(search_dir: Path, record: dict, cost: Path, out: Path) -> li
     result = []
     for knee in knees:
         real = measured[knee.strategy]
+        fitted = (real.get("fit") or {}).get("estimate")
         result.append({
             "strategy": knee.strategy,
             "measured": [real["passed"], real["failed"] or real["ceiling"]],
             "simulated": [knee.passed, knee.upper],
+            "measured_fit": fitted,
+            "simulated_fit": None if knee.fit is None else knee.fit.estimate,
         })  # fmt: skip
-        print(f"{knee.strategy}: knee measured in {result[-1]['measured']}, simulated in "
-              f"{result[-1]['simulated']}")  # fmt: skip
+        print(f"{knee.strategy}: knee measured in {result[-1]['measured']} (fitted {fitted}), "
+              f"simulated in {result[-1]['simulated']} (fitted "
+              f"{result[-1]['simulated_fit']})")  # fmt: skip
     return result
 
 
