@@ -107,6 +107,14 @@ def test_auto_dtype_is_bf16_only_where_the_cpu_multiplies_it(monkeypatch) -> Non
     assert settings.choose_dtype("fp32", CPU) == ("fp32", "set")
 
 
+def test_auto_dtype_on_a_gpu_is_the_models_own_bf16() -> None:
+    cuda = torch.device("cuda")  # choosing touches no device: this runs without one
+    assert settings.choose_dtype("auto", cuda) == (
+        "bf16", "auto: the GPU default, the model's own dtype"
+    )  # fmt: skip
+    assert settings.choose_dtype("fp16", cuda) == ("fp16", "set")
+
+
 def test_an_explicit_bf16_without_native_products_runs_with_a_note(monkeypatch, caplog) -> None:
     _probe_on(monkeypatch, ZEN3)
     name, why = settings.choose_dtype("bf16", CPU)

@@ -30,7 +30,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 FUSED_DECODE = ("auto", "off")
-GPU_DEFAULT_DTYPE = "fp16"
+GPU_DEFAULT_DTYPE = "bf16"  # the model's own dtype, and every CPU figure's where bf16 is native
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,9 @@ def choose_dtype(name: str, device: torch.device) -> tuple[str, str]:
     if name not in ("auto", *DTYPES):
         raise ConfigError("engine.dtype", f"{name!r} is not one of auto, {', '.join(DTYPES)}")
     if device.type == "cuda":
-        return (GPU_DEFAULT_DTYPE, "auto: the GPU default") if name == "auto" else (name, "set")
+        if name == "auto":
+            return GPU_DEFAULT_DTYPE, "auto: the GPU default, the model's own dtype"
+        return name, "set"
     caps = capabilities()
     native = {"bf16": caps.bf16_native, "fp16": caps.fp16_native, "fp32": True}
     if name == "auto":
