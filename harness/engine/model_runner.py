@@ -3,10 +3,12 @@
 It packs what a step feeds (`Feed`: per sequence, where its new tokens start and how many,
 the token ids, the rows whose logits are wanted) over a KV manager's slots into one
 `ForwardBatch`, moves it to the device, runs the model over its KV cache with the run's
-attention, and returns the wanted logits on the CPU, where sampling reads them. The engine
-runs the target through one; a speculative drafter runs its network through another. It is
-the seam where a forward can be replaced: anything with `run(kv, feed) -> logits` serves
-(`Runner`; `harness.simulate.runner` predicts a step's time instead).
+attention, and returns the wanted logits where they were computed: sampling takes greedy
+tokens by an argmax there and copies only their ids (and any row sampled at random) to the
+host, not a [rows, vocab] tensor a step. The engine runs the target through one; a
+speculative drafter runs its network through another. It is the seam where a forward can be
+replaced: anything with `run(kv, feed) -> logits` serves (`Runner`; `harness.simulate.runner`
+predicts a step's time instead).
 """
 
 from __future__ import annotations
@@ -71,8 +73,8 @@ class ModelRunner:
         self.device = device
 
     def run(self, kv: KVManager, feed: Feed) -> torch.Tensor:
-        """Logits [len(feed.logits_rows), vocab] on the CPU."""
+        """Logits [len(feed.logits_rows), vocab] on the model's device."""
         batch = pack(kv, feed.requests, feed.starts, feed.counts, feed.ids, feed.logits_rows)
         with torch.inference_mode():
             logits = self.model(batch.to(self.device), self.cache.k, self.cache.v, self.attention)
-        return logits.cpu()
+        return logits

@@ -26,7 +26,8 @@ DRAFT_STREAM = 1
 
 
 def sample(logits: torch.Tensor, requests: list[Request]) -> list[int]:
-    """One token per row of `logits` [S, vocab] (fp32), for the matching request."""
+    """One token per row of `logits` [S, vocab] (fp32, on the model's device), for the
+    matching request: greedy rows by an argmax on the device, only the token ids copied."""
     greedy = logits.argmax(dim=-1).tolist()
     return [
         token if request.sampling.greedy else _sample_one(logits[row], request)
@@ -37,8 +38,9 @@ def sample(logits: torch.Tensor, requests: list[Request]) -> list[int]:
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The distribution a sampled token is drawn from: `logits` [vocab] over the temperature,
     cut to the top-k, then to the top-p nucleus (the cut mass is zero, the rest not rescaled:
-    `torch.multinomial` normalises)."""
-    scaled = logits.float() / params.temperature
+    `torch.multinomial` normalises). On the host, where the generators are: a row sampled at
+    random is the only one copied off the device."""
+    scaled = logits.float().cpu() / params.temperature
     if params.top_k > 0:
         kth = torch.topk(scaled, min(params.top_k, scaled.numel())).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
@@ -54,8 +56,8 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def generator_for(
     params: SamplingParams, index: int, stream: int = TARGET_STREAM
 ) -> torch.Generator:
-    """The (host) generator for a request's output token `index` on `stream`; logits reach
-    the sampler on the host."""
+    """The (host) generator for a request's output token `index` on `stream`: the same draws
+    on every device (`probabilities` brings a sampled row to the host)."""
     generator = torch.Generator()
     generator.manual_seed(draw_seed(params.seed, params.sample_index, index, stream))
     return generator

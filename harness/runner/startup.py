@@ -2,10 +2,12 @@
 
 Runs, the HTTP server, the soak script and the benchmarks all start an engine here, in the
 same order: typed settings (every cheap check before anything loads), the seed, the model as
-the strategy serves it, a draft model if the strategy drafts with one, the tokenizer, the
-engine, and (unless `telemetry.roofline=false`) this machine's calibrated peaks for the
-roofline counters. `step_hooks` are the hooks every engine loop runs with, so a server's
-`steps.jsonl` carries the same flops, bytes, MFU and MBU as an in-process run's.
+the strategy serves it, a draft model if the strategy drafts with one, the tokenizer, (unless
+`telemetry.roofline=false`) this machine's calibrated peaks for the roofline counters, then
+the engine: calibration runs before the KV cache is allocated, so its buffers fit beside
+the weights even when the KV cache is to take nearly all the memory left. `step_hooks` are
+the hooks every engine loop runs with, so a server's `steps.jsonl` carries the same flops,
+bytes, MFU and MBU as an in-process run's.
 """
 
 from __future__ import annotations
@@ -85,11 +87,11 @@ def start_engine(
     served = load_for_strategy(cfg, settings, strategy, progress)
     draft_model = load_draft(cfg, settings, strategy, served, progress)
     tokenizer = served.loaded.tokenizer or tokenizer_for(cfg.model, cache_dir_of(cfg))
-    engine = build_engine(served.model, settings, strategy, clock, draft_model)
     roofline = None
-    if cfg.telemetry.get("roofline", True):
+    if cfg.telemetry.get("roofline", True):  # before the KV cache takes the memory it measures in
         peaks = measure_peaks(settings.device, settings.dtype, cache_dir_of(cfg))
         roofline = roofline_of(served, settings, peaks)
+    engine = build_engine(served.model, settings, strategy, clock, draft_model)
     return Started(settings, strategy, served, tokenizer, engine, roofline, checked.step_delay_s)
 
 
