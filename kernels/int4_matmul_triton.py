@@ -22,7 +22,7 @@ BLOCK_N = 64
 BLOCK_K = 64
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # the batch's rows: one compile for every batch size
 def _int4_matmul_kernel(
     x_ptr,
     qweight_ptr,

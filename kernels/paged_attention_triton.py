@@ -25,6 +25,13 @@ import triton.language as tl
 from harness.errors import ConfigError
 
 MAX_SPLITS = 64
+# Integers that change from call to call with the batch (the split length, the block table's
+# row stride, the partials' strides that follow the number of splits): Triton would
+# specialise each kernel on whether such a value is 1 or a multiple of 16 and compile it again
+# inside a measured run; these are passed as plain integers instead.
+PER_CALL_SPLIT = ["split_len", "stride_bt", "stride_mb", "stride_lb"]
+PER_CALL_MERGE = ["split_len", "stride_mb", "stride_lb"]
+PER_CALL_EXTEND = ["stride_bt"]
 
 
 @triton.jit
@@ -46,7 +53,7 @@ def _slots(
     return slots
 
 
-@triton.jit
+@triton.jit(do_not_specialize=PER_CALL_SPLIT)
 def _decode_split_kernel(
     q_ptr,
     k_ptr,
@@ -126,7 +133,7 @@ def _decode_split_kernel(
         tl.store(lse, m_i + tl.log(l_i), mask=g_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=PER_CALL_MERGE)
 def _decode_merge_kernel(
     mid_o_ptr,
     mid_lse_ptr,
@@ -162,7 +169,7 @@ def _decode_merge_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=PER_CALL_EXTEND)
 def _extend_kernel(
     q_ptr,
     k_ptr,
