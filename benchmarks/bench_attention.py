@@ -1,8 +1,9 @@
 """Time paged decode attention: the Triton kernel against the PyTorch path, per layer call.
 
 On CUDA both run as the engine runs them (the plan and launch sizes prepared once per batch,
-outside the timing) and are timed with CUDA events; the table gives the median time per call
-and the bandwidth of reading every context's K and V once. On a CPU only the PyTorch path
+outside the timing) and are timed with CUDA events around many calls (`benchmarks.timing`);
+the table gives the median time per call and the bandwidth of reading every context's K and
+V once. On a CPU only the PyTorch path
 runs, timed with the wall clock. Every sequence has the full context length.
 
     python -m benchmarks.bench_attention                      # CUDA: batch 32/64 x context 512/2048
@@ -12,13 +13,12 @@ runs, timed with the wall clock. Every sequence has the full context length.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
+from benchmarks.timing import time_call
 from harness.errors import ConfigError
 from kernels import paged_attention_triton as tri
 from kernels.paged_attention_ref import plan_for, run_plan
@@ -41,26 +41,6 @@ class BenchConfig:
     dtype: str = "bf16"
     device: str = "cuda"
     iters: int = 20
-
-
-def time_call(fn: Callable[[], torch.Tensor], device: torch.device, iters: int) -> float:
-    """Median seconds per call after warm-up: CUDA events on a GPU, the wall clock elsewhere."""
-    for _ in range(3):
-        fn()
-    samples = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
 
 
 def bench_case(config: BenchConfig, batch: int, context: int) -> dict[str, float]:

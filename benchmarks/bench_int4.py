@@ -26,13 +26,12 @@ by default) at the same batch.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from benchmarks.timing import time_call
 from harness.errors import ConfigError
 from kernels.int4_layout import num_groups, pack_int4
 from kernels.int4_matmul import choose_kernel
@@ -53,22 +52,6 @@ class BenchConfig:
     device: str = "cpu"
     iters: int = 20
     threads: int | None = None
-
-
-def time_call(fn: Callable[[], object], device: torch.device, iters: int) -> float:
-    """Median seconds per call after warm-up (CUDA synchronised, else the wall clock)."""
-    for _ in range(3):
-        fn()
-    samples = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def int4_layer(in_features: int, out_features: int, kernel: str, config: BenchConfig, dtype):

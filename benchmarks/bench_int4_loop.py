@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.bench_int4 import time_call
+from benchmarks.timing import time_call
 from kernels.capabilities import capabilities
 from kernels.cpu_build import active_build_status, cpu_ops
 from kernels.int4_layout import num_groups, pack_int4

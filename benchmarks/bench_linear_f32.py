@@ -17,7 +17,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bench_int4 import time_call
+from benchmarks.timing import time_call
 from kernels.capabilities import capabilities
 from kernels.cpu_build import active_build_status, cpu_ops
 
