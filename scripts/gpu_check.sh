@@ -1,34 +1,88 @@
 #!/usr/bin/env bash
-# GPU checks for the Triton kernels, for a machine with CUDA: the attention kernel and
-# entry-point tests and the int4 GEMM test with the kernels compiled (no interpreter;
-# bfloat16 included for attention), then the decode attention benchmark (Triton against the
-# PyTorch path, batch 32/64 x context 512/2048, CUDA events) and the int4 linear-layer
-# benchmark (dense fp16 against the int4 Triton GEMM, batch 1 and 32).
-# Run from anywhere; PYTHON picks the interpreter (default: the repo's .venv, else python3).
-set -euo pipefail
+# The GPU check, in one go, on a GPU machine as it comes: its own Python, torch and Triton, no
+# package registry. What the project needs beyond them travels as wheels in .gpu-wheels/
+# (`make gpu-wheels` fetches them here, about 11 MB) and is unpacked into OUT/site, the project
+# run from this source tree. Every step runs whatever the one before did, its output in
+# OUT/STEP.log; OUT/summary.md says what passed, what failed and the figures.
+#
+#   scripts/gpu_check.sh [--cpu] [OUT]      (OUT: runs/gpu-check)
+#
+# Steps: the machine; the kernel tests with the Triton kernels compiled (their differences
+# asserted); decode-attention and int4 linear timings (CUDA events around loops of calls);
+# `servelab calibrate`; end-to-end runs of vllm, orca and fastertransformer on
+# dummy-llama3-8b at two loads, with NVML telemetry. --cpu runs the same steps on the CPU
+# (Triton interpreted, dummy-tiny, one load, fewer requests and kernel tests), so the script
+# is tested where there is no GPU (tests/test_gpu_check.py) and does not rot.
+set -uo pipefail
 cd "$(dirname "$0")/.."
+
+MODE=cuda
+if [[ ${1:-} == --cpu ]]; then MODE=cpu; shift; fi
+OUT=${1:-runs/gpu-check}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+: > "$OUT/steps.tsv"
 
 PYTHON=${PYTHON:-}
 if [[ -z "$PYTHON" ]]; then
-  if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+  if [[ $MODE == cpu && -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
-if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-  echo "gpu_check: $PYTHON sees no CUDA device; run this on a GPU machine" >&2
-  exit 1
+SITE="$OUT/site"
+if ls .gpu-wheels/*.whl > /dev/null 2>&1; then
+  mkdir -p "$SITE"
+  for wheel in .gpu-wheels/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$SITE"; done
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
-
-unset TRITON_INTERPRET
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 export PYTHONUNBUFFERED=1
+SERVELAB=("$PYTHON" -m harness.commands.cli)
 
-echo "== kernel tests (compiled Triton) =="
-"$PYTHON" -m pytest -q -p no:cacheprovider --noconftest \
-  tests/test_kernels_paged_attention.py tests/test_attention_entry.py
-"$PYTHON" -m pytest -q -p no:cacheprovider --noconftest tests/test_int4_kernels.py -k triton
+if [[ $MODE == cuda ]]; then
+  unset TRITON_INTERPRET
+  DEVICE=cuda MODEL=dummy-llama3-8b REQUESTS=64 RATES=(4 16) DTYPES=(bf16 fp16)
+  KV_BUDGET=0.8  # of the memory left after the weights: calibration must run before it
+  KERNEL_TESTS=(tests/test_kernels_paged_attention.py tests/test_attention_entry.py
+    tests/test_int4_kernels.py)
+  ATTENTION=(--dtype bf16 --batches 32 64 --contexts 512 2048)
+  INT4=(--device cuda --dtypes bf16 fp16 --batches 1 32)
+  REFRESH=(--refresh)
+else  # the same steps, small: the kernel tests' Triton cases run in the test suite already
+  export TRITON_INTERPRET=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+  DEVICE=cpu MODEL=dummy-tiny REQUESTS=8 RATES=(40) DTYPES=(fp32) KV_BUDGET=16MiB
+  KERNEL_TESTS=(tests/test_attention_entry.py)
+  ATTENTION=(--device cpu --dtype fp32 --batches 2 --contexts 64 --iters 2)
+  INT4=(--device cpu --dtypes fp32 --batches 1 --layers 1 --iters 2)
+  REFRESH=()
+fi
 
-echo "== decode benchmark =="
-"$PYTHON" -m benchmarks.bench_attention --dtype bf16 --batches 32 64 --contexts 512 2048
-"$PYTHON" -m benchmarks.bench_attention --dtype bf16 --batches 32 64 --contexts 512 2048 --contiguous
+step() {  # step NAME LIMIT_S COMMAND...: run it, keep its log, record its status and time
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name =="
+  local start=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" >> "$OUT/steps.tsv"
+  tail -n 15 "$OUT/$name.log"
+  echo "-- $name: exit $rc in $((SECONDS - start)) s"
+}
 
-echo "== int4 linear layers =="
-"$PYTHON" -m benchmarks.bench_int4 --device cuda --dtypes fp16 --batches 1 32
+step machine 60 "$PYTHON" -m scripts.gpu_check_machine "$DEVICE"
+step kernel-tests 240 "$PYTHON" -m pytest -q -p no:cacheprovider \
+  --junitxml="$OUT/kernel-tests.xml" "${KERNEL_TESTS[@]}"
+step bench-attention 60 "$PYTHON" -m benchmarks.bench_attention "${ATTENTION[@]}"
+step bench-int4 60 "$PYTHON" -m benchmarks.bench_int4 "${INT4[@]}"
+for dtype in "${DTYPES[@]}"; do
+  step "calibrate-$dtype" 60 "${SERVELAB[@]}" calibrate "${REFRESH[@]}" "engine.device=$DEVICE" \
+    "engine.dtype=$dtype"
+done
+for strategy in vllm orca fastertransformer; do
+  for rate in "${RATES[@]}"; do
+    step "run-$strategy-$rate" 120 "${SERVELAB[@]}" "strategy=$strategy" "model=$MODEL" \
+      "engine.device=$DEVICE" "engine.kv_budget=$KV_BUDGET" workload=sharegpt_like \
+      workload.length_scale=0.25 \
+      "workload.num_requests=$REQUESTS" "workload.arrival.rate=$rate" \
+      "hydra.run.dir=$OUT/runs/$strategy-$rate"
+  done
+done
+"$PYTHON" -m scripts.gpu_check_summary "$OUT" | tee "$OUT/summary.md"

@@ -76,3 +76,7 @@ def _hydra_args(args: list[str]) -> list[str]:
     """`servelab run ARGS` is `servelab ARGS`: Hydra reads sys.argv itself."""
     sys.argv = [sys.argv[0], *args]
     return args
+
+
+if __name__ == "__main__":  # `python -m harness.commands.cli`: servelab without its script
+    main()

@@ -1,0 +1,171 @@
+"""The GPU check's summary (`scripts/gpu_check.sh`, its last step): each step's status and time,
+the kernel tests' counts and failures, the timing tables, the calibrated peaks, and for each
+end-to-end run its outcome, throughput, latencies, telemetry and its decode steps against
+their memory floor. Markdown on stdout; exits 1 when any step failed.
+
+The floor of a decode step is the bytes it must read (weights and the KV it attends, the
+roofline counters of `steps.jsonl`) over the device's peak bandwidth: the published figure
+of a GPU preset whose name the device's matches (`harness.simulate.hardware`), else the
+copy bandwidth calibrated on this machine (in the run's meta.json).
+
+    python -m scripts.gpu_check_summary OUT
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from harness.measure.rundir import read_steps
+from harness.simulate.hardware import PRESETS
+
+TIMED_OUT = 124  # timeout(1)'s status
+
+
+def steps_table(out: Path) -> tuple[list[str], bool]:
+    lines = ["| step | status | seconds |", "|---|---|---|"]
+    failed = False
+    for row in csv.reader((out / "steps.tsv").read_text().splitlines(), delimiter="\t"):
+        name, code, seconds = row
+        status = {"0": "passed", str(TIMED_OUT): "TIMED OUT"}.get(code, f"FAILED (exit {code})")
+        failed |= code != "0"
+        lines.append(f"| {name} | {status} | {seconds} |")
+    return lines, failed
+
+
+def kernel_tests(out: Path) -> list[str]:
+    path = out / "kernel-tests.xml"
+    if not path.exists():
+        return ["no junit report: the kernel tests did not run"]
+    suite = ET.parse(path).getroot()
+    suite = suite if suite.tag == "testsuite" else suite[0]
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    lines = [", ".join(f"{value} {key}" for key, value in counts.items())]
+    for case in suite.iter("testcase"):
+        for problem in (*case.findall("failure"), *case.findall("error")):
+            message = (problem.get("message") or "").splitlines()[:1]
+            lines.append(f"- {case.get('classname')}::{case.get('name')}: {' '.join(message)}")
+    return lines
+
+
+def log_tail(out: Path, name: str, lines: int) -> list[str]:
+    path = out / f"{name}.log"
+    if not path.exists():
+        return [f"({name} did not run)"]
+    return ["```", *path.read_text().splitlines()[-lines:], "```"]
+
+
+def device_bandwidth(meta: dict) -> tuple[float, str] | None:
+    """(bytes/s, where from): a matching GPU preset's published figure, else the calibrated
+    copy peak the run divided by."""
+    device = str((meta.get("device") or {}).get("name", ""))
+    for key, hardware in PRESETS.items():
+        if key.split("-")[0].upper() in device.upper():
+            return hardware.bandwidth, f"{hardware.name} published"
+    peaks = meta.get("peaks") or {}
+    copy = peaks.get("copy_bytes_per_s")
+    return (float(copy), "calibrated copy") if copy else None
+
+
+def run_rows(out: Path) -> list[str]:
+    lines = [
+        "| run | status | completed/failed | output tok/s | TTFT p50 s | TPOT p50 s | MBU | "
+        "telemetry | decode step vs floor |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run_dir in sorted((out / "runs").glob("*")):
+        summary_path, meta_path = run_dir / "summary.json", run_dir / "meta.json"
+        if not summary_path.exists() or not meta_path.exists():
+            lines.append(f"| {run_dir.name} | no summary | | | | | | | |")
+            continue
+        summary = json.loads(summary_path.read_text())
+        meta = json.loads(meta_path.read_text())
+        telemetry = run_dir / "telemetry.csv"
+        rows = max(len(telemetry.read_text().splitlines()) - 1, 0) if telemetry.exists() else 0
+        source = (summary.get("telemetry") or {}).get("source", "?")
+        cells = [
+            run_dir.name,
+            str(summary.get("status")),
+            f"{summary.get('completed')}/{summary.get('failed')}",
+            _number(summary.get("output_throughput")),
+            _number((summary.get("ttft") or {}).get("p50")),
+            _number((summary.get("tpot") or {}).get("p50")),
+            _number(summary.get("mbu_mean")),
+            f"{source}, {rows} rows",
+            decode_floor(run_dir, meta),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def decode_floor(run_dir: Path, meta: dict) -> str:
+    """Median decode step against the time its bytes take at the peak bandwidth."""
+    bandwidth = device_bandwidth(meta)
+    steps = [
+        s
+        for s in read_steps(run_dir)
+        if s.prefill_tokens == 0 and s.decode_tokens > 0 and "bytes" in s.counters
+    ]
+    if bandwidth is None or not steps:
+        return "-"
+    rate, source = bandwidth
+    step_s = statistics.median(s.model_s for s in steps)
+    floor_s = statistics.median(s.counters["bytes"] / rate for s in steps)
+    return (
+        f"{step_s * 1e3:.2f} ms vs {floor_s * 1e3:.2f} ms ({step_s / floor_s:.1f}x; "
+        f"{source} {rate / 1e12:.2f} TB/s; {len(steps)} steps)"
+    )
+
+
+def calibrated(out: Path) -> list[str]:
+    return [
+        line for log in sorted(out.glob("calibrate-*.log")) for line in log_tail(out, log.stem, 9)
+    ]
+
+
+def _number(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, int | float) else "-"
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    table, failed = steps_table(out)
+    sections = [
+        "# GPU check",
+        "",
+        *table,
+        "",
+        "## Machine",
+        *log_tail(out, "machine", 40),
+        "",
+        "## Kernel tests (Triton compiled where CUDA runs)",
+        *kernel_tests(out),
+        "",
+        "## Decode attention",
+        *log_tail(out, "bench-attention", 12),
+        "",
+        "## Int4 linear layers",
+        *log_tail(out, "bench-int4", 16),
+        "",
+        "## Calibrated peaks",
+        *[
+            line
+            for log in sorted(out.glob("calibrate-*.log"))
+            for line in log_tail(out, log.stem, 8)
+        ],
+        "",
+        "## End-to-end runs",
+        *run_rows(out),
+        "",
+        "every step passed" if not failed else "SOME STEPS FAILED: see their logs",
+    ]
+    print("\n".join(sections))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""`scripts/gpu_check.sh --cpu`: the GPU check's steps on the CPU, so the script that will run
+on the GPU machine as it comes is exercised here and does not rot; and its summary, which
+says what failed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from scripts.gpu_check_summary import steps_table
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = [
+    "machine", "kernel-tests", "bench-attention", "bench-int4", "calibrate-fp32",
+    "run-vllm-40", "run-orca-40", "run-fastertransformer-40",
+]  # fmt: skip
+
+
+def test_the_check_runs_every_step_on_the_cpu_and_summarises_them(tmp_path: Path) -> None:
+    out = tmp_path / "check"
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": str(Path.home())}
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--cpu", str(out)],
+        env=env, capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()]
+    assert [row[0] for row in rows] == STEPS and all(row[1] == "0" for row in rows)
+    summary = (out / "summary.md").read_text()
+    assert summary.rstrip().endswith("every step passed")
+    for strategy in ("vllm", "orca", "fastertransformer"):
+        assert f"| {strategy}-40 | complete | 8/0 |" in summary
+    assert (out / "kernel-tests.xml").exists() and " 0 failures, 0 errors" in summary
+
+
+def test_a_failed_or_timed_out_step_is_said(tmp_path: Path) -> None:
+    (tmp_path / "steps.tsv").write_text(
+        "machine\t0\t1\nkernel-tests\t1\t30\nrun-vllm-4\t124\t120\n"
+    )
+    lines, failed = steps_table(tmp_path)
+    assert failed
+    assert lines[2:] == [
+        "| machine | passed | 1 |",
+        "| kernel-tests | FAILED (exit 1) | 30 |",
+        "| run-vllm-4 | TIMED OUT | 120 |",
+    ]
