@@ -1,6 +1,5 @@
 # Two entry points for a fresh machine: `make run` and `make test`. Each creates .venv when
-# missing and installs servelab into it (torch 2.13.0: the CPU build where the machine
-# provides it, the CUDA build from PyPI on a GPU machine).
+# missing and installs servelab into it, torch pinned by constraints.txt.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.servelab-installed
@@ -19,9 +18,9 @@ BENCH_RUNS ?=
 
 .PHONY: run test lint gate claims bench bench-list bench-compare browser clean gpu-wheels
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 # The default comparison: each strategy's knee found on this machine (`servelab search`): a
