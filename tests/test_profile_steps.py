@@ -11,11 +11,12 @@ import pytest
 
 from harness.commands.config import compose
 from harness.commands.profile_steps import ProfileArgs, parse_args, profile_steps
+from harness.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
 from harness.errors import ConfigError
 from harness.runner.backends.simulated import SimulatedBackend
 from harness.runner.run import run
 from harness.simulate.cost_model import TERMS, StepCostModel, StepCounts
-from harness.simulate.profile import DECODE, PREFILL, Grid, Shape, ShapeTimer, fit_table
+from harness.simulate.profile import Grid, ShapeTimer, fit_table
 from tests.conftest import servelab
 from tests.test_simulate import TRUE_SECONDS
 
@@ -145,4 +146,6 @@ def _simulated_timer(root: Path, seconds_per_unit: dict[str, float]) -> ShapeTim
                  "engine.kv_budget=32MiB", "backend=simulated", f"simulate.cost_model={path}"])
     )  # fmt: skip
     engine = backend.engine
-    return ShapeTimer(engine.runner, engine.kv, engine.decoder, 49152, clock=backend.clock)
+    return ShapeTimer(
+        ShapeRunner(engine.runner, engine.kv, engine.decoder, 49152, clock=backend.clock)
+    )

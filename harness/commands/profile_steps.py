@@ -27,6 +27,7 @@ from tqdm import tqdm
 from harness.commands.config import compose
 from harness.commands.fit_steps import described_of
 from harness.engine.engine import Engine
+from harness.engine.shapes import DECODE, Shape, ShapeRunner
 from harness.errors import ConfigError
 from harness.measure.rundir import read_steps, write_json_atomic
 from harness.models.load import model_config_of
@@ -44,11 +45,9 @@ from harness.simulate.cost_model import (
     measured_steps,
 )
 from harness.simulate.profile import (
-    DECODE,
     TABLE_SCHEMA,
     Grid,
     Profiled,
-    Shape,
     ShapeTimer,
     check_fittable,
     every_nth,
@@ -178,7 +177,9 @@ def profile_steps(
     model_path = Path(options.out or f"runs/profile/{model_name(cfg)}-{described['dtype']}.json")
     table_path = Path(options.table or model_path.with_suffix(".grid.json"))
     engine = profiling_engine(cfg, checked, grid, progress)
-    timer = ShapeTimer(engine.runner, engine.kv, engine.decoder, config.vocab_size, options.seed)
+    timer = ShapeTimer(
+        ShapeRunner(engine.runner, engine.kv, engine.decoder, config.vocab_size, options.seed)
+    )
     bar = tqdm(shapes, desc="profile-steps: shapes", unit="shape", disable=not progress)
     table = [timer.profile(shape, options.repeats, options.warmup) for shape in bar]
     seconds = time.perf_counter() - began

@@ -56,6 +56,7 @@ from harness.runner.settings import (
 )
 from harness.runner.startup import Started, start_engine
 from harness.runner.step_delay import delay_flag, step_delay_s
+from harness.runner.warmup import Warmup, warm_up, warmup_shapes
 from kernels.int4_matmul import Int4Kernel
 from kernels.paths import RunKernels, kernel_record
 from reports.run_report import build_run_report
@@ -70,6 +71,7 @@ class Prepared:
     started: Started
     workload: Workload
     requests: list[Request]  # the workload's, as the engine serves them
+    warmup: Warmup | None  # None: engine.warmup=false
 
     @property
     def engine(self) -> Engine:
@@ -88,7 +90,16 @@ def prepare(cfg: DictConfig, clock: Callable[[], float], progress: bool = True) 
     )
     requests = requests_of(workload)
     check_workload(requests, started.engine)
-    return Prepared(started, workload, requests)
+    warmup = None
+    if started.settings.warmup:
+        shapes = warmup_shapes(
+            min(started.settings.max_batch_size, len(requests)),
+            max((len(r.prompt_ids) for r in requests), default=0),
+            started.settings.max_num_batched_tokens,
+        )
+        vocab = started.served.loaded.config.vocab_size
+        warmup = warm_up(started.engine, vocab, shapes, progress)
+    return Prepared(started, workload, requests, warmup)
 
 
 def check_workload(requests: list[Request], engine: Engine) -> None:
@@ -160,6 +171,7 @@ class InProcessBackend(Backend):
             "weight_bytes": self.prepared.served.weight_bytes,
             "weights": served_weights_summary(self.prepared, cache_dir_of(self.cfg)),
             "peaks": peaks_record(self.peaks, cache_dir_of(self.cfg)) if self.peaks else None,
+            "warmup": None if self.prepared.warmup is None else self.prepared.warmup.as_dict(),
         }
 
     def device_auto_on_cpu(self) -> bool:

@@ -47,12 +47,20 @@ class EngineSettings:
     attention: str
     fused_decode: bool  # decode batches through the fused CPU layer where it applies
     seed: int
+    warmup: bool  # each step-shape bucket run once before the measured window
 
 
 def _choice(node: DictConfig, key: str, allowed: tuple[str, ...], prefix: str) -> str:
     value = str(node.get(key))
     if value not in allowed:
         raise ConfigError(f"{prefix}.{key}", f"{value!r} is not one of: {', '.join(allowed)}")
+    return value
+
+
+def _flag(node: DictConfig, key: str, prefix: str) -> bool:
+    value = node.get(key, True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{prefix}.{key}", f"{value!r} is not true or false")
     return value
 
 
@@ -157,4 +165,5 @@ def engine_settings(node: DictConfig) -> EngineSettings:
         attention=_choice(node, "attention", IMPLS, "engine"),
         fused_decode=_choice(node, "fused_decode", FUSED_DECODE, "engine") == "auto",
         seed=int(node.get("seed", 0)),
+        warmup=_flag(node, "warmup", "engine"),
     )

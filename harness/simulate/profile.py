@@ -1,12 +1,11 @@
 """A step-cost model from a grid of step shapes timed on the real model (`servelab
 profile-steps`), rather than from whatever shapes real runs happened to serve.
 
-A shape is `rows` sequences that each feed `new_tokens` tokens after `cached` tokens already
-in the KV cache: prefill chunks (one sequence, many tokens, after an empty or a filled
-cache) and decode batches (many sequences, one token each, at a context length). Each shape
-is fed to the model runner on requests made up for it (random token ids; slots taken from
-the KV manager and given back after) and its logits sampled, which is what a step record's
-`model_s` times; its time is the best of `repeats` after `warmup` untimed forwards. Its
+The grid's shapes are prefill chunks (one sequence, many tokens, after an empty or a filled
+cache) and decode batches (many sequences, one token each, at a context length), each fed to
+the model runner as `harness.engine.shapes` feeds one (its logits accepted, which is what a
+step record's `model_s` times); its time is the best of `repeats` after `warmup` untimed
+forwards. Its
 counts are the engine's own (`StepShape` of the feed, `StepCounts`), so the table and a
 run's steps are counted alike and fitted by the one function (`fit_counts`).
 
@@ -18,50 +17,18 @@ of SmolLM2-135M in fp32 on a CPU) and the gap between steps are not in it (`gap_
 
 from __future__ import annotations
 
-import random
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
-from harness.engine.decoding import Decoder, Verification
-from harness.engine.kv_manager import KVManager
-from harness.engine.model_runner import Feed, Runner
-from harness.engine.request import Request, SamplingParams
+from harness.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
 from harness.engine.step_update import StepShape
 from harness.errors import ConfigError
 from harness.simulate.cost_model import TERMS, FitQuality, StepCostModel, StepCounts, fit_counts
 
 TABLE_SCHEMA = 1
 MIN_SHAPES = len(TERMS)  # a fit of every term needs at least as many shapes as terms
-PREFILL = "prefill"
-DECODE = "decode"
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Shape:
-    """`rows` sequences, each feeding `new_tokens` tokens after `cached` computed ones."""
-
-    kind: str  # prefill | decode
-    rows: int
-    new_tokens: int
-    cached: int
-
-    @property
-    def context(self) -> int:
-        """Each sequence's context after the step."""
-        return self.cached + self.new_tokens
-
-    def feed(self, requests: list[Request]) -> Feed:
-        """What the step feeds for `requests` (one per row, each holding `context` tokens)."""
-        return Feed(
-            requests=requests,
-            starts=[self.cached] * self.rows,
-            counts=[self.new_tokens] * self.rows,
-            ids=[t for r in requests for t in r.prompt_ids[self.cached :]],
-            logits_rows=[(row + 1) * self.new_tokens - 1 for row in range(self.rows)],
-        )
 
 
 @dataclass(frozen=True)
@@ -115,56 +82,16 @@ class Profiled:
 
 
 class ShapeTimer:
-    """Times shapes through `runner` over `kv`, sampling with `decoder` as a step does."""
+    """Times shapes (`ShapeRunner`), each row counted as the engine counts its step."""
 
-    def __init__(
-        self,
-        runner: Runner,
-        kv: KVManager,
-        decoder: Decoder,
-        vocab_size: int,
-        seed: int = 0,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        self.runner = runner
-        self.kv = kv
-        self.decoder = decoder
-        self.vocab_size = vocab_size
-        self.random = random.Random(seed)
-        self.clock = clock
-        self.made = 0  # requests made up so far
+    def __init__(self, shapes: ShapeRunner) -> None:
+        self.shapes = shapes
 
     def profile(self, shape: Shape, repeats: int, warmup: int) -> Profiled:
-        began = self.clock()
-        requests = [self._admitted(shape) for _ in range(shape.rows)]
-        feed = shape.feed(requests)
-        due = [Verification(request, 0) for request in requests]
-        try:
-            for request in requests:
-                request.num_computed_tokens = shape.cached
-            for _ in range(warmup):
-                self._forward(feed, due)
-            samples = [self._forward(feed, due) for _ in range(repeats)]
-        finally:
-            for request in requests:
-                request.num_computed_tokens = 0  # nothing was computed for the KV manager
-                self.kv.free(request)
+        began = self.shapes.clock()
+        feed, samples = self.shapes.run(shape, repeats, warmup)
         counts = StepCounts.of_shape(StepShape.of(feed))
-        return Profiled(shape, counts, min(samples), samples, self.clock() - began)
-
-    def _admitted(self, shape: Shape) -> Request:
-        """A request of `context` random tokens, slots held for all of them."""
-        self.made += 1
-        prompt = [self.random.randrange(self.vocab_size) for _ in range(shape.context)]
-        request = Request(str(self.made), prompt, SamplingParams(max_tokens=1, ignore_eos=True))
-        if not self.kv.admit(request) or not self.kv.grow(request, shape.context):
-            raise RuntimeError(f"the KV cache has no room for a row of {shape}")
-        return request
-
-    def _forward(self, feed: Feed, due: list[Verification]) -> float:
-        start = self.clock()
-        self.decoder.accept(self.runner.run(self.kv, feed), due)
-        return self.clock() - start
+        return Profiled(shape, counts, min(samples), samples, self.shapes.clock() - began)
 
 
 def check_fittable(shapes: int, field_name: str) -> None:
