@@ -71,10 +71,29 @@ class ModelRunner:
         self.cache = cache
         self.attention = attention
         self.device = device
+        self._events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
 
     def run(self, kv: KVManager, feed: Feed) -> torch.Tensor:
-        """Logits [len(feed.logits_rows), vocab] on the model's device."""
+        """Logits [len(feed.logits_rows), vocab] on the model's device; on CUDA the forward
+        is bracketed by a pair of events (`gpu_seconds`)."""
         batch = pack(kv, feed.requests, feed.starts, feed.counts, feed.ids, feed.logits_rows)
+        if self.device.type == "cuda":
+            self._events = (
+                torch.cuda.Event(enable_timing=True),
+                torch.cuda.Event(enable_timing=True),
+            )
+            self._events[0].record()
         with torch.inference_mode():
             logits = self.model(batch.to(self.device), self.cache.k, self.cache.v, self.attention)
+        if self._events is not None:
+            self._events[1].record()
         return logits
+
+    def gpu_seconds(self) -> float | None:
+        """The last forward's time on the GPU, between its events (waiting for the second);
+        None off CUDA."""
+        if self._events is None:
+            return None
+        start, end = self._events
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3

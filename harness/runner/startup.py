@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
 from harness.engine.engine import Engine
+from harness.engine.model_runner import ModelRunner
 from harness.engine.step_update import StepResult
 from harness.measure.calibrate import Peaks, measure_peaks
 from harness.measure.roofline import ModelShape, StepRoofline
@@ -45,10 +46,13 @@ class Started:
     step_delay_s: float  # the test-only delay before every step (0: none)
 
     def step_hooks(self) -> list[StepHook]:
-        """The hooks every loop over this engine runs: roofline counters, the test delay."""
+        """The hooks every loop over this engine runs: roofline counters, the GPU time of each
+        forward on CUDA, the test delay."""
         hooks: list[StepHook] = []
         if self.roofline is not None:
             hooks.append(RooflineHook(self.roofline))
+        if self.settings.device.type == "cuda" and isinstance(self.engine.runner, ModelRunner):
+            hooks.append(GpuTimeHook(self.engine.runner))
         if self.step_delay_s > 0:
             hooks.append(StepDelay(self.step_delay_s))
         return hooks
@@ -115,3 +119,19 @@ class RooflineHook:
     def step_finished(self, result: StepResult) -> None:
         if result.record.num_seqs:
             self.roofline.annotate(result.record)
+
+
+class GpuTimeHook:
+    """Puts each step's forward time on the GPU (CUDA events) beside its wall-clock `model_s`,
+    as the record's `gpu_s` counter."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+
+    def step_started(self, step: int) -> None:
+        del step
+
+    def step_finished(self, result: StepResult) -> None:
+        seconds = self.runner.gpu_seconds()
+        if result.record.num_seqs and seconds is not None:
+            result.record.counters["gpu_s"] = seconds

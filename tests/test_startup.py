@@ -1,6 +1,7 @@
-"""Start-up order: this machine's peaks are calibrated before the KV cache is allocated, so
-the calibration's buffers fit beside the weights even when the KV cache is to take nearly all
-the memory left (on a GPU, engine.kv_budget near the whole device)."""
+"""Start-up: this machine's peaks are calibrated before the KV cache is allocated, so the
+calibration's buffers fit beside the weights even when the KV cache is to take nearly all the
+memory left (on a GPU, engine.kv_budget near the whole device); the step hooks a CPU engine
+runs (no GPU timing: there is no GPU)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,10 @@ def test_peaks_are_calibrated_before_the_kv_cache_is_allocated(monkeypatch) -> N
     started = startup.start_engine(cfg, clock=lambda: 0.0, progress=False)
     assert order == ["peaks", "kv cache"]
     assert started.roofline is not None
+
+
+def test_a_cpu_engine_times_no_gpu() -> None:
+    cfg = compose(["model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false"])
+    started = startup.start_engine(cfg, clock=lambda: 0.0, progress=False)
+    assert not any(isinstance(h, startup.GpuTimeHook) for h in started.step_hooks())
+    assert started.engine.runner.gpu_seconds() is None
