@@ -13,7 +13,7 @@ from harness.engine.shapes import DECODE, PREFILL, Shape
 from harness.errors import ConfigError
 from harness.measure.rundir import read_requests
 from harness.runner.run import prepare, run
-from harness.runner.warmup import powers_up_to, warmup_shapes
+from harness.runner.warmup import powers_up_to, warm_up, warmup_shapes
 
 TINY = [
     "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
@@ -65,3 +65,14 @@ def test_a_run_records_its_warm_up_apart_and_serves_the_same_tokens(tmp_path: Pa
 def test_warmup_must_be_true_or_false() -> None:
     with pytest.raises(ConfigError, match="engine.warmup: 'yes' is not true or false"):
         prepare(compose([*TINY, "engine.warmup=yes"]), clock=lambda: 0.0, progress=False)
+
+
+def test_a_shape_the_kv_cache_cannot_hold_is_skipped_and_nothing_is_held() -> None:
+    cfg = compose([*TINY, "strategy=vllm", "engine.warmup=false", "engine.kv_budget=1MiB"])
+    prepared = prepare(cfg, clock=lambda: 0.0, progress=False)
+    vocab = prepared.served.loaded.config.vocab_size
+    too_many, one = Shape(DECODE, 4096, 1, 16), Shape(DECODE, 1, 1, 16)
+    warmup = warm_up(prepared.engine, vocab, [too_many, one], progress=False)
+    assert warmup.skipped == [too_many] and warmup.shapes == [one]
+    prepared.engine.kv.check_integrity()
+    assert prepared.engine.kv.stats().allocated_slots == 0
