@@ -322,3 +322,25 @@ def test_a_probe_over_its_share_of_the_budget_waits_while_the_others_refine() ->
     last_b = max(i for i, (s, _) in enumerate(order) if s == "b")
     assert ("slow", 0.125) in order[last_b:]  # what b left went back to slow
     assert clock.now <= 1000.0
+
+
+def test_bounds_that_meet_wider_than_the_clear_verdicts_are_not_called_resolved() -> None:
+    """Every probe between 2.6 and 3 req/s straddles the target (44 of 48, 88 of 96), 2.5
+    clearly passes and the rates above 3 clearly fail (half met): the steering bounds meet
+    near 2.8, but the clear verdicts say [2.5, 3.1), wider than 10%, and so does the fit. The
+    search goes on probing at the fitted knee and, when the budget ends first, says so: not
+    resolved, its note its own."""
+
+    class Plateau(System):
+        def at(self, rate: float, requests: int) -> Outcome:
+            self.calls.append(("rate", rate, requests))
+            share = 1.0 if rate <= 2.6 else 0.92 if rate <= 3.0 else 0.5
+            return self._outcome(round(requests * share), requests, requests / rate)
+
+    system = Plateau(knee=3.0, ceiling=10.0)
+    knee = _search(system, budget_s=400.0)
+    assert knee.passed == 2.5 and knee.failed is not None and knee.failed / knee.passed > 1.1
+    assert knee.fit is not None and knee.fit.width > 1.1
+    assert not knee.resolved and "budget spent" in knee.note
+    rates = [round(rate, 2) for kind, rate, _ in system.calls if kind == "rate"]
+    assert max(rates.count(rate) for rate in rates) >= 4  # refined at the fitted knee

@@ -11,6 +11,10 @@ time budget going where the knee is least known.
    or until the knee fitted on every rate probe's requests (`attainment_curve`) is known
    within `resolution`. Once there is such a fit, the next rate is its knee, kept inside the
    middle half of the bracket (in log rate) so the bracket still narrows by a quarter or more.
+   Where the steering bounds meet but neither the clear verdicts nor the fit are within
+   `resolution` (probes at the knee straddle the target: no single one decides), the
+   probes go on at the fitted knee, each adding requests to the fit, until it is within
+   `resolution` or the budget ends.
 
 A probe whose attainment interval straddles the target (`Verdict.KNEE`) is run again with
 twice the requests, up to `max_requests`; if it still straddles, it is evidence of where the
@@ -264,8 +268,17 @@ class KneeSearch:
                 )
             elif knee.failed is None:
                 self._finish("no rate below the ceiling clearly failed: the knee is near it")
-            else:
+            elif knee.failed / knee.passed <= resolution:
                 self._finish("")
+            elif knee.fit is not None and knee.fit.width < math.inf:
+                self.rate = min(max(knee.fit.estimate, self.low), self.high)  # more requests
+            else:
+                self._finish(
+                    f"the probes near {self.low:.3g}-{self.high:.3g} req/s straddle the target:"
+                    f" the knee is known within [{knee.passed:.3g}, {knee.failed:.3g})"
+                    " (longer probes: search.max_requests)",
+                    resolved=False,
+                )
             return
         self.rate = self._next_rate()
 
@@ -325,6 +338,10 @@ def find_knees(
         waiting = sorted((s for s in searches if not s.done), key=lambda s: s.turn)
         left_s = deadline - clock()
         wants = [(s, s.wanted(left_s)) for s in waiting]
+        wants = [(s, want) for s, want in wants if not s.done]  # wanting can end a search
+        if not wants:
+            return [s.knee for s in searches]
+        waiting = [s for s, _ in wants]
         fitting = [(s, want) for s, want in wants if want.cost_s <= left_s]
         if not fitting:
             for search, want in wants:
