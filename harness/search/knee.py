@@ -12,9 +12,9 @@ time budget going where the knee is least known.
    within `resolution`. Once there is such a fit, the next rate is its knee, kept inside the
    middle half of the bracket (in log rate) so the bracket still narrows by a quarter or more.
    Where the steering bounds meet but neither the clear verdicts nor the fit are within
-   `resolution` (probes at the knee straddle the target: no single one decides), the
-   probes go on at the fitted knee, each adding requests to the fit, until it is within
-   `resolution` or the budget ends.
+   `resolution` (probes at the knee straddle the target: no single one decides), the search
+   ends unresolved and says what it knows. (Probing that rate again would add nothing: the
+   same rate, requests and seed are the same run, which a rerun reuses.)
 
 A probe whose attainment interval straddles the target (`Verdict.KNEE`) is run again with
 twice the requests, up to `max_requests`; if it still straddles, it is evidence of where the
@@ -270,8 +270,6 @@ class KneeSearch:
                 self._finish("no rate below the ceiling clearly failed: the knee is near it")
             elif knee.failed / knee.passed <= resolution:
                 self._finish("")
-            elif knee.fit is not None and knee.fit.width < math.inf:
-                self.rate = min(max(knee.fit.estimate, self.low), self.high)  # more requests
             else:
                 self._finish(
                     f"the probes near {self.low:.3g}-{self.high:.3g} req/s straddle the target:"
