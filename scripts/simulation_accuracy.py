@@ -166,7 +166,8 @@ def simulated_knees(search_dir: Path, record: dict, cost: Path, out: Path) -> li
         f"search.max_requests={settings['max_requests']}",
         f"search.floor_requests={settings['floor_requests']}",
         f"search.ceiling_requests={settings['ceiling_requests']}",
-        f"search.resolution={settings['resolution']}", "search.budget_s=1e9",
+        f"search.resolution={settings['resolution']}",
+        f"search.budget_s={record['settings']['budget_s']}",  # simulated seconds, as it had
         f"search.out_dir={out / 'search'}", *limits,
     ]  # fmt: skip
     knees, _ = search(overrides, compose, lambda cfg, d: run(cfg, d, progress=False))

@@ -70,7 +70,7 @@ class SmoothSystem(System):
     """A strategy whose share of requests meeting the SLO falls smoothly with the rate (the
     expected count of a logistic curve): no single 48-request probe decides within 10%."""
 
-    def at(self, rate: float, requests: int) -> Outcome:
+    def at(self, rate: float, requests: int, repeat: int = 0) -> Outcome:
         self.calls.append(("rate", rate, requests))
         met = round(requests * _share(rate, self.knee, 6.0))
         return self._outcome(met, requests, requests / rate)

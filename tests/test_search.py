@@ -42,7 +42,7 @@ class System:
         self.calls.append(("ceiling", None, requests))
         return self._outcome(0, requests, 2.0)
 
-    def at(self, rate: float, requests: int) -> Outcome:
+    def at(self, rate: float, requests: int, repeat: int = 0) -> Outcome:
         self.calls.append(("rate", rate, requests))
         low, high = self.straddle
         if low <= rate <= high:
@@ -291,7 +291,7 @@ def test_steering_bounds_that_meet_without_a_clear_pass_are_not_resolved() -> No
     so the knee is not resolved."""
 
     class Straddling(System):
-        def at(self, rate: float, requests: int) -> Outcome:
+        def at(self, rate: float, requests: int, repeat: int = 0) -> Outcome:
             self.calls.append(("rate", rate, requests))
             if rate <= self.knee:
                 return self._outcome(round(requests * 46 / 48), requests, requests / rate)
@@ -324,21 +324,60 @@ def test_a_probe_over_its_share_of_the_budget_waits_while_the_others_refine() ->
     assert clock.now <= 1000.0
 
 
-def test_bounds_that_meet_wider_than_the_clear_verdicts_are_not_called_resolved() -> None:
+def test_bounds_that_meet_wider_than_the_clear_verdicts_are_refined_on_new_requests() -> None:
     """Every probe between 2.6 and 3 req/s straddles the target (44 of 48, 88 of 96), 2.5
     clearly passes and the rates above 3 clearly fail (half met): the steering bounds meet
-    near 2.8, but the clear verdicts say [2.5, 3.1), wider than 10%, and so does the fit: not
-    resolved, and the note says what is known."""
+    near 2.8 while the clear verdicts say [2.5, 3.1) and the fit is wider than 10%. The
+    search goes on at the fitted knee, each probe on the next workload seed (the same seed
+    would be the same run) and max_requests long: within a short budget it ends unresolved,
+    saying so; given time, the fit comes within 10% and resolves it."""
 
     class Plateau(System):
-        def at(self, rate: float, requests: int) -> Outcome:
+        def __init__(self) -> None:
+            super().__init__(knee=3.0, ceiling=10.0)
+            self.repeats: list[int] = []
+
+        def at(self, rate: float, requests: int, repeat: int = 0) -> Outcome:
             self.calls.append(("rate", rate, requests))
+            self.repeats.append(repeat)
             share = 1.0 if rate <= 2.6 else 0.92 if rate <= 3.0 else 0.5
             return self._outcome(round(requests * share), requests, requests / rate)
 
-    system = Plateau(knee=3.0, ceiling=10.0)
-    knee = _search(system)
+    short = Plateau()
+    knee = _search(short, budget_s=400.0)
     assert knee.passed == 2.5 and knee.failed is not None and knee.failed / knee.passed > 1.1
-    assert knee.fit is not None and knee.fit.width > 1.1
-    assert not knee.resolved
-    assert "straddle the target: the knee is known within [2.5, 3.1)" in knee.note
+    assert not knee.resolved and "budget spent" in knee.note
+    refined = [r for r in short.repeats if r > 0]
+    assert refined == list(range(1, len(refined) + 1)) and len(refined) >= 2
+    rate_calls = [n for kind, _, n in short.calls if kind == "rate"]
+    assert all(
+        n == SETTINGS.max_requests for n, r in zip(rate_calls, short.repeats, strict=True) if r > 0
+    )
+    long = Plateau()
+    knee = _search(long)
+    assert knee.resolved and knee.fit is not None and knee.fit.width <= 1.1
+    assert knee.failed is not None and knee.failed / knee.passed > 1.1  # the fit resolved it
+
+
+def test_a_repeat_probe_draws_the_workload_with_the_next_seed_in_its_own_directory(
+    tmp_path,
+) -> None:
+    """The prober behind `servelab search`: a repeat at a rate is a new run on other requests
+    (workload seed + repeat, its own directory), never the first probe's run reused."""
+    from harness.commands.config import compose
+    from harness.commands.search import RunProber, SearchSettings, SimulatedClock
+
+    seen: list[tuple[int, str]] = []
+
+    def record(cfg, run_dir) -> dict:
+        seen.append((int(cfg.workload.seed), run_dir.name))
+        return {"status": "complete", "completed": 4, "slo_attainment": 1.0, "duration_s": 1.0}
+
+    overrides = ["slo.ttft_s=1", f"search.out_dir={tmp_path}"]
+    settings = SearchSettings.of(compose(overrides))
+    simulated = SimulatedClock()  # over simulated runs the budget counts simulated seconds
+    prober = RunProber(overrides, "vllm", settings, compose, record, simulated)
+    first = prober.at(0.5, 4)
+    prober.at(0.5, 4, repeat=2)
+    assert seen == [(0, "rate-0.5-n4"), (2, "rate-0.5-n4-repeat2")]
+    assert first.seconds == 1.0 and simulated() == 2.0

@@ -4,12 +4,13 @@ interval found on this machine (`harness.search.knee`).
 A rate is sustained by the one SLO rule (`harness.measure.slo`): at least `slo.attainment` of
 the requests meet every configured limit, each latency from arrival, failed requests counted
 as misses; each probe's verdict carries the attainment's interval (`harness.measure.verdict`).
-The time budget (`search.budget_s`) is shared among the strategies (a knee with no passing
-rate probed first, the strategy that spent least first, none past an equal share while
-another's probe fits in its own) and said up front; what it could
-not resolve is said at the end. Every probe is a full run in its own directory under
-`search.out_dir/STRATEGY/` (floor, ceiling, rate-R-nN), so the evidence for every answer can
-be opened, a rerun reuses complete probes, and `servelab report` draws them.
+The time budget (`search.budget_s`; over simulated runs, in the seconds they simulate) is
+shared among the strategies (a knee with no passing rate probed first, the strategy that
+spent least first, none past an equal share while another's probe fits in its own) and said
+up front; what it could not resolve is said at the end. Every probe is a full run in its own
+directory under `search.out_dir/STRATEGY/` (floor, ceiling, rate-R-nN, rate-R-nN-repeatK
+for a probe at the knee on new requests), so the evidence for every answer can be opened, a
+rerun reuses complete probes, and `servelab report` draws them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from harness.commands.config import compose
 from harness.errors import ConfigError
 from harness.measure.slo import LIMITS, SLO
 from harness.measure.verdict import attainment
+from harness.runner.backends import backend_of
 from harness.search.attainment_curve import KneeFit
 from harness.search.knee import (
     Knee,
@@ -107,6 +109,17 @@ class SearchSettings:
         )
 
 
+class SimulatedClock:
+    """The search's clock over simulated runs: the seconds they simulated, so a budget means
+    the same in a simulation as on the machine (their wall time is a small part of it)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class RunProber:
     """Probes of one strategy as runs of the composed config, each in its own directory."""
 
@@ -117,12 +130,14 @@ class RunProber:
         settings: SearchSettings,
         compose: Callable[[list[str]], DictConfig],
         run: RunFn,
+        simulated: SimulatedClock | None = None,
     ) -> None:
         self.overrides = [*overrides, f"strategy={strategy}"]
         self.out_dir = settings.out_dir / strategy
         self.confidence = settings.confidence
         self.compose = compose
         self.run = run
+        self.simulated = simulated
 
     def floor(self, requests: int) -> Outcome:
         return self._probe("floor", FLOOR_ARRIVAL, requests)
@@ -130,24 +145,32 @@ class RunProber:
     def ceiling(self, requests: int) -> Outcome:
         return self._probe("ceiling", ["workload.arrival.process=offline"], requests)
 
-    def at(self, rate: float, requests: int) -> Outcome:
+    def at(self, rate: float, requests: int, repeat: int = 0) -> Outcome:
         arrival = ["workload.arrival.process=poisson", f"workload.arrival.rate={rate:.4g}"]
         stop = [f"slo.stop_early={self.confidence}"]  # over saturation, it ends once it must fail
-        return self._probe(f"rate-{rate:.4g}-n{requests}", [*arrival, *stop], requests)
+        name = f"rate-{rate:.4g}-n{requests}" + (f"-repeat{repeat}" if repeat else "")
+        return self._probe(name, [*arrival, *stop], requests, repeat)
 
     def reference(self, requests: int) -> dict:
         """The summary of a floor run: its latencies' medians are what scaled limits scale."""
         return self._run("reference-floor", FLOOR_ARRIVAL, requests)[0]
 
-    def _run(self, name: str, arrival: list[str], requests: int) -> tuple[dict, Path, float]:
+    def _run(
+        self, name: str, arrival: list[str], requests: int, repeat: int = 0
+    ) -> tuple[dict, Path, float]:
         cfg = self.compose([*self.overrides, *arrival, f"workload.num_requests={requests}"])
+        cfg.workload.seed = int(cfg.workload.seed) + repeat  # a repeat draws other requests
         run_dir = self.out_dir / name
         start = time.monotonic()
         summary = self.run(cfg, run_dir)
+        if self.simulated is not None:
+            served_s = float(summary.get("duration_s") or 0.0)
+            self.simulated.now += served_s
+            return summary, run_dir, served_s
         return summary, run_dir, time.monotonic() - start
 
-    def _probe(self, name: str, arrival: list[str], requests: int) -> Outcome:
-        summary, run_dir, seconds = self._run(name, arrival, requests)
+    def _probe(self, name: str, arrival: list[str], requests: int, repeat: int = 0) -> Outcome:
+        summary, run_dir, seconds = self._run(name, arrival, requests, repeat)
         stopped = summary.get("stopped_early") if summary.get("status") == "stopped" else None
         if stopped is not None:  # the best case still possible when it stopped: a failure
             counted = int(stopped["counted"])
@@ -165,20 +188,25 @@ class RunProber:
 def search(
     overrides: list[str], compose: Callable[[list[str]], DictConfig], run: RunFn
 ) -> tuple[list[Knee], SearchSettings]:
-    settings = SearchSettings.of(compose(overrides))
+    cfg = compose(overrides)
+    settings = SearchSettings.of(cfg)
     print(plan_line(settings), flush=True)
-    deadline = time.monotonic() + settings.budget_s
+    simulated = SimulatedClock() if backend_of(cfg) == "simulated" else None
+    clock = simulated or time.monotonic
+    deadline = clock() + settings.budget_s
     if settings.slo_scale:
-        first = RunProber(overrides, settings.strategies[0], settings, compose, run)
+        first = RunProber(overrides, settings.strategies[0], settings, compose, run, simulated)
         limits = scaled_limits(settings.slo_scale, first.reference(settings.knee.floor_requests))
         print(limits_line(settings.strategies[0], settings.slo_scale, limits), flush=True)
         kept = [
             o for o in overrides if o.split("=")[0].lstrip("+") not in {f"slo.{k}" for k in limits}
         ]
         overrides = [*kept, *(f"slo.{key}={value:.4g}" for key, value in limits.items())]
-    probers = {s: RunProber(overrides, s, settings, compose, run) for s in settings.strategies}
-    left_s = max(deadline - time.monotonic(), 0.0)
-    knees = find_knees(probers, settings.knee, left_s, seen=print_probe)
+    probers = {
+        s: RunProber(overrides, s, settings, compose, run, simulated) for s in settings.strategies
+    }
+    left_s = max(deadline - clock(), 0.0)
+    knees = find_knees(probers, settings.knee, left_s, clock, seen=print_probe)
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     record = {
         "settings": _jsonable(asdict(settings)),

@@ -13,8 +13,10 @@ time budget going where the knee is least known.
    middle half of the bracket (in log rate) so the bracket still narrows by a quarter or more.
    Where the steering bounds meet but neither the clear verdicts nor the fit are within
    `resolution` (probes at the knee straddle the target: no single one decides), the search
-   ends unresolved and says what it knows. (Probing that rate again would add nothing: the
-   same rate, requests and seed are the same run, which a rerun reuses.)
+   goes on at the fitted knee on new requests: each further probe draws the workload with
+   the next seed (the same rate, requests and seed would be the same run, which a rerun
+   reuses), `max_requests` of them, until the fit is within `resolution` or the budget ends.
+   Without a bounded fit it ends unresolved and says what it knows.
 
 A probe whose attainment interval straddles the target (`Verdict.KNEE`) is run again with
 twice the requests, up to `max_requests`; if it still straddles, it is evidence of where the
@@ -148,8 +150,9 @@ class Prober(Protocol):
     def ceiling(self, requests: int) -> Outcome:
         """`requests` sent all at once."""
 
-    def at(self, rate: float, requests: int) -> Outcome:
-        """`requests` arriving as a Poisson process of `rate` req/s."""
+    def at(self, rate: float, requests: int, repeat: int = 0) -> Outcome:
+        """`requests` arriving as a Poisson process of `rate` req/s; `repeat` > 0: the
+        workload drawn again with another seed (new requests, not a rerun)."""
 
 
 ProbeSeen = Callable[[str, Probe], None]  # (strategy, probe) as each probe ends
@@ -162,6 +165,7 @@ class RateProbe:
     rate: float
     requests: int
     cost_s: float
+    repeat: int = 0  # > 0: a probe at the knee on new requests (another workload seed)
 
 
 class KneeSearch:
@@ -179,6 +183,7 @@ class KneeSearch:
         self.requests = settings.requests  # ... with this many requests
         self.likely = False  # the last probe's point estimate met the target
         self.spent_s = 0.0  # wall time of this strategy's rate probes so far
+        self.repeats = 0  # probes at the fitted knee on new requests, once the bounds met
 
     def anchor(self) -> None:
         """The floor and ceiling probes: whether any rate is sustained, and the range."""
@@ -216,11 +221,11 @@ class KneeSearch:
         if self.requests > self.settings.requests and self._cost(self.requests) > remaining_s:
             self.requests = self.settings.requests
             self._steer()
-        return RateProbe(self.rate, self.requests, self._cost(self.requests))
+        return RateProbe(self.rate, self.requests, self._cost(self.requests), self.repeats)
 
     def probe_rate(self, probe: RateProbe) -> None:
         settings, knee = self.settings, self.knee
-        outcome = self.prober.at(probe.rate, probe.requests)
+        outcome = self.prober.at(probe.rate, probe.requests, probe.repeat)
         self.spent_s += outcome.seconds
         decided = self._add("rate", probe.rate, probe.requests, outcome)
         knee.fit = fit_knee(self._evidence(), settings.target, settings.confidence)
@@ -230,6 +235,9 @@ class KneeSearch:
             knee.failed = min(knee.failed or probe.rate, probe.rate)
         # a knee probe steers by its point estimate
         self.likely = outcome.attainment.share >= settings.target
+        if self.repeats:  # at the knee on new requests: each probe is evidence for the fit
+            self._refine()
+            return
         if decided is Verdict.KNEE and probe.requests * 2 <= settings.max_requests:
             self.requests = probe.requests * 2  # lengthened first, if the budget allows
             return
@@ -270,6 +278,8 @@ class KneeSearch:
                 self._finish("no rate below the ceiling clearly failed: the knee is near it")
             elif knee.failed / knee.passed <= resolution:
                 self._finish("")
+            elif knee.fit is not None and knee.fit.width < math.inf:
+                self._refine()
             else:
                 self._finish(
                     f"the probes near {self.low:.3g}-{self.high:.3g} req/s straddle the target:"
@@ -279,6 +289,18 @@ class KneeSearch:
                 )
             return
         self.rate = self._next_rate()
+
+    def _refine(self) -> None:
+        """The next probe at the fitted knee, on requests no probe has served (the next
+        workload seed), `max_requests` of them; done once the fit is within the resolution."""
+        fit = self.knee.fit
+        if fit is not None and fit.width <= 1 + self.settings.resolution:
+            self._finish("")
+            return
+        if fit is not None:
+            self.rate = fit.estimate
+        self.requests = self.settings.max_requests
+        self.repeats += 1
 
     def _next_rate(self) -> float:
         """The fitted knee, kept within the middle half of the bracket in log rate; the
