@@ -71,17 +71,17 @@ class ModelRunner:
         self.cache = cache
         self.attention = attention
         self.device = device
-        self._events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+        self._events = (  # around every forward on CUDA, made once and recorded again
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            if device.type == "cuda"
+            else None
+        )
 
     def run(self, kv: KVManager, feed: Feed) -> torch.Tensor:
         """Logits [len(feed.logits_rows), vocab] on the model's device; on CUDA the forward
         is bracketed by a pair of events (`gpu_seconds`)."""
         batch = pack(kv, feed.requests, feed.starts, feed.counts, feed.ids, feed.logits_rows)
-        if self.device.type == "cuda":
-            self._events = (
-                torch.cuda.Event(enable_timing=True),
-                torch.cuda.Event(enable_timing=True),
-            )
+        if self._events is not None:
             self._events[0].record()
         with torch.inference_mode():
             logits = self.model(batch.to(self.device), self.cache.k, self.cache.v, self.attention)
@@ -91,7 +91,7 @@ class ModelRunner:
 
     def gpu_seconds(self) -> float | None:
         """The last forward's time on the GPU, between its events (waiting for the second);
-        None off CUDA."""
+        None off CUDA. Asked only after a forward."""
         if self._events is None:
             return None
         start, end = self._events

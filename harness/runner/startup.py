@@ -132,6 +132,7 @@ class GpuTimeHook:
         del step
 
     def step_finished(self, result: StepResult) -> None:
-        seconds = self.runner.gpu_seconds()
-        if result.record.num_seqs and seconds is not None:
-            result.record.counters["gpu_s"] = seconds
+        if result.record.num_seqs:  # the step ran a forward
+            seconds = self.runner.gpu_seconds()
+            if seconds is not None:
+                result.record.counters["gpu_s"] = seconds

@@ -5,9 +5,8 @@ The grid's shapes are prefill chunks (one sequence, many tokens, after an empty 
 cache) and decode batches (many sequences, one token each, at a context length), each fed to
 the model runner as `harness.engine.shapes` feeds one (its logits accepted, which is what a
 step record's `model_s` times); its time is the best of `repeats` after `warmup` untimed
-forwards. Its
-counts are the engine's own (`StepShape` of the feed, `StepCounts`), so the table and a
-run's steps are counted alike and fitted by the one function (`fit_counts`).
+forwards. Its counts are the engine's own (`StepShape` of the feed, `StepCounts`), so the
+table and a run's steps are counted alike and fitted by the one function (`fit_counts`).
 
 In every shape each sequence's next token is due, so `seqs` and `logits_rows` move together
 and the fit splits their cost evenly; and the grid times forwards only: the loop's
