@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -84,6 +85,28 @@ def summary_from_records(
 ) -> dict[str, Any]:
     """The summary's metrics recomputed from the records, for runs that wrote no summary."""
     return summarize(requests, steps, slo)
+
+
+@dataclass(frozen=True)
+class ThinnedSteps:
+    """A long run's steps cut to what a page can draw: `over_time` holds the mean of each
+    `group` consecutive steps (the first step's start time), `sampled` every `group`-th step
+    as recorded (for scatter plots, where a mean would be a step that never ran)."""
+
+    over_time: pd.DataFrame
+    sampled: pd.DataFrame
+    group: int  # 1: every step as recorded
+
+    @classmethod
+    def of(cls, steps: pd.DataFrame, limit: int) -> ThinnedSteps:
+        group = max(math.ceil(len(steps) / limit), 1)
+        if group == 1:
+            return cls(steps, steps, 1)
+        bucket = np.arange(len(steps)) // group
+        numeric = steps.select_dtypes("number")
+        over_time = numeric.groupby(bucket).mean()
+        over_time["t_start"] = numeric["t_start"].groupby(bucket).first()
+        return cls(over_time, steps.iloc[::group], group)
 
 
 def step_metrics(steps: pd.DataFrame) -> pd.DataFrame:

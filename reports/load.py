@@ -13,16 +13,14 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pandas as pd
 import yaml
 
 from harness.errors import ConfigError
-from harness.measure.rundir import REQUESTS, STEPS, read_records
+from harness.measure.rundir import REQUESTS, STEPS, RunRecords
 from harness.records import RequestRecord, StepRecord
-
-R = TypeVar("R", RequestRecord, StepRecord)
 
 SUMMARY = "summary.json"
 TELEMETRY = "telemetry.csv"
@@ -147,8 +145,9 @@ def find_run_dirs(paths: Iterable[Path]) -> list[Path]:
     return sorted(found)
 
 
-def load_run(path: Path) -> RunData:
-    """Read one run directory; missing or damaged parts become empty and are noted."""
+def load_run(path: Path, records: RunRecords | None = None) -> RunData:
+    """Read one run directory; missing or damaged parts become empty and are noted.
+    `records`: its records when they were read already (they are not read again)."""
     if not is_run_dir(path):
         raise ConfigError(
             "run_dir", f"{path} has neither {SUMMARY} nor {REQUESTS}; pass a run directory"
@@ -157,13 +156,17 @@ def load_run(path: Path) -> RunData:
     summary = _read_json(path / SUMMARY, problems)
     if summary is None:
         problems.append(f"no {SUMMARY}: the run did not finish; figures show what was recorded")
+    records = RunRecords.read(path) if records is None else records
+    for name, skipped in ((REQUESTS, records.skipped_requests), (STEPS, records.skipped_steps)):
+        if skipped:
+            problems.append(f"{name}: skipped {skipped} unreadable line(s)")
     return RunData(
         path=path,
         config=_read_config(path, problems),
         meta=_read_json(path / META, problems) or {},
         summary=summary,
-        request_records=_read_records(path / REQUESTS, RequestRecord, problems),
-        step_records=_read_records(path / STEPS, StepRecord, problems),
+        request_records=records.requests,
+        step_records=records.steps,
         telemetry=_read_csv(path / TELEMETRY, problems),
         problems=problems,
     )
@@ -191,14 +194,6 @@ def _read_json(path: Path, problems: list[str]) -> dict[str, Any] | None:
         problems.append(f"{path.name} unreadable: {exc}")
         return None
     return as_dict(loaded)
-
-
-def _read_records(path: Path, kind: type[R], problems: list[str]) -> list[R]:
-    """The run directory reader's records, with the lines it left out noted as a problem."""
-    records, skipped = read_records(path, kind)
-    if skipped:
-        problems.append(f"{path.name}: skipped {skipped} unreadable line(s)")
-    return records
 
 
 def _read_csv(path: Path, problems: list[str]) -> pd.DataFrame:

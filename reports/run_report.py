@@ -15,10 +15,12 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from harness.measure.rundir import RunRecords
 from harness.measure.slo import SLO
 from harness.measure.summary_schema import LATENCY_METRICS, METRICS, STAT_KEYS
 from reports.colors import assign_colors
 from reports.derive import (
+    ThinnedSteps,
     request_metrics,
     slo_attainment,
     step_metrics,
@@ -39,6 +41,7 @@ from reports.run_figures import (
 )
 
 REPORT_NAME = "report.html"
+STEP_POINTS = 4000  # per step figure: past this, steps are averaged in groups (ThinnedSteps)
 META_ROWS = 40
 
 THROUGHPUT_ROWS = tuple(  # (key, label, unit), from the summary schema
@@ -71,9 +74,12 @@ THROUGHPUT_ROWS = tuple(  # (key, label, unit), from the summary schema
 )
 
 
-def build_run_report(run_dir: Path, out: Path | None = None) -> Path:
-    """Write the report of the run in `run_dir` (default `run_dir/report.html`); return its path."""
-    run = load_run(run_dir)
+def build_run_report(
+    run_dir: Path, out: Path | None = None, records: RunRecords | None = None
+) -> Path:
+    """Write the report of the run in `run_dir` (default `run_dir/report.html`); return its path.
+    `records`: the run's records when they were read already."""
+    run = load_run(run_dir, records)
     page = Page(f"Run report: {run.strategy_name} on {run.workload_name}")
     summary = _summary(run, page)
     metrics = request_metrics(run.request_records) if run.request_records else None
@@ -259,12 +265,21 @@ def _figures_section(
     if steps.empty:
         page.paragraph("No steps recorded.", "warn")
     else:
+        thinned = ThinnedSteps.of(steps, STEP_POINTS)
+        if thinned.group > 1:
+            page.paragraph(
+                f"{len(steps):,} steps: the figures over time show the mean of each "
+                f"{thinned.group:,} consecutive steps, the roofline every {thinned.group:,}th "
+                "step; the summary counts every step.",
+                "note",
+            )
+        over_time = thinned.over_time
         figures: list[go.Figure | None] = [
-            batch_figure(steps),
-            tokens_figure(steps),
-            kv_figure(steps),
-            utilization_figure(steps),
-            roofline_figure(steps, as_dict(run.meta.get("peaks"))),
+            batch_figure(over_time),
+            tokens_figure(over_time),
+            kv_figure(over_time),
+            utilization_figure(over_time),
+            roofline_figure(thinned.sampled, as_dict(run.meta.get("peaks"))),
             acceptance_figure(summary.get("acceptance_histogram") or []),
         ]
         page.figures([f for f in figures if f is not None])

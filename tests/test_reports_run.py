@@ -11,7 +11,7 @@ import pytest
 from reports_rundirs import RunSpec, page_text, write_run
 
 from harness.records import RequestRecord
-from reports.derive import request_metrics
+from reports.derive import ThinnedSteps, request_metrics
 from reports.run_figures import request_timeline
 from reports.run_report import build_run_report
 
@@ -161,3 +161,27 @@ def test_steps_above_the_calibrated_peak_are_flagged(tmp_path: Path) -> None:
     assert "1 step(s) exceed an MFU or MBU of 1" in html
     clean = page_text(build_run_report(write_run(tmp_path, RunSpec(name="clean"))))
     assert "exceed an MFU or MBU of 1" not in clean
+
+
+def test_thinned_steps_average_each_group_and_sample_every_group_th_step() -> None:
+    steps = pd.DataFrame(
+        {"step": range(10), "t_start": [0.5 * i for i in range(10)], "num_seqs": range(10)}
+    )
+    thinned = ThinnedSteps.of(steps, limit=4)  # 10 steps, at most 4 points: groups of 3
+    assert thinned.group == 3
+    assert thinned.over_time["num_seqs"].tolist() == [1.0, 4.0, 7.0, 9.0]
+    assert thinned.over_time["t_start"].tolist() == [0.0, 1.5, 3.0, 4.5]
+    assert thinned.sampled["step"].tolist() == [0, 3, 6, 9]
+    assert ThinnedSteps.of(steps, limit=10).over_time is steps
+
+
+def test_a_run_with_more_steps_than_a_figure_draws_says_how_they_were_thinned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = write_run(tmp_path, RunSpec())
+    steps = len((run_dir / "steps.jsonl").read_text().splitlines())
+    monkeypatch.setattr("reports.run_report.STEP_POINTS", 4)
+    html = page_text(build_run_report(run_dir))
+    group = -(-steps // 4)
+    assert f"{steps:,} steps: the figures over time show the mean of each {group:,}" in html
+    assert "Batch size per step" in figure_titles(html)

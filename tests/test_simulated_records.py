@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import harness.measure.rundir as rundir
 from harness.commands.config import compose
 from harness.measure.rundir import read_requests, read_steps
 from harness.runner.run import run
@@ -90,3 +91,21 @@ def test_a_simulated_run_records_exactly_what_it_recorded(name: str, cost: Path,
     assert sum(s.preempted for s in recorded) == preemptions
     assert max(s.waiting for s in recorded) == waiting
     assert digest(tmp_path) == expected
+
+
+def test_a_run_reads_its_records_back_once_for_summary_flags_and_report(
+    cost: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read = []
+    original = rundir.read_records
+
+    def counted(path: Path, kind: type) -> tuple[list, int]:
+        read.append(path.name)
+        return original(path, kind)
+
+    monkeypatch.setattr(rundir, "read_records", counted)
+    overrides, *_ = PINNED["vllm"]
+    simulated = [*WORKLOAD, *overrides, "backend=simulated", f"simulate.cost_model={cost}"]
+    run(compose(simulated), tmp_path, progress=False)
+    assert read == ["requests.jsonl", "steps.jsonl"]
+    assert (tmp_path / "report.html").is_file()

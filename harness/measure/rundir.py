@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -73,6 +74,23 @@ def read_requests(run_dir: Path) -> list[RequestRecord]:
 
 def read_steps(run_dir: Path) -> list[StepRecord]:
     return read_records(run_dir / STEPS, StepRecord)[0]
+
+
+@dataclass
+class RunRecords:
+    """A run directory's records read once, for everything after the run that needs them (its
+    summary, its flags, its report): a long simulated run's steps took seconds per reading."""
+
+    requests: list[RequestRecord]
+    steps: list[StepRecord]
+    skipped_requests: int  # lines of requests.jsonl left out (torn or not a record)
+    skipped_steps: int
+
+    @classmethod
+    def read(cls, run_dir: Path) -> RunRecords:
+        requests, skipped_requests = read_records(run_dir / REQUESTS, RequestRecord)
+        steps, skipped_steps = read_records(run_dir / STEPS, StepRecord)
+        return cls(requests, steps, skipped_requests, skipped_steps)
 
 
 class RunWriter:

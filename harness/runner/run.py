@@ -38,7 +38,7 @@ from harness.measure.flags import (
 from harness.measure.meta import collect_meta
 from harness.measure.metrics import summarize
 from harness.measure.profiling import StepProfiler
-from harness.measure.rundir import SCHEMA_VERSION, RunWriter, read_requests, read_steps
+from harness.measure.rundir import SCHEMA_VERSION, RunRecords, RunWriter
 from harness.measure.slo import SLO
 from harness.measure.telemetry import TelemetryResult, TelemetrySampler
 from harness.measure.weights_quality import read_quality, weights_summary
@@ -195,11 +195,11 @@ class InProcessBackend(Backend):
         finally:
             profiler.close()
 
-    def flags(self, run_dir: Path) -> list[Flag]:
+    def flags(self, records: RunRecords) -> list[Flag]:
         if self.peaks is None:
             return []
-        steps = read_steps(run_dir)
-        beaten = check_peaks(self.peaks, steps, self.prepared.started.settings, self.cfg)
+        settings = self.prepared.started.settings
+        beaten = check_peaks(self.peaks, records.steps, settings, self.cfg)
         return [Flag(PEAKS_BEATEN, text) for text in beaten]
 
 
@@ -270,8 +270,10 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         if kind in ENGINE_LOOPS:  # the strategy node as configured, every key
             served = OmegaConf.to_container(cfg.strategy, resolve=True)
         workload = backend.workload
+        records = RunRecords.read(run_dir)
         summary = summary_for(
             run_dir,
+            records,
             cfg,
             (workload.name, workload.hash, len(workload.requests)),
             telemetry,
@@ -282,14 +284,14 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         if stopped is not None:
             summary["status"] = "stopped"
             summary["stopped_early"] = stopped.as_dict()
-        add_flags(summary, backend.flags(run_dir))
+        add_flags(summary, backend.flags(records))
         if "weights" in meta:
             summary["weights"] = meta["weights"]
         for key in ("dtype", SIMULATED):
             if key in meta:
                 summary[key] = meta[key]
         writer.json("summary.json", summary)
-        write_report(run_dir)
+        write_report(run_dir, records)
     return summary
 
 
@@ -305,10 +307,11 @@ def served_weights_summary(prepared: Prepared, cache_dir: Path) -> dict:
     )
 
 
-def write_report(run_dir: Path) -> None:
-    """The run's report.html; a report that cannot be drawn never fails the run."""
+def write_report(run_dir: Path, records: RunRecords) -> None:
+    """The run's report.html, from its records as read for its summary; a report that cannot
+    be drawn never fails the run."""
     try:
-        build_run_report(run_dir)
+        build_run_report(run_dir, records=records)
     except Exception as exc:  # noqa: BLE001  (the measurements are already safe on disk)
         logging.getLogger(__name__).warning("report.html not written: %s", exc)
 
@@ -348,6 +351,7 @@ def check_peaks(
 
 def summary_for(
     run_dir: Path,
+    records: RunRecords,
     cfg: DictConfig,
     workload: tuple[str, str, int | None],
     telemetry: TelemetryResult,
@@ -355,10 +359,9 @@ def summary_for(
     peaks: dict | None,
     strategy: dict,
 ) -> dict:
-    """The summary of the records in `run_dir`; `workload` is its name, hash and how many
-    requests it planned (None: not known)."""
-    requests = read_requests(run_dir)
-    steps = read_steps(run_dir)
+    """The summary of the run in `run_dir` from its records; `workload` is its name, hash and
+    how many requests it planned (None: not known)."""
+    requests, steps = records.requests, records.steps
     name, workload_hash, planned = workload
     summary = {
         "schema": SCHEMA_VERSION,

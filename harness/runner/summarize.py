@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.errors import ConfigError
 from harness.measure.flags import INCOMPLETE, Flag, add_flags
-from harness.measure.rundir import torn_tail, write_json_atomic
+from harness.measure.rundir import RunRecords, torn_tail, write_json_atomic
 from harness.measure.telemetry import TelemetryResult
 from harness.runner.run import summary_for, write_report
 
@@ -44,8 +44,16 @@ def summarize_run(run_dir: Path) -> dict:
     if str(cfg.get("backend", "inprocess")) == "inprocess":
         strategy = OmegaConf.to_container(cfg.strategy, resolve=True)
     error = earlier.get("error") if earlier else STOPPED
+    records = RunRecords.read(run_dir)
     summary = summary_for(
-        run_dir, cfg, workload, _telemetry(run_dir), error, meta.get("peaks"), strategy or {}
+        run_dir,
+        records,
+        cfg,
+        workload,
+        _telemetry(run_dir),
+        error,
+        meta.get("peaks"),
+        strategy or {},
     )
     torn = [name for name in ("requests.jsonl", "steps.jsonl") if torn_tail(run_dir / name)]
     if earlier is None or earlier.get("status") == "incomplete":
@@ -61,7 +69,7 @@ def summarize_run(run_dir: Path) -> dict:
         summary["torn_lines"] = torn
     summary["rebuilt"] = True
     write_json_atomic(run_dir / "summary.json", summary)
-    write_report(run_dir)
+    write_report(run_dir, records)
     return summary
 
 

@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 
 from harness.errors import ConfigError
 from harness.measure.flags import Flag
-from harness.measure.rundir import RunWriter
+from harness.measure.rundir import RunRecords, RunWriter
 from harness.models.load import (
     checkpoint_id,
     model_config_of,
@@ -50,9 +50,10 @@ class Backend(ABC):
     ) -> None:
         """Serve every request of the workload at its arrival, writing each record."""
 
-    def flags(self, run_dir: Path) -> list[Flag]:
-        """After the run: what makes its figures doubtful, beyond the generic flags."""
-        del run_dir
+    def flags(self, records: RunRecords) -> list[Flag]:
+        """After the run, from its records: what makes its figures doubtful, beyond the
+        generic flags."""
+        del records
         return []
 
 

@@ -28,7 +28,7 @@ from transformers import PreTrainedTokenizerBase
 
 from harness.engine.request import Request
 from harness.measure.flags import ESTIMATED, Flag
-from harness.measure.rundir import RunWriter, read_requests
+from harness.measure.rundir import RunRecords, RunWriter
 from harness.runner.backends.base import Backend, check_one_sample, peer_inputs, seeds_of
 from harness.runner.backends.endpoint_settings import (
     EndpointSettings,
@@ -224,8 +224,8 @@ class EndpointBackend(Backend):
         else:
             request.finish("error", f"the stream ended with finish_reason {reason!r}")
 
-    def flags(self, run_dir: Path) -> list[Flag]:
-        counters = [record.counters for record in read_requests(run_dir)]
+    def flags(self, records: RunRecords) -> list[Flag]:
+        counters = [record.counters for record in records.requests]
         flags = []
         estimated_times = sum(ESTIMATED_TIMES in str(c.get("token_times_from")) for c in counters)
         if estimated_times:

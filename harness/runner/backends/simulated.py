@@ -25,7 +25,7 @@ from harness.engine.engine import Engine
 from harness.errors import ConfigError
 from harness.measure.flags import SIMULATED, Flag
 from harness.measure.roofline import ModelShape
-from harness.measure.rundir import RunWriter
+from harness.measure.rundir import RunRecords, RunWriter
 from harness.measure.slo import SLO
 from harness.models.load import model_config_of
 from harness.models.model import LlamaModel
@@ -164,8 +164,8 @@ class SimulatedBackend(Backend):
             progress=progress, stop=stop,
         )  # fmt: skip
 
-    def flags(self, run_dir: Path) -> list[Flag]:
-        del run_dir
+    def flags(self, records: RunRecords) -> list[Flag]:
+        del records
         return [
             Flag(
                 SIMULATED,
