@@ -10,7 +10,9 @@ spent least first, none past an equal share while another's probe fits in its ow
 up front; what it could not resolve is said at the end. Every probe is a full run in its own
 directory under `search.out_dir/STRATEGY/` (floor, ceiling, rate-R-nN, rate-R-nN-repeatK
 for a probe at the knee on new requests), so the evidence for every answer can be opened, a
-rerun reuses complete probes, and `servelab report` draws them.
+rerun reuses complete probes, and `servelab report` draws them. Requests that missed the SLO
+in every completed rate probe are named at the end (`harness.search.always_missed`): their
+length, not the load, decided those probes.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from harness.errors import ConfigError
 from harness.measure.slo import LIMITS, SLO
 from harness.measure.verdict import attainment
 from harness.runner.backends import backend_of
+from harness.search.always_missed import always_missed, always_missed_line
 from harness.search.attainment_curve import KneeFit
 from harness.search.knee import (
     Knee,
@@ -369,6 +372,15 @@ def main(args: list[str]) -> None:
 
     knees, settings = search(args, compose, run_or_reuse)
     print(render_search(knees, settings.knee.resolution))
+    completed = [
+        (p.rate, Path(p.outcome.run_dir))
+        for k in knees
+        for p in k.probes
+        if p.rate is not None and not p.outcome.stopped
+    ]
+    missed = always_missed_line(always_missed(completed))
+    if missed:
+        print(missed)
     unresolved = [k.strategy for k in knees if not k.resolved]
     if unresolved:
         print(f"not resolved within the budget: {', '.join(unresolved)} (raise search.budget_s)")
