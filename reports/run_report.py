@@ -269,8 +269,8 @@ def _figures_section(
         if thinned.group > 1:
             page.paragraph(
                 f"{len(steps):,} steps: the figures over time show the mean of each "
-                f"{thinned.group:,} consecutive steps, the roofline every {thinned.group:,}th "
-                "step; the summary counts every step.",
+                f"{thinned.group:,} consecutive steps, the roofline one step in every "
+                f"{thinned.group:,}; the summary counts every step.",
                 "note",
             )
         over_time = thinned.over_time
