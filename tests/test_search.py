@@ -307,20 +307,24 @@ def test_steering_bounds_that_meet_without_a_clear_pass_are_not_resolved() -> No
     assert "no rate clearly passed: the knee is below the lowest failure" in knee.note
 
 
-def test_a_probe_over_its_share_of_the_budget_waits_while_the_others_refine() -> None:
+def test_a_knee_with_no_lower_end_goes_before_the_bracketed_ones_refine() -> None:
     """ "slow" passes nothing down to a 32nd of its ceiling, each halving twice the cost of the
-    last. With no pass it would go first every turn, spending 384 s at 0.125 req/s before "b"
-    refines at all; over its share of the budget, that probe waits until "b" has resolved,
-    and then runs on what "b" left."""
+    last. Once "b" has a rate passed, slow's probes go first whatever their share (0.125 req/s
+    takes 384 s, over half the budget), since a knee with no lower end is less known than b's
+    bracket; b refines on what is left once slow's next halving (768 s) no longer fits."""
     clock = SharedClock()
     systems = {"slow": Sharing(clock, 0.02, 1.0), "b": Sharing(clock, 3.0, 10.0)}
-    order: list[tuple[str, float | None]] = []
-    slow, b = find_knees(systems, SETTINGS, 1000.0, clock, lambda s, p: order.append((s, p.rate)))
+    order: list[tuple[str, float | None, Verdict]] = []
+    slow, b = find_knees(
+        systems, SETTINGS, 1000.0, clock, lambda s, p: order.append((s, p.rate, p.verdict))
+    )
+    b_passed = min(i for i, (s, _, v) in enumerate(order) if s == "b" and v is Verdict.PASS)
+    slow_probe = order.index(("slow", 0.125, Verdict.FAIL))
+    b_refining = [i for i, (s, _, _) in enumerate(order) if s == "b" and i > b_passed]
+    assert b_passed < slow_probe < min(b_refining)
     assert b.resolved and b.passed is not None and b.failed is not None
     assert b.failed / b.passed <= 1.1
-    assert slow.passed is None and not slow.resolved and "budget spent" in slow.note
-    last_b = max(i for i, (s, _) in enumerate(order) if s == "b")
-    assert ("slow", 0.125) in order[last_b:]  # what b left went back to slow
+    assert slow.passed is None and not slow.resolved and "0.0625 req/s" in slow.note
     assert clock.now <= 1000.0
 
 

@@ -6,7 +6,8 @@ the requests meet every configured limit, each latency from arrival, failed requ
 as misses; each probe's verdict carries the attainment's interval (`harness.measure.verdict`).
 The time budget (`search.budget_s`; over simulated runs, in the seconds they simulate) is
 shared among the strategies (a knee with no passing rate probed first, the strategy that
-spent least first, none past an equal share while another's probe fits in its own) and said
+spent least first, none past an equal share while another's probe fits in its own, unless
+it alone has no passing rate) and said
 up front; what it could not resolve is said at the end. Every probe is a full run in its own
 directory under `search.out_dir/STRATEGY/` (floor, ceiling, rate-R-nN, rate-R-nN-repeatK
 for a probe at the knee on new requests), so the evidence for every answer can be opened, a
@@ -279,10 +280,10 @@ def plan_line(settings: SearchSettings) -> str:
         f"search: {', '.join(settings.strategies)}; {settings.budget_s:.0f} s in all, shared "
         "(each strategy's floor and ceiling first, then each rate probe to a strategy with no "
         "passing rate, the one that spent least first, a probe past its strategy's equal share "
-        f"waiting while another fits); {knee.ceiling_requests} requests at once for the "
-        "ceiling, "
-        f"{knee.requests} a rate probe (up to {knee.max_requests} at the knee); the knee "
-        f"within {knee.resolution:.0%}; attainment >= {knee.target:g} at "
+        "waiting while another fits, unless its strategy alone has no passing rate); "
+        f"{knee.ceiling_requests} requests at once for the ceiling, {knee.requests} a rate "
+        f"probe (up to {knee.max_requests} at the knee); the knee within "
+        f"{knee.resolution:.0%}; attainment >= {knee.target:g} at "
         f"{settings.confidence:.0%} confidence; probes under {settings.out_dir}"
     )
 

@@ -34,7 +34,9 @@ loading and drain the anchor probes took). One that would take its strategy's ra
 past an equal share (what is left and what the strategies still searching have spent, over
 their number) waits while another strategy has a probe within its share, so a strategy
 whose knee lies far below its ceiling (each halving costs twice the last) cannot starve the
-rest: the others refine, and what they leave comes back to it. One that would not fit the
+rest of their first pass. Once every other strategy has a rate passed, the one without goes
+first whatever its share: a knee with no lower end (a ratio with no bound on one side) is
+less known than any bracketed one, and refining those waits. One that would not fit the
 remaining budget is not run, and the result says which knees are unresolved.
 """
 
@@ -367,7 +369,15 @@ def find_knees(
             for search, want in wants:
                 search.out_of_budget(want)
             return [s.knee for s in searches]
-        share_s = (left_s + sum(s.spent_s for s in waiting)) / len(waiting)
-        within_share = [(s, want) for s, want in fitting if s.spent_s + want.cost_s <= share_s]
-        search, want = (within_share or fitting)[0]
+        search, want = fitting[0]
+        if not _unbounded_alone(search, waiting):
+            share_s = (left_s + sum(s.spent_s for s in waiting)) / len(waiting)
+            within_share = [(s, w) for s, w in fitting if s.spent_s + w.cost_s <= share_s]
+            search, want = (within_share or fitting)[0]
         search.probe_rate(want)
+
+
+def _unbounded_alone(search: KneeSearch, waiting: list[KneeSearch]) -> bool:
+    """Whether `search` alone has no rate passed: its knee has no lower end, so a probe that
+    could give it one is worth more than narrowing any bracket, whatever its share."""
+    return search.low is None and all(s.low is not None for s in waiting if s is not search)
