@@ -68,6 +68,28 @@ def test_the_fit_recovers_the_seconds_per_unit_of_a_timed_grid(tmp_path: Path) -
     assert fitted.quality.steps == 12 and fitted.quality.median_error < 1e-9
 
 
+def test_the_drift_is_the_first_shape_timed_again_after_the_last(tmp_path) -> None:
+    """On a virtual clock nothing drifts; a machine that slowed by half meanwhile (every
+    term 1.5x) shows the first shape +50% and says the table mixes two speeds."""
+    timer = _simulated_timer(tmp_path, TRUE_SECONDS)
+    first = timer.profile(Shape(PREFILL, 1, 64, 0), repeats=2, warmup=1)
+    steady = timer.drift(first, repeats=2)
+    assert steady.change == pytest.approx(0.0, abs=1e-12) and not steady.too_large
+    assert steady.line() == (
+        f"speed drift: the first shape took {first.seconds * 1e3:.3g} ms at the start and "
+        f"{first.seconds * 1e3:.3g} ms after the last (+0.0%)"
+    )
+    slowed = {term: seconds * 1.5 for term, seconds in TRUE_SECONDS.items()}
+    timer.shapes.runner.cost = StepCostModel(slowed, 0.0, {"model": "dummy-tiny"})
+    drifted = timer.drift(first, repeats=2)
+    assert drifted.change == pytest.approx(0.5, rel=1e-9) and drifted.too_large
+    assert drifted.line().endswith(
+        "(+50.0%); over 10%, the table mixes two speeds of this machine: profile again when "
+        "it is quiet"
+    )
+    assert drifted.to_json()["shape"] == {"kind": PREFILL, "rows": 1, "new_tokens": 64, "cached": 0}
+
+
 def test_grid_arguments_are_read_and_checked() -> None:
     options, run_dirs, overrides = parse_args(
         ["runs/a", "prefill_tokens=8,16", "decode_rows=2", "model=dummy-tiny", "out=x.json"]
@@ -116,6 +138,8 @@ def test_a_profile_writes_its_table_and_a_model_that_drives_a_simulated_run(prof
     assert len(table["shapes"]) == 15 and len(profile.table) == 15
     assert set(TERMS[1:]) <= set(table["shapes"][0])
     assert all(len(row["samples"]) == 2 for row in table["shapes"])
+    assert table["drift"]["first_s"] == table["shapes"][0]["seconds"] == profile.drift.first_s
+    assert table["drift"]["again_s"] == profile.drift.again_s > 0
     assert [s.model.quality.steps for s in profile.subsets] == [15, 8]
     assert all(s.held_out is not None and s.held_out.steps > 0 for s in profile.subsets)
     loaded = StepCostModel.load(root / "cost.json")

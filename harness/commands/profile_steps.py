@@ -5,7 +5,9 @@ Real runs fit a model only on the shapes their workloads happened to produce; th
 spans prefill chunks and decode batches on purpose, in one sitting. The model is loaded as
 the strategy serves it (head layout, weights format, dtype, device) and its KV cache is
 sized to hold the grid's largest shape. Every shape is timed through the engine's own model
-runner and sampler, the table is written (one row per shape: its counts and seconds), the
+runner and sampler, the first shape is timed again after the last (how far the machine's
+speed drifted meanwhile: said, kept, and flagged past 10%), the table is written (one row per
+shape: its counts and seconds), the
 model fitted on it is written where `backend=simulated` reads it, and the model is also
 fitted on every n-th shape (`subsets`), to show what a coarser grid costs in accuracy.
 Real run directories given on the command line are held out: never fitted on, their
@@ -46,6 +48,7 @@ from harness.simulate.cost_model import (
 )
 from harness.simulate.profile import (
     TABLE_SCHEMA,
+    Drift,
     Grid,
     Profiled,
     ShapeTimer,
@@ -63,10 +66,12 @@ USAGE = """usage: servelab profile-steps [RUN_DIR ...] [out=FILE] [table=FILE] [
 
 Times each shape of the grid (prefill chunks of prefill_tokens after prefill_cached tokens;
 decode batches of decode_rows sequences at decode_context tokens) on the configured model,
-best of `repeats` after `warmup`, writes the table (default: FILE with .grid.json) and the
-step-cost model fitted on it to FILE (default runs/profile/MODEL-DTYPE.json), and fits every
-n-th shape for each n of `subsets`. Each RUN_DIR (a real run of the same model, dtype,
-weights, heads and device) is held out: each fit's step-time error on its steps is printed."""
+best of `repeats` after `warmup`, then the first shape again (the machine's speed drift
+while profiling, said and kept in the table); writes the table (default: FILE with
+.grid.json) and the step-cost model fitted on it to FILE (default
+runs/profile/MODEL-DTYPE.json), and fits every n-th shape for each n of `subsets`. Each
+RUN_DIR (a real run of the same model, dtype, weights, heads and device) is held out: each
+fit's step-time error on its steps is printed."""
 GRID_FIELDS = tuple(f.name for f in fields(Grid))
 
 
@@ -128,6 +133,7 @@ class Profile:
     table: list[Profiled]
     model: StepCostModel
     subsets: list[Subset]
+    drift: Drift
     seconds: float  # the whole profiling, model load and KV allocation included
     held_out_runs: int
     table_path: Path
@@ -182,12 +188,13 @@ def profile_steps(
     )
     bar = tqdm(shapes, desc="profile-steps: shapes", unit="shape", disable=not progress)
     table = [timer.profile(shape, options.repeats, options.warmup) for shape in bar]
+    drift = timer.drift(table[0], options.repeats)
     seconds = time.perf_counter() - began
-    write_table(table_path, table, described, options, seconds)
+    write_table(table_path, table, drift, described, options, seconds)
     model = fit_table(table, described, [str(table_path)])
     model.save(model_path)
     subsets = [subset(table, n, described, table_path, held_out) for n in every]
-    return Profile(table, model, subsets, seconds, len(run_dirs), table_path, model_path)
+    return Profile(table, model, subsets, drift, seconds, len(run_dirs), table_path, model_path)
 
 
 def check_context(config: ModelConfig, shapes: list[Shape]) -> None:
@@ -233,6 +240,7 @@ def profiling_engine(cfg: DictConfig, checked: Checked, grid: Grid, progress: bo
 def write_table(
     path: Path,
     table: list[Profiled],
+    drift: Drift,
     described: dict[str, str],
     options: ProfileArgs,
     seconds: float,
@@ -247,6 +255,7 @@ def write_table(
             "warmup": options.warmup,
             "seed": options.seed,
             "seconds": seconds,
+            "drift": drift.to_json(),
             "shapes": [row.to_json() for row in table],
         },
     )
@@ -274,7 +283,7 @@ def render(profile: Profile) -> Table:
     table = Table(
         title=(
             f"profile-steps: {len(profile.table)} shapes in {profile.seconds:.1f} s\n"
-            f"seconds per unit: {terms}\n"
+            f"seconds per unit: {terms}\n{profile.drift.line()}\n"
             f"table: {profile.table_path}\ncost model: {profile.model_path}"
         )
     )
