@@ -28,9 +28,9 @@ $(STAMP): pyproject.toml constraints.txt
 # rates below the ceiling bisected until the knee is known within search.resolution, within
 # search.budget_s shared by all (a knee with no passing rate probed first); one KV budget for all, small enough that memory decides capacity (32 MiB of
 # fp32 KV: 728 tokens on every machine, the dtype pinned because the budget is in bytes).
-# The SLO moves with the machine: TTFT within 8x and normalized latency within 2x of their
-# medians one request at a time (fastertransformer's reference floor run), the same limits
-# for every strategy. Then one report over every probe. RUN_ARGS adds overrides
+# The SLO moves with the machine: each request's TTFT within 8x of its prompt's prefill alone
+# (a line in prompt length) and normalized latency within 2x of the median, one request at a
+# time (fastertransformer's reference floor run), the same limits for every strategy. Then one report over every probe. RUN_ARGS adds overrides
 # (search.budget_s=3600, ...).
 COMPARISON_DIR ?= runs/comparison/$(NOW)
 NOW := $(shell date +%Y-%m-%d/%H-%M-%S)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
+from harness.measure.slo import PER_PROMPT_TOKEN
 from reports.figures import new_figure
 from reports.grouping import Group, SweepRun
 from reports.html import esc
@@ -109,7 +110,8 @@ def _add_bars(
 
 
 def limit_line(figure: go.Figure, limit: object, text: str) -> go.Figure:
-    """A dotted horizontal line at an SLO limit, when the limit is set."""
+    """A dotted horizontal line at an SLO limit, when the limit is set and one number (a TTFT
+    limit that grows with the prompt is none: the SLO's sentence on the page states it)."""
     if isinstance(limit, int | float) and not isinstance(limit, bool):
         figure.add_hline(
             y=float(limit),
@@ -216,7 +218,7 @@ def group_figures(group: Group, colors: dict[str, str]) -> list[go.Figure]:
     )
     return [
         limit_line(normalized, slo.get("normalized_latency_s"), "SLO"),
-        limit_line(ttft, slo.get("ttft_s"), "TTFT SLO"),
+        limit_line(ttft, None if slo.get(PER_PROMPT_TOKEN) else slo.get("ttft_s"), "TTFT SLO"),
         goodput,
         throughput,
         pareto_figure(group, colors),

@@ -51,6 +51,15 @@ def test_a_request_in_flight_past_a_limit_has_certainly_missed(
     assert stopped is not None and (stopped.counted, stopped.missed) == (1, 1)
 
 
+def test_a_ttft_limit_that_grows_with_the_prompt_is_each_request_s_own() -> None:
+    """0.5 s + 0.1 s per prompt token: the 3-token prompt's limit is 0.8 s."""
+    request = _sent()
+    stop = EarlyStop(SLO(ttft_s=0.5, ttft_per_prompt_token_s=0.1), 0.95, [request])
+    assert stop.check(ARRIVAL + 0.79) is None
+    stopped = stop.check(ARRIVAL + 0.81)
+    assert stopped is not None and stopped.missed == 1
+
+
 def test_a_request_not_yet_sent_or_left_out_is_never_a_miss() -> None:
     """Counted: three sent, past the TTFT limit, and one not yet sent; the one left out (warm-up)
     is not counted. Three certain misses of four."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from reports_rundirs import RunSpec, write_run
 
+from harness.errors import ConfigError
 from harness.measure.metrics import request_latency
 from harness.measure.slo import SLO, RequestLatency
 from reports.grouping import group_runs
@@ -38,8 +40,31 @@ def test_search_and_sweep_report_agree_on_every_run(tmp_path: Path) -> None:
 def test_failed_requests_count_as_misses_and_one_token_has_no_tpot() -> None:
     slo = SLO(ttft_s=1.0, tpot_s=0.1)
     one_token = RequestLatency(ttft=0.5, e2e=0.5, tpot=None, normalized_latency=0.5,
-                               output_tokens=1)  # fmt: skip
+                               output_tokens=1, prompt_tokens=8)  # fmt: skip
     assert slo.meets(one_token)
     assert slo.attained([one_token, None]) == 0.5
     assert slo.sustains(0.9) and not slo.sustains(0.89)
     assert SLO().sustains(1.0) is None
+
+
+def test_a_ttft_limit_that_grows_with_the_prompt_judges_each_request_by_its_own() -> None:
+    """TTFT <= 0.2 s + 0.01 s per prompt token: 1 s is a miss for a 40-token prompt (0.6 s
+    allowed) and within the limit for a 100-token one (1.2 s); alone, the per-token part is
+    the whole limit."""
+
+    def latency(ttft: float, prompt: int) -> RequestLatency:
+        return RequestLatency(ttft=ttft, e2e=2.0, tpot=0.1, normalized_latency=0.2,
+                              output_tokens=10, prompt_tokens=prompt)  # fmt: skip
+
+    slo = SLO.from_config({"ttft_s": 0.2, "ttft_per_prompt_token_s": 0.01, "tpot_s": 0.5})
+    assert slo.ttft_limit(40) == pytest.approx(0.6) and slo.ttft_limit(100) == pytest.approx(1.2)
+    assert not slo.meets(latency(1.0, 40)) and slo.meets(latency(1.0, 100))
+    assert slo.describe().startswith(
+        "A request meets the SLO when TTFT ≤ 0.2 s + 0.01 s per prompt token, TPOT ≤ 0.5 s "
+    )
+    alone = SLO(ttft_per_prompt_token_s=0.01)
+    assert alone.configured and alone.ttft_limit(50) == 0.5
+    assert "when TTFT ≤ 0.01 s per prompt token (latencies" in alone.describe()
+    assert SLO(ttft_s=0.3).ttft_limit(1000) == 0.3
+    with pytest.raises(ConfigError, match="slo.ttft_per_prompt_token_s"):
+        SLO.from_config({"ttft_per_prompt_token_s": -1})

@@ -7,11 +7,13 @@ as misses; each probe's verdict carries the attainment's interval (`harness.meas
 The time budget (`search.budget_s`; over simulated runs, in the seconds they simulate) is
 shared among the strategies (a knee with no passing rate probed first, the strategy that
 spent least first, none past an equal share while another's probe fits in its own, unless
-it alone has no passing rate) and said
-up front; what it could not resolve is said at the end. Every probe is a full run in its own
-directory under `search.out_dir/STRATEGY/` (floor, ceiling, rate-R-nN, rate-R-nN-repeatK
-for a probe at the knee on new requests), so the evidence for every answer can be opened, a
-rerun reuses complete probes, and `servelab report` draws them. Requests that missed the SLO
+it alone has no passing rate) and said up front; what it could not resolve is said at the
+end. `search.slo_scale` sets the limits from one request at a time on this machine, before
+any probe (`harness.search.scaled_slo`: TTFT relative to each prompt's own prefill). Every
+probe is a full run in its own directory under `search.out_dir/STRATEGY/` (floor, ceiling,
+rate-R-nN, rate-R-nN-repeatK for a probe at the knee on new requests), so the evidence for
+every answer can be opened, a rerun reuses complete probes, and `servelab report` draws
+them. Requests that missed the SLO
 in every completed rate probe are named at the end (`harness.search.always_missed`): their
 length, not the load, decided those probes.
 """
@@ -30,8 +32,10 @@ from rich.table import Table
 
 from harness.commands.config import compose
 from harness.errors import ConfigError
-from harness.measure.slo import LIMITS, SLO
+from harness.measure.rundir import read_requests
+from harness.measure.slo import LIMITS, PER_PROMPT_TOKEN, SLO
 from harness.measure.verdict import attainment
+from harness.records import RequestRecord
 from harness.runner.backends import backend_of
 from harness.search.always_missed import always_missed, always_missed_line
 from harness.search.attainment_curve import KneeFit
@@ -44,6 +48,7 @@ from harness.search.knee import (
     fitted_ratio,
     ratio_interval,
 )
+from harness.search.scaled_slo import limits_line, scaled_limits
 
 SUMMARY = "each strategy's knee: the highest rate it sustains under the SLO, as an interval"
 USAGE = """usage: servelab search [search.strategies=[a,b]] slo.ttft_s=S ... [OVERRIDE ...]
@@ -63,7 +68,7 @@ class SearchSettings:
     confidence: float
     out_dir: Path
     knee: KneeSettings
-    slo_scale: dict[str, float]  # limit -> multiple of the reference floor's median (or none)
+    slo_scale: dict[str, float]  # limit -> multiple of one request at a time (`scaled_slo`)
 
     @classmethod
     def of(cls, cfg: DictConfig) -> SearchSettings:
@@ -155,9 +160,10 @@ class RunProber:
         name = f"rate-{rate:.4g}-n{requests}" + (f"-repeat{repeat}" if repeat else "")
         return self._probe(name, [*arrival, *stop], requests, repeat)
 
-    def reference(self, requests: int) -> dict:
-        """The summary of a floor run: its latencies' medians are what scaled limits scale."""
-        return self._run("reference-floor", FLOOR_ARRIVAL, requests)[0]
+    def reference(self, requests: int) -> tuple[dict, list[RequestRecord]]:
+        """A floor run's summary and requests: what scaled limits scale (`scaled_slo`)."""
+        summary, run_dir, _ = self._run("reference-floor", FLOOR_ARRIVAL, requests)
+        return summary, read_requests(run_dir)
 
     def _run(
         self, name: str, arrival: list[str], requests: int, repeat: int = 0
@@ -200,11 +206,11 @@ def search(
     deadline = clock() + settings.budget_s
     if settings.slo_scale:
         first = RunProber(overrides, settings.strategies[0], settings, compose, run, simulated)
-        limits = scaled_limits(settings.slo_scale, first.reference(settings.knee.floor_requests))
+        summary, requests = first.reference(settings.knee.floor_requests)
+        limits = scaled_limits(settings.slo_scale, summary, requests)
         print(limits_line(settings.strategies[0], settings.slo_scale, limits), flush=True)
-        kept = [
-            o for o in overrides if o.split("=")[0].lstrip("+") not in {f"slo.{k}" for k in limits}
-        ]
+        replaced = {f"slo.{key}" for key in [*limits, *([PER_PROMPT_TOKEN] * ("ttft_s" in limits))]}
+        kept = [o for o in overrides if o.split("=")[0].lstrip("+") not in replaced]
         overrides = [*kept, *(f"slo.{key}={value:.4g}" for key, value in limits.items())]
     probers = {
         s: RunProber(overrides, s, settings, compose, run, simulated) for s in settings.strategies
@@ -248,30 +254,6 @@ def probe_line(strategy: str, probe: Probe) -> str:
 
 def print_probe(strategy: str, probe: Probe) -> None:
     print(probe_line(strategy, probe), flush=True)
-
-
-def scaled_limits(scale: dict[str, float], reference: dict) -> dict[str, float]:
-    """Each scaled limit: its multiple of the reference floor's median of that latency."""
-    limits = {}
-    for key, multiple in scale.items():
-        median = (reference.get(key.removesuffix("_s")) or {}).get("p50")
-        if not isinstance(median, int | float) or median <= 0:
-            raise ConfigError(
-                f"search.slo_scale.{key}", "the reference floor run measured no such latency"
-            )
-        limits[key] = multiple * median
-    return limits
-
-
-def limits_line(strategy: str, scale: dict[str, float], limits: dict[str, float]) -> str:
-    parts = [
-        f"{key} = {scale[key]:g} x {limits[key] / scale[key]:.3g} = {limits[key]:.3g}"
-        for key in limits
-    ]
-    return (
-        f"SLO scaled from {strategy}'s medians one request at a time: {'; '.join(parts)} "
-        "(the same limits for every strategy)"
-    )
 
 
 def plan_line(settings: SearchSettings) -> str:

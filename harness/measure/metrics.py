@@ -71,6 +71,7 @@ def request_latency(record: RequestRecord) -> RequestLatency | None:
         tpot=(times[-1] - times[0]) / (count - 1) if count > 1 else None,
         normalized_latency=e2e / count,
         output_tokens=count,
+        prompt_tokens=record.prompt_len,
     )
 
 

@@ -3,9 +3,12 @@ its load. The summary, `servelab search`, the sweep report and the gates all use
 
 A request meets the SLO when it succeeded and every configured limit holds: TTFT, TPOT (a
 one-token response has no TPOT to miss), E2E and normalized latency, each measured from the
-request's arrival. SLO attainment is the share of counted requests (warm-up and cool-down
-left out) that meet it; failed and rejected requests count, as misses. Goodput is the
-number that meet it per second of the run. A run sustains its load when its attainment is
+request's arrival. The TTFT limit may grow with the prompt (`ttft_per_prompt_token_s`: the
+limit is `ttft_s` plus that much per prompt token), since a prompt's prefill alone grows with
+it: a fixed limit set for short prompts is one a long prompt misses at any load. SLO
+attainment is the share of counted requests (warm-up and cool-down left out) that meet it;
+failed and rejected requests count, as misses. Goodput is the number that meet it per second
+of the run. A run sustains its load when its attainment is
 at least `slo.attainment` (0.9 by default); with no limit configured there is nothing to
 sustain, and the answer is None. With `slo.stop_early` set (a confidence), an in-process
 run ends once its verdict can only be a failure at that confidence (`harness.runner.early_stop`).
@@ -19,7 +22,8 @@ from typing import Any
 
 from harness.errors import ConfigError
 
-LIMITS = ("ttft_s", "tpot_s", "e2e_s", "normalized_latency_s")
+LIMITS = ("ttft_s", "tpot_s", "e2e_s", "normalized_latency_s")  # a limit on each latency
+PER_PROMPT_TOKEN = "ttft_per_prompt_token_s"  # what the TTFT limit grows by per prompt token
 DEFAULT_ATTAINMENT = 0.9
 
 
@@ -32,6 +36,7 @@ class RequestLatency:
     tpot: float | None  # None for a single output token
     normalized_latency: float
     output_tokens: int
+    prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class SLO:
     tpot_s: float | None = None
     e2e_s: float | None = None
     normalized_latency_s: float | None = None
+    ttft_per_prompt_token_s: float | None = None
     attainment: float = DEFAULT_ATTAINMENT
     stop_early: float | None = None  # a confidence: end a run once it can only fail at it
 
@@ -49,7 +55,7 @@ class SLO:
     def from_config(cls, node: Mapping[str, Any] | None) -> SLO:
         node = node or {}
         values: dict[str, float | None] = {}
-        for key in LIMITS:
+        for key in (*LIMITS, PER_PROMPT_TOKEN):
             value = node.get(key)
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
@@ -84,14 +90,20 @@ class SLO:
 
     @property
     def configured(self) -> bool:
-        return any(getattr(self, key) is not None for key in LIMITS)
+        return any(getattr(self, key) is not None for key in (*LIMITS, PER_PROMPT_TOKEN))
+
+    def ttft_limit(self, prompt_tokens: int) -> float | None:
+        """The TTFT limit of a request with this prompt (None: no TTFT limit)."""
+        if self.ttft_per_prompt_token_s is None:
+            return self.ttft_s
+        return (self.ttft_s or 0.0) + self.ttft_per_prompt_token_s * prompt_tokens
 
     def meets(self, latency: RequestLatency | None) -> bool:
         """Does a request meet every limit? None (a failed request) never does."""
         if latency is None:
             return False
         checks = (
-            (self.ttft_s, latency.ttft),
+            (self.ttft_limit(latency.prompt_tokens), latency.ttft),
             (self.tpot_s, latency.tpot),
             (self.e2e_s, latency.e2e),
             (self.normalized_latency_s, latency.normalized_latency),
@@ -121,6 +133,10 @@ class SLO:
         limits = [
             f"{names[key]} ≤ {getattr(self, key):g} s" for key in LIMITS if getattr(self, key)
         ]
+        if self.ttft_per_prompt_token_s is not None:
+            fixed = [f"{self.ttft_s:g} s"] if self.ttft_s is not None else []
+            grows = f"{self.ttft_per_prompt_token_s:g} s per prompt token"
+            limits = [f"TTFT ≤ {' + '.join([*fixed, grows])}", *limits[len(fixed) :]]
         if not limits:
             return "No SLO is configured."
         return (

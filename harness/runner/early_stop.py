@@ -6,7 +6,7 @@ left out, as the attainment leaves them out) and keeps the ones that have certai
 the SLO: those delivered that missed it, and those still in flight whose latency is already
 past a limit, whatever happens to them next:
 
-- TTFT: no first token yet, and more than `ttft_s` since its arrival;
+- TTFT: no first token yet, and more than its TTFT limit (`SLO.ttft_limit`) since its arrival;
 - E2E: not delivered, and more than `e2e_s` since its arrival;
 - normalized latency: not delivered, and the time since arrival over its most output tokens
   (`max_tokens`) already above the limit (fewer tokens only raise it);
@@ -104,7 +104,8 @@ class EarlyStop:
     def _past_a_limit(self, request: Request, now: float) -> bool:
         slo, waited = self.slo, now - request.t_scheduled
         most_tokens = request.sampling.max_tokens
-        if slo.ttft_s is not None and not request.token_times and waited > slo.ttft_s:
+        ttft_limit = slo.ttft_limit(request.prompt_len)
+        if ttft_limit is not None and not request.token_times and waited > ttft_limit:
             return True
         if slo.e2e_s is not None and waited > slo.e2e_s:
             return True

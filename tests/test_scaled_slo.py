@@ -1,0 +1,68 @@
+"""The SLO a search scales from one request at a time (`harness.search.scaled_slo`): the TTFT
+line in prompt length, the limits it gives, and the line that says them."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.errors import ConfigError
+from harness.measure.slo import SLO
+from harness.records import RequestRecord
+from harness.search.scaled_slo import PromptLine, limits_line, prompt_line, scaled_limits
+
+
+def _served(prompt: int, ttft: float) -> RequestRecord:
+    """A request served alone from t=0: its first token at `ttft`, its second 0.03 s later."""
+    return RequestRecord(
+        id=str(prompt), prompt_len=prompt, output_len=2, t_scheduled=0.0, t_send=0.0,
+        t_done=ttft + 0.03, token_times=[ttft, ttft + 0.03], output_ids=[5, 6],
+        finish_reason="length",
+    )  # fmt: skip
+
+
+def test_the_line_through_prefill_times_is_least_squares_with_neither_part_negative() -> None:
+    exact = prompt_line([(10, 0.03), (110, 0.13), (210, 0.23)])
+    assert exact.fixed_s == pytest.approx(0.02) and exact.per_token_s == pytest.approx(0.001)
+    assert exact.at(256) == pytest.approx(0.276)
+    assert prompt_line([(16, 0.05), (16, 0.07), (16, 0.06)]) == PromptLine(0.06, 0.0)
+    assert prompt_line([(10, 0.09), (100, 0.05), (200, 0.04)]) == PromptLine(0.05, 0.0)
+    through_origin = prompt_line([(10, 0.001), (20, 0.1), (30, 0.2)])  # intercept below 0
+    assert through_origin.fixed_s == 0.0
+    assert through_origin.per_token_s == pytest.approx((0.01 + 2.0 + 6.0) / (100 + 400 + 900))
+
+
+def test_scaled_ttft_is_the_multiple_of_each_prompt_s_own_prefill() -> None:
+    """8 x (0.02 s + 0.001 s per token): a 16-token prompt may take 0.288 s, a 256-token one
+    2.208 s, where 8 x the median TTFT (0.13 s) would allow both 1.04 s; the normalized
+    latency stays 2 x its median."""
+    requests = [_served(10, 0.03), _served(110, 0.13), _served(210, 0.23)]
+    summary = {"ttft": {"p50": 0.13}, "normalized_latency": {"p50": 0.05}}
+    limits = scaled_limits({"ttft_s": 8, "normalized_latency_s": 2}, summary, requests)
+    assert limits == pytest.approx(
+        {"ttft_s": 0.16, "ttft_per_prompt_token_s": 0.008, "normalized_latency_s": 0.1}
+    )
+    slo = SLO.from_config(limits)
+    assert slo.ttft_limit(16) == pytest.approx(0.288)
+    assert slo.ttft_limit(256) == pytest.approx(2.208)
+    assert limits_line("fastertransformer", {"ttft_s": 8, "normalized_latency_s": 2}, limits) == (
+        "SLO scaled from fastertransformer's requests one at a time (TTFT: a line in prompt "
+        "length; the rest: medians): ttft = 8 x (0.02 s + 0.001 s per prompt token) = 0.16 s "
+        "+ 0.008 s per prompt token; normalized_latency_s = 2 x 0.05 = 0.1 (the same limits "
+        "for every strategy)"
+    )
+
+
+def test_one_prompt_length_scales_the_median_alone() -> None:
+    requests = [_served(8, 0.05), _served(8, 0.07), _served(8, 0.06)]
+    limits = scaled_limits({"ttft_s": 4}, {}, requests)
+    assert limits == pytest.approx({"ttft_s": 0.24})
+    assert limits_line("vllm", {"ttft_s": 4}, limits).endswith(
+        "medians): ttft_s = 4 x 0.06 = 0.24 (the same limits for every strategy)"
+    )
+
+
+def test_a_scaled_limit_the_reference_did_not_measure_is_refused() -> None:
+    with pytest.raises(ConfigError, match="search.slo_scale.ttft_s: the reference floor run"):
+        scaled_limits({"ttft_s": 8}, {}, [])
+    with pytest.raises(ConfigError, match="search.slo_scale.tpot_s: the reference floor run"):
+        scaled_limits({"tpot_s": 2}, {"tpot": {"p50": None}}, [])
