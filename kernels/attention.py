@@ -72,7 +72,6 @@ class Attention:
         """The resolved implementation: "torch", "cpu" or "triton"."""
         return self._impl
 
-    @torch.compiler.disable
     def __call__(
         self,
         q: torch.Tensor,
@@ -83,11 +82,7 @@ class Attention:
         batch: ForwardBatch,
         scale: float,
     ) -> torch.Tensor:
-        """`q` `[T, Hq, D]`, `k`/`v` `[T, Hkv, D]` new tokens; caches `[blocks, bs, Hkv, D]`.
-
-        Never traced by `torch.compile`: its per-batch plan and loops are host-side Python, so a
-        compiled model forward breaks its graph here rather than recompiling every step.
-        """
+        """`q` `[T, Hq, D]`, `k`/`v` `[T, Hkv, D]` new tokens; caches `[blocks, bs, Hkv, D]`."""
         plan = self._plan_for(q, k_cache, batch)
         write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         if isinstance(plan, CpuPlan):

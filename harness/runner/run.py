@@ -235,7 +235,7 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         if SLO.of_config(cfg).stop_early is not None and kind not in ENGINE_LOOPS:
             raise ConfigError("slo.stop_early", f"in-process runs only; backend={kind} serves")
         backend = peer_backend(kind, cfg, progress)
-    writer = RunWriter(run_dir)
+    writer = RunWriter(run_dir, keep=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     meta = collect_meta(
         OmegaConf.to_container(cfg, resolve=True),
@@ -270,7 +270,7 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         if kind in ENGINE_LOOPS:  # the strategy node as configured, every key
             served = OmegaConf.to_container(cfg.strategy, resolve=True)
         workload = backend.workload
-        records = RunRecords.read(run_dir)
+        records = writer.written()
         summary = summary_for(
             run_dir,
             records,
@@ -308,7 +308,7 @@ def served_weights_summary(prepared: Prepared, cache_dir: Path) -> dict:
 
 
 def write_report(run_dir: Path, records: RunRecords) -> None:
-    """The run's report.html, from its records as read for its summary; a report that cannot
+    """The run's report.html, from the records its summary was made from; a report that cannot
     be drawn never fails the run."""
     try:
         build_run_report(run_dir, records=records)
