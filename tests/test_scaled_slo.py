@@ -8,7 +8,14 @@ import pytest
 from harness.errors import ConfigError
 from harness.measure.slo import SLO
 from harness.records import RequestRecord
-from harness.search.scaled_slo import PromptLine, limits_line, prompt_line, scaled_limits
+from harness.search.scaled_slo import (
+    PromptLine,
+    SpeedDrift,
+    limits_line,
+    prompt_line,
+    scaled_limits,
+    speed_drift,
+)
 
 
 def _served(prompt: int, ttft: float) -> RequestRecord:
@@ -66,3 +73,21 @@ def test_a_scaled_limit_the_reference_did_not_measure_is_refused() -> None:
         scaled_limits({"ttft_s": 8}, {}, [])
     with pytest.raises(ConfigError, match="search.slo_scale.tpot_s: the reference floor run"):
         scaled_limits({"tpot_s": 2}, {"tpot": {"p50": None}}, [])
+
+
+def test_the_machine_s_speed_drift_is_the_reference_floor_s_tpot_before_and_after() -> None:
+    """The drifted search of 2026-12-02: 21.5 ms a decode step when the SLO was scaled, 29.7 ms
+    by the end."""
+    drift = speed_drift({"tpot": {"p50": 0.0215}}, {"tpot": {"p50": 0.0297}})
+    assert drift == SpeedDrift(0.0215, 0.0297) and drift.too_large
+    assert drift.line() == (
+        "machine speed: one request at a time, median TPOT 21.5 ms before the first probe, "
+        "29.7 ms after the last (+38.1%); over 10%: the limits were scaled at another speed of "
+        "this machine than some probes ran at, and the knees carry the difference; search "
+        "again when it is quiet"
+    )
+    steady = SpeedDrift(0.0250, 0.0245)
+    assert not steady.too_large and steady.line().endswith("24.5 ms after the last (-2.0%)")
+    assert steady.to_json() == {"start_s": 0.025, "end_s": 0.0245, "change": pytest.approx(-0.02)}
+    assert speed_drift({"tpot": {"p50": None}}, {"tpot": {"p50": 0.03}}) is None
+    assert speed_drift({}, {"tpot": {"p50": 0.03}}) is None

@@ -48,7 +48,7 @@ from harness.search.knee import (
     fitted_ratio,
     ratio_interval,
 )
-from harness.search.scaled_slo import limits_line, scaled_limits
+from harness.search.scaled_slo import limits_line, scaled_limits, speed_drift
 
 SUMMARY = "each strategy's knee: the highest rate it sustains under the SLO, as an interval"
 USAGE = """usage: servelab search [search.strategies=[a,b]] slo.ttft_s=S ... [OVERRIDE ...]
@@ -160,9 +160,12 @@ class RunProber:
         name = f"rate-{rate:.4g}-n{requests}" + (f"-repeat{repeat}" if repeat else "")
         return self._probe(name, [*arrival, *stop], requests, repeat)
 
-    def reference(self, requests: int) -> tuple[dict, list[RequestRecord]]:
-        """A floor run's summary and requests: what scaled limits scale (`scaled_slo`)."""
-        summary, run_dir, _ = self._run("reference-floor", FLOOR_ARRIVAL, requests)
+    def reference(
+        self, requests: int, name: str = "reference-floor"
+    ) -> tuple[dict, list[RequestRecord]]:
+        """A floor run's summary and requests: what scaled limits scale (`scaled_slo`), and,
+        run again after the last probe, how far the machine's speed moved meanwhile."""
+        summary, run_dir, _ = self._run(name, FLOOR_ARRIVAL, requests)
         return summary, read_requests(run_dir)
 
     def _run(
@@ -204,10 +207,11 @@ def search(
     simulated = SimulatedClock() if backend_of(cfg) == "simulated" else None
     clock = simulated or time.monotonic
     deadline = clock() + settings.budget_s
+    first = RunProber(overrides, settings.strategies[0], settings, compose, run, simulated)
+    reference: dict = {}
     if settings.slo_scale:
-        first = RunProber(overrides, settings.strategies[0], settings, compose, run, simulated)
-        summary, requests = first.reference(settings.knee.floor_requests)
-        limits = scaled_limits(settings.slo_scale, summary, requests)
+        reference, requests = first.reference(settings.knee.floor_requests)
+        limits = scaled_limits(settings.slo_scale, reference, requests)
         print(limits_line(settings.strategies[0], settings.slo_scale, limits), flush=True)
         replaced = {f"slo.{key}" for key in [*limits, *([PER_PROMPT_TOKEN] * ("ttft_s" in limits))]}
         kept = [o for o in overrides if o.split("=")[0].lstrip("+") not in replaced]
@@ -217,11 +221,17 @@ def search(
     }
     left_s = max(deadline - clock(), 0.0)
     knees = find_knees(probers, settings.knee, left_s, clock, seen=print_probe)
-    settings.out_dir.mkdir(parents=True, exist_ok=True)
     record = {
         "settings": _jsonable(asdict(settings)),
         "knees": [_jsonable(asdict(k)) for k in knees],
     }
+    if settings.slo_scale:
+        end, _ = first.reference(settings.knee.floor_requests, "reference-floor-end")
+        drift = speed_drift(reference, end)
+        if drift is not None:
+            print(drift.line(), flush=True)
+            record["drift"] = drift.to_json()
+    settings.out_dir.mkdir(parents=True, exist_ok=True)
     (settings.out_dir / "search.json").write_text(json.dumps(record, indent=2))
     return knees, settings
 
@@ -267,6 +277,12 @@ def plan_line(settings: SearchSettings) -> str:
         f"probe (up to {knee.max_requests} at the knee); the knee within "
         f"{knee.resolution:.0%}; attainment >= {knee.target:g} at "
         f"{settings.confidence:.0%} confidence; probes under {settings.out_dir}"
+        + (
+            "; the scaled SLO's reference floor run before the first probe and again after the "
+            "last (the machine's speed drift)"
+            if settings.slo_scale
+            else ""
+        )
     )
 
 

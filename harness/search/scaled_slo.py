@@ -1,6 +1,7 @@
 """The SLO a search scales from this machine (`search.slo_scale`): each limit a multiple of
 what one request at a time takes here, so that the same comparison asks the same of a laptop,
-this VM or a GPU.
+this VM or a GPU; and whether the machine kept that speed while the search ran
+(`SpeedDrift`).
 
 The reference is one floor run of the first strategy (requests one at a time, nothing else
 queued). TPOT, E2E and normalized latency are limited at their multiple of its median. TTFT
@@ -12,6 +13,12 @@ nothing else running, and such a request misses it at every load (the search the
 neither part negative: `PromptLine`) and the limit is that line times the multiple (the
 "slowdown" form of an SLO, relative to the request served alone): `slo.ttft_s` its fixed
 part, `slo.ttft_per_prompt_token_s` what it grows by per prompt token.
+
+Scaled limits assume the machine keeps the speed it had when they were scaled. A shared VM
+does not always: one search here scaled its SLO while a decode step took 21.5 ms and ran its
+rate probes while one took 26-32 ms, and every knee read low. So the reference floor runs
+again after the last probe, and the search says how far its median TPOT moved, flagged past
+`DRIFT_LIMIT`.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from harness.errors import ConfigError
 from harness.measure.metrics import request_latency
 from harness.measure.slo import PER_PROMPT_TOKEN
 from harness.records import RequestRecord
+
+DRIFT_LIMIT = 0.10  # a speed change past which scaled limits and probes met different machines
 
 
 @dataclass(frozen=True)
@@ -103,3 +112,45 @@ def limits_line(strategy: str, scale: dict[str, float], limits: dict[str, float]
         f"SLO scaled from {strategy}'s requests one at a time (TTFT: a line in prompt length; "
         f"the rest: medians): {'; '.join(parts)} (the same limits for every strategy)"
     )
+
+
+@dataclass(frozen=True)
+class SpeedDrift:
+    """The reference floor's median TPOT (one request at a time) before the first probe and
+    after the last: how far this machine's speed moved while the search ran."""
+
+    start_s: float
+    end_s: float
+
+    @property
+    def change(self) -> float:
+        return self.end_s / self.start_s - 1
+
+    @property
+    def too_large(self) -> bool:
+        return abs(self.change) > DRIFT_LIMIT
+
+    def line(self) -> str:
+        said = (
+            f"machine speed: one request at a time, median TPOT {self.start_s * 1e3:.3g} ms "
+            f"before the first probe, {self.end_s * 1e3:.3g} ms after the last "
+            f"({self.change:+.1%})"
+        )
+        if self.too_large:
+            said += (
+                f"; over {DRIFT_LIMIT:.0%}: the limits were scaled at another speed of this "
+                "machine than some probes ran at, and the knees carry the difference; search "
+                "again when it is quiet"
+            )
+        return said
+
+    def to_json(self) -> dict[str, float]:
+        return {"start_s": self.start_s, "end_s": self.end_s, "change": self.change}
+
+
+def speed_drift(start: dict, end: dict) -> SpeedDrift | None:
+    """From the two reference floor runs' summaries; None when either measured no TPOT."""
+    before, after = ((s.get("tpot") or {}).get("p50") for s in (start, end))
+    if not isinstance(before, int | float) or not isinstance(after, int | float) or before <= 0:
+        return None
+    return SpeedDrift(float(before), float(after))
