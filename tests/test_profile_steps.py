@@ -138,8 +138,8 @@ def test_a_profile_writes_its_table_and_a_model_that_drives_a_simulated_run(prof
     assert len(table["shapes"]) == 15 and len(profile.table) == 15
     assert set(TERMS[1:]) <= set(table["shapes"][0])
     assert all(len(row["samples"]) == 2 for row in table["shapes"])
-    assert table["drift"]["first_s"] == table["shapes"][0]["seconds"] == profile.drift.first_s
-    assert table["drift"]["again_s"] == profile.drift.again_s > 0
+    assert table["drift"]["before_s"] == table["shapes"][0]["seconds"] == profile.drift.before_s
+    assert table["drift"]["after_s"] == profile.drift.after_s > 0
     assert [s.model.quality.steps for s in profile.subsets] == [15, 8]
     assert all(s.held_out is not None and s.held_out.steps > 0 for s in profile.subsets)
     loaded = StepCostModel.load(root / "cost.json")

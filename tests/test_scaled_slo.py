@@ -88,6 +88,10 @@ def test_the_machine_s_speed_drift_is_the_reference_floor_s_tpot_before_and_afte
     )
     steady = SpeedDrift(0.0250, 0.0245)
     assert not steady.too_large and steady.line().endswith("24.5 ms after the last (-2.0%)")
-    assert steady.to_json() == {"start_s": 0.025, "end_s": 0.0245, "change": pytest.approx(-0.02)}
+    assert steady.to_json() == {
+        "before_s": 0.025,
+        "after_s": 0.0245,
+        "change": pytest.approx(-0.02),
+    }
     assert speed_drift({"tpot": {"p50": None}}, {"tpot": {"p50": 0.03}}) is None
     assert speed_drift({}, {"tpot": {"p50": 0.03}}) is None

@@ -274,8 +274,8 @@ def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path, capsys) ->
     assert "machine speed: one request at a time, median TPOT" in out
     recorded = json.loads((tmp_path / "search.json").read_text())["drift"]
     end = json.loads((tmp_path / "fastertransformer/reference-floor-end/summary.json").read_text())
-    assert recorded["end_s"] == end["tpot"]["p50"]
-    assert recorded["start_s"] == reference["tpot"]["p50"]
+    assert recorded["after_s"] == end["tpot"]["p50"]
+    assert recorded["before_s"] == reference["tpot"]["p50"]
     for probe in ("fastertransformer/floor", "fastertransformer/ceiling", "vllm/floor"):
         slo = OmegaConf.load(tmp_path / probe / "config.yaml").slo
         assert (slo.ttft_s, slo.normalized_latency_s) == (ttft, normalized), probe

@@ -48,9 +48,9 @@ from harness.simulate.cost_model import (
 )
 from harness.simulate.profile import (
     TABLE_SCHEMA,
-    Drift,
     Grid,
     Profiled,
+    ShapeDrift,
     ShapeTimer,
     check_fittable,
     every_nth,
@@ -133,7 +133,7 @@ class Profile:
     table: list[Profiled]
     model: StepCostModel
     subsets: list[Subset]
-    drift: Drift
+    drift: ShapeDrift
     seconds: float  # the whole profiling, model load and KV allocation included
     held_out_runs: int
     table_path: Path
@@ -240,7 +240,7 @@ def profiling_engine(cfg: DictConfig, checked: Checked, grid: Grid, progress: bo
 def write_table(
     path: Path,
     table: list[Profiled],
-    drift: Drift,
+    drift: ShapeDrift,
     described: dict[str, str],
     options: ProfileArgs,
     seconds: float,

@@ -28,11 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.errors import ConfigError
+from harness.measure.drift import DRIFT_LIMIT, Drift
 from harness.measure.metrics import request_latency
 from harness.measure.slo import PER_PROMPT_TOKEN
 from harness.records import RequestRecord
-
-DRIFT_LIMIT = 0.10  # a speed change past which scaled limits and probes met different machines
 
 
 @dataclass(frozen=True)
@@ -114,26 +113,14 @@ def limits_line(strategy: str, scale: dict[str, float], limits: dict[str, float]
     )
 
 
-@dataclass(frozen=True)
-class SpeedDrift:
+class SpeedDrift(Drift):
     """The reference floor's median TPOT (one request at a time) before the first probe and
     after the last: how far this machine's speed moved while the search ran."""
 
-    start_s: float
-    end_s: float
-
-    @property
-    def change(self) -> float:
-        return self.end_s / self.start_s - 1
-
-    @property
-    def too_large(self) -> bool:
-        return abs(self.change) > DRIFT_LIMIT
-
     def line(self) -> str:
         said = (
-            f"machine speed: one request at a time, median TPOT {self.start_s * 1e3:.3g} ms "
-            f"before the first probe, {self.end_s * 1e3:.3g} ms after the last "
+            f"machine speed: one request at a time, median TPOT {self.before_s * 1e3:.3g} ms "
+            f"before the first probe, {self.after_s * 1e3:.3g} ms after the last "
             f"({self.change:+.1%})"
         )
         if self.too_large:
@@ -143,9 +130,6 @@ class SpeedDrift:
                 "again when it is quiet"
             )
         return said
-
-    def to_json(self) -> dict[str, float]:
-        return {"start_s": self.start_s, "end_s": self.end_s, "change": self.change}
 
 
 def speed_drift(start: dict, end: dict) -> SpeedDrift | None:

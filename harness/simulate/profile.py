@@ -23,11 +23,11 @@ from typing import TypeVar
 from harness.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
 from harness.engine.step_update import StepShape
 from harness.errors import ConfigError
+from harness.measure.drift import DRIFT_LIMIT, Drift
 from harness.simulate.cost_model import TERMS, FitQuality, StepCostModel, StepCounts, fit_counts
 
 TABLE_SCHEMA = 1
 MIN_SHAPES = len(TERMS)  # a fit of every term needs at least as many shapes as terms
-DRIFT_LIMIT = 0.10  # a speed change while profiling past which the table mixes two speeds
 T = TypeVar("T")
 
 
@@ -82,27 +82,16 @@ class Profiled:
 
 
 @dataclass(frozen=True)
-class Drift:
+class ShapeDrift(Drift):
     """The grid's first shape timed again after its last: how far this machine's speed moved
-    while the grid was profiled. Every shape's time, and so the fit, carries such a move (a
-    shared VM's speed drifts by tens of percent over minutes), and nothing else shows it."""
+    while the grid was profiled, which every shape's time, and so the fit, carries."""
 
     shape: Shape
-    first_s: float  # its best time when the grid began
-    again_s: float  # its best time after the last shape
-
-    @property
-    def change(self) -> float:
-        return self.again_s / self.first_s - 1
-
-    @property
-    def too_large(self) -> bool:
-        return abs(self.change) > DRIFT_LIMIT
 
     def line(self) -> str:
         said = (
-            f"speed drift: the first shape took {self.first_s * 1e3:.3g} ms at the start and "
-            f"{self.again_s * 1e3:.3g} ms after the last ({self.change:+.1%})"
+            f"speed drift: the first shape took {self.before_s * 1e3:.3g} ms at the start and "
+            f"{self.after_s * 1e3:.3g} ms after the last ({self.change:+.1%})"
         )
         if self.too_large:
             said += (
@@ -112,12 +101,7 @@ class Drift:
         return said
 
     def to_json(self) -> dict:
-        return {
-            "shape": asdict(self.shape),
-            "first_s": self.first_s,
-            "again_s": self.again_s,
-            "change": self.change,
-        }
+        return {"shape": asdict(self.shape), **super().to_json()}
 
 
 class ShapeTimer:
@@ -132,10 +116,10 @@ class ShapeTimer:
         counts = StepCounts.of_shape(StepShape.of(feed))
         return Profiled(shape, counts, min(samples), samples, self.shapes.clock() - began)
 
-    def drift(self, first: Profiled, repeats: int) -> Drift:
+    def drift(self, first: Profiled, repeats: int) -> ShapeDrift:
         """`first` (the grid's first row) timed again, now, as it was timed then."""
         again = self.profile(first.shape, repeats, warmup=0)
-        return Drift(first.shape, first.seconds, again.seconds)
+        return ShapeDrift(first.seconds, again.seconds, first.shape)
 
 
 def check_fittable(shapes: int, field_name: str) -> None:
