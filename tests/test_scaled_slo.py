@@ -13,6 +13,7 @@ from harness.search.scaled_slo import (
     SpeedDrift,
     limits_line,
     prompt_line,
+    scaled_keys,
     scaled_limits,
     speed_drift,
 )
@@ -66,6 +67,15 @@ def test_one_prompt_length_scales_the_median_alone() -> None:
     assert limits_line("vllm", {"ttft_s": 4}, limits).endswith(
         "medians): ttft_s = 4 x 0.06 = 0.24 (the same limits for every strategy)"
     )
+
+
+def test_scaling_ttft_replaces_its_per_token_part_too() -> None:
+    assert scaled_keys({"ttft_s": 8, "tpot_s": 2}) == {
+        "ttft_s",
+        "ttft_per_prompt_token_s",
+        "tpot_s",
+    }
+    assert scaled_keys({"normalized_latency_s": 2}) == {"normalized_latency_s"}
 
 
 def test_a_scaled_limit_the_reference_did_not_measure_is_refused() -> None:

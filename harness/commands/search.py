@@ -33,7 +33,7 @@ from rich.table import Table
 from harness.commands.config import compose
 from harness.errors import ConfigError
 from harness.measure.rundir import read_requests
-from harness.measure.slo import LIMITS, PER_PROMPT_TOKEN, SLO
+from harness.measure.slo import LIMITS, SLO
 from harness.measure.verdict import attainment
 from harness.records import RequestRecord
 from harness.runner.backends import backend_of
@@ -48,7 +48,7 @@ from harness.search.knee import (
     fitted_ratio,
     ratio_interval,
 )
-from harness.search.scaled_slo import limits_line, scaled_limits, speed_drift
+from harness.search.scaled_slo import limits_line, scaled_keys, scaled_limits, speed_drift
 
 SUMMARY = "each strategy's knee: the highest rate it sustains under the SLO, as an interval"
 USAGE = """usage: servelab search [search.strategies=[a,b]] slo.ttft_s=S ... [OVERRIDE ...]
@@ -213,7 +213,7 @@ def search(
         reference, requests = first.reference(settings.knee.floor_requests)
         limits = scaled_limits(settings.slo_scale, reference, requests)
         print(limits_line(settings.strategies[0], settings.slo_scale, limits), flush=True)
-        replaced = {f"slo.{key}" for key in [*limits, *([PER_PROMPT_TOKEN] * ("ttft_s" in limits))]}
+        replaced = {f"slo.{key}" for key in scaled_keys(settings.slo_scale)}
         kept = [o for o in overrides if o.split("=")[0].lstrip("+") not in replaced]
         overrides = [*kept, *(f"slo.{key}={value:.4g}" for key, value in limits.items())]
     probers = {

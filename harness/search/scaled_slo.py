@@ -89,6 +89,12 @@ def scaled_limits(
     return limits
 
 
+def scaled_keys(scale: dict[str, float]) -> set[str]:
+    """The `slo.*` keys a scale sets (a given value of any of them is replaced): scaling TTFT
+    sets its per-prompt-token part too, or leaves it unset."""
+    return {*scale, *([PER_PROMPT_TOKEN] if "ttft_s" in scale else [])}
+
+
 def _unmeasured(key: str) -> ConfigError:
     return ConfigError(
         f"search.slo_scale.{key}", "the reference floor run measured no such latency"
