@@ -107,12 +107,14 @@ clean:
 # What the GPU machine lacks (it has Python 3.12, torch, Triton, transformers, pandas, pytest,
 # rich, aiohttp, safetensors, nvidia-ml-py and no package registry), as wheels for it at the
 # versions installed here: carried beside the tree and unpacked by scripts/gpu_check.sh.
-# antlr4-python3-runtime (omegaconf's parser) has no wheel on PyPI: built here, pure Python.
-GPU_WHEELS := hydra-core omegaconf plotly narwhals gguf psutil
+# antlr4-python3-runtime (omegaconf's parser) has no wheel on PyPI: built here, pure Python;
+# orjson's wheels are tagged manylinux_2_17, which runs on the machine's manylinux_2_28.
+GPU_WHEELS := hydra-core omegaconf plotly narwhals gguf psutil orjson
 gpu-wheels: $(STAMP)
 	rm -rf .gpu-wheels && mkdir -p .gpu-wheels
 	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
-	  --implementation cp --abi cp312 --platform manylinux_2_28_x86_64 --platform any -d .gpu-wheels \
+	  --implementation cp --abi cp312 --platform manylinux_2_28_x86_64 \
+	  --platform manylinux_2_17_x86_64 --platform any -d .gpu-wheels \
 	  $(foreach p,$(GPU_WHEELS),$(p)==$(shell $(PY) -c "import importlib.metadata as m; print(m.version('$(p)'))"))
 	$(PY) -m pip wheel --quiet --no-deps -w .gpu-wheels \
 	  antlr4-python3-runtime==$(shell $(PY) -c "import importlib.metadata as m; print(m.version('antlr4-python3-runtime'))")

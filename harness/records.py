@@ -91,7 +91,7 @@ class StepRecord:
 
 
 @cache
-def _fixed_fields(cls: type) -> tuple[str, ...]:
+def fixed_fields(cls: type) -> tuple[str, ...]:
     """A record class's field names but `counters`, in order: asked once per class (looked
     up for every record, they took about as long as parsing the record's line)."""
     return tuple(f.name for f in fields(cls) if f.name != "counters")
@@ -108,7 +108,7 @@ def _to_json(record: Any) -> dict[str, Any]:
 
 @cache
 def _fixed_field_set(cls: type) -> frozenset[str]:
-    return frozenset(_fixed_fields(cls))
+    return frozenset(fixed_fields(cls))
 
 
 def _from_json(cls: type, payload: dict[str, Any]) -> Any:

@@ -10,17 +10,19 @@ incomplete, with every problem noted in `RunData.problems`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 
 from harness.errors import ConfigError
 from harness.measure.rundir import REQUESTS, STEPS, RunRecords
-from harness.records import RequestRecord, StepRecord
+from harness.records import RequestRecord, StepRecord, fixed_fields
 
 SUMMARY = "summary.json"
 TELEMETRY = "telemetry.csv"
@@ -44,12 +46,12 @@ class RunData:
     @property
     def requests(self) -> pd.DataFrame:
         """The request records as a table, one column per field (empty without records)."""
-        return pd.DataFrame.from_records([r.to_json() for r in self.request_records])
+        return records_frame(self.request_records)
 
     @property
     def steps(self) -> pd.DataFrame:
         """The step records as a table, counters as columns (empty without records)."""
-        return pd.DataFrame.from_records([s.to_json() for s in self.step_records])
+        return records_frame(self.step_records)
 
     @property
     def status(self) -> str:
@@ -115,6 +117,33 @@ class RunData:
     def slo(self) -> dict[str, Any]:
         """The SLO limits from the config (`ttft_s`, `tpot_s`, `e2e_s`, ...), possibly empty."""
         return as_dict(self.config.get("slo"))
+
+
+def records_frame(records: Sequence[RequestRecord] | Sequence[StepRecord]) -> pd.DataFrame:
+    """Records as a table: one column per field, then one per counter in the order first met,
+    NaN where a record has none; the table of their JSON lines, built a column at a time (a
+    long simulated run's 550,000 steps took 5 s as a list of dicts)."""
+    if not records:
+        return pd.DataFrame()
+    columns = {
+        name: _column([getattr(record, name) for record in records], "biufU")
+        for name in fixed_fields(type(records[0]))
+    }
+    for key in dict.fromkeys(key for record in records for key in record.counters):
+        counts = [record.counters.get(key, math.nan) for record in records]
+        columns[key] = _column(counts, "biuf")
+    return pd.DataFrame(columns)
+
+
+def _column(values: list[Any], kinds: str) -> Any:
+    """A column's values as one numpy array where they make one of these kinds (numpy's
+    letters: numbers, strings); as they are otherwise (None, lists), for pandas to infer as
+    it would from JSON."""
+    try:
+        array = np.asarray(values)
+    except ValueError:  # lists of different lengths
+        return values
+    return array if array.ndim == 1 and array.dtype.kind in kinds else values
 
 
 def as_dict(value: Any) -> dict[str, Any]:

@@ -15,8 +15,15 @@ from pathlib import Path
 import pytest
 
 from harness.measure.flags import INCOMPLETE, refusals
-from harness.measure.rundir import RunWriter, read_records, read_requests, torn_tail
-from harness.records import RequestRecord
+from harness.measure.rundir import (
+    BATCH_BYTES,
+    RunWriter,
+    encode_line,
+    read_records,
+    read_requests,
+    torn_tail,
+)
+from harness.records import RequestRecord, StepRecord
 from harness.runner.summarize import summarize_run
 from tests.server_process import ROOT
 
@@ -120,6 +127,33 @@ def test_records_are_written_one_whole_line_each(tmp_path: Path) -> None:
         handle.write('{"id": "1", "prompt_len"')
     assert torn_tail(path) and read_records(path, RequestRecord)[1] == 1  # the torn line
     assert [r.id for r in read_records(path, RequestRecord)[0]] == [long.id]
+
+
+def test_a_batched_writer_writes_whole_lines_a_batch_at_a_time(tmp_path: Path) -> None:
+    """Within `batched`, lines wait until a batch fills (BATCH_BYTES), then go out whole in one
+    write; the rest go when it ends, even when it ends by an error; after it, one line per
+    write again."""
+    writer = RunWriter(tmp_path)
+    steps = tmp_path / "steps.jsonl"
+    record = StepRecord(0, 0.0, 0.01, 0.01, 1, 1, 0, 0, 1, 16, 16, 64, 0.0, 0)
+    line = encode_line(record.to_json())
+    per_batch = -(-BATCH_BYTES // len(line))  # the line that fills a batch sends it
+    with pytest.raises(RuntimeError), writer.batched():
+        for _ in range(per_batch - 1):
+            writer.step(record)
+        assert steps.read_bytes() == b""
+        writer.step(record)
+        assert steps.read_bytes() == line * per_batch
+        writer.step(record)
+        assert steps.read_bytes() == line * per_batch
+        raise RuntimeError("the run failed")
+    assert steps.read_bytes() == line * (per_batch + 1)
+    writer.step(record)
+    assert steps.read_bytes() == line * (per_batch + 2)
+    writer.close()
+    assert [s.to_json() for s in read_records(steps, StepRecord)[0]] == [record.to_json()] * (
+        per_batch + 2
+    )
 
 
 def test_summarize_refuses_a_directory_without_records(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from harness.engine.step_update import StepShape
+from harness.engine.model_runner import StepShape
 from harness.measure.roofline import ModelShape, step_cost
 from harness.models.dummy import DUMMY_SHAPES
 from harness.simulate.cost_model import StepCounts

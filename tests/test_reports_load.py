@@ -13,7 +13,7 @@ from reports_rundirs import RunSpec, requests_of, summary_of, write_run
 
 from harness.errors import ConfigError
 from harness.measure.slo import SLO
-from harness.records import RequestRecord
+from harness.records import RequestRecord, StepRecord
 from reports.derive import (
     request_metrics,
     slo_attainment,
@@ -21,7 +21,7 @@ from reports.derive import (
     step_metrics,
     summary_from_records,
 )
-from reports.load import find_run_dirs, load_run
+from reports.load import find_run_dirs, load_run, records_frame
 
 
 def test_complete_run_loads_every_file(tmp_path: Path) -> None:
@@ -145,3 +145,26 @@ def test_summary_strategy_may_be_a_mapping(tmp_path: Path) -> None:
     assert run.strategy_name == "orca"
     assert run.workload_name == "chat"
     assert "no config.yaml" in run.problems
+
+
+def test_a_records_table_is_the_table_of_their_json_lines() -> None:
+    """Built a column at a time, the table equals pandas' own from the records' JSON lines:
+    counters in the order first met, missing ones empty, lists (even of unequal lengths)
+    kept as objects, and no records make an empty table."""
+    base = (0.0, 0.01, 0.01, 1, 1, 0, 0, 1, 16, 16, 64, 0.0, 0)
+    steps = [
+        StepRecord(0, *base, counters={"spec_proposed": 2, "spec_accepted_counts": [1, 1]}),
+        StepRecord(1, *base),
+        StepRecord(2, *base, counters={"kv_blocks_used": 3, "spec_accepted_counts": [0]}),
+        StepRecord(3, *base, counters={"spec_proposed": 4, "spec_accepted_counts": [2, 0, 1]}),
+    ]
+    expected = pd.DataFrame.from_records([s.to_json() for s in steps])
+    table = records_frame(steps)
+    pd.testing.assert_frame_equal(table, expected)
+    assert list(table.columns[-3:]) == ["spec_proposed", "spec_accepted_counts", "kv_blocks_used"]
+    assert table["spec_proposed"].isna().tolist() == [False, True, True, False]
+    requests = [RequestRecord.from_json(line) for line in requests_of(RunSpec())]
+    pd.testing.assert_frame_equal(
+        records_frame(requests), pd.DataFrame.from_records([r.to_json() for r in requests])
+    )
+    assert records_frame([]).empty

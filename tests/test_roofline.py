@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.engine.step_update import attended_pairs
+from harness.engine.model_runner import attended_pairs
 from harness.measure.calibrate import Peaks
 from harness.measure.roofline import ModelShape, StepCost, step_cost, utilisation
 

@@ -6,6 +6,7 @@ faster simulator must write the same run directory."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 from pathlib import Path
 
@@ -113,5 +114,8 @@ def test_a_run_summarises_its_records_as_written_and_reads_none_back(
     summary = run(cfg, tmp_path, progress=False)
     assert read == []
     assert (tmp_path / "report.html").is_file()
+    assert not (tmp_path / "telemetry.csv").exists()  # its clock is virtual: nothing sampled
+    assert summary["telemetry"]["source"] == "none" and summary["telemetry"]["samples"] == 0
+    assert gc.isenabled()  # paused for the loop only
     from_disk = summarize(read_requests(tmp_path), read_steps(tmp_path), SLO.of_config(cfg))
     assert {key: summary[key] for key in from_disk} == from_disk

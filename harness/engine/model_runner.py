@@ -1,7 +1,8 @@
 """The model runner: the one place a forward runs, for the target model and a draft network.
 
 It packs what a step feeds (`Feed`: per sequence, where its new tokens start and how many,
-the token ids, the rows whose logits are wanted) over a KV manager's slots into one
+the token ids, the rows whose logits are wanted; its `StepShape`, the counts a step's cost
+and record take, made once per feed) over a KV manager's slots into one
 `ForwardBatch`, moves it to the device, runs the model over its KV cache with the run's
 attention, and returns the wanted logits where they were computed: sampling takes greedy
 tokens by an argmax there and copies only their ids (and any row sampled at random) to the
@@ -13,8 +14,9 @@ predicts a step's time instead).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -53,6 +55,42 @@ class Feed:
     def seq_lens(self) -> list[int]:
         """Each sequence's context after this forward."""
         return [start + count for start, count in zip(self.starts, self.counts, strict=True)]
+
+    @cached_property
+    def shape(self) -> StepShape:
+        """The batch this feeds, for cost accounting (asked by the runner and the record)."""
+        return StepShape(list(self.counts), self.seq_lens, len(self.logits_rows))
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """The batch a step ran, for cost accounting: per sequence, tokens fed and context; the
+    totals a step's cost and record take are counted once, when it is made."""
+
+    EMPTY: ClassVar[StepShape]  # no forward ran
+    query_lens: list[int]
+    seq_lens: list[int]
+    num_logits: int
+    attended_pairs: int = field(init=False)  # (query, key) pairs causal attention scores
+    context_tokens: int = field(init=False)  # context the sequences hold after the step
+
+    def __post_init__(self) -> None:
+        pairs = sum(map(attended_pairs, self.query_lens, self.seq_lens))
+        object.__setattr__(self, "attended_pairs", pairs)
+        object.__setattr__(self, "context_tokens", sum(self.seq_lens))
+
+
+def attended_pairs(query_len: int, seq_len: int) -> int:
+    """How many (query, key) pairs causal attention scores for one sequence in one step.
+
+    The `query_len` new tokens end a context of `seq_len` tokens: new token i (0-based) sits at
+    position seq_len - query_len + i and attends to itself and every earlier position.
+    """
+    cached = seq_len - query_len
+    return query_len * cached + query_len * (query_len + 1) // 2
+
+
+StepShape.EMPTY = StepShape([], [], 0)
 
 
 class Runner(Protocol):

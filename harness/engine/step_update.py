@@ -18,41 +18,11 @@ from dataclasses import dataclass, field
 
 from harness.engine.decoding import Decoder, Verification
 from harness.engine.kv_manager import KVManager, KVStats
-from harness.engine.model_runner import Feed
+from harness.engine.model_runner import Feed, StepShape
 from harness.engine.parallel_sampling import Fork, SampleGroups
 from harness.engine.request import Request
 from harness.engine.scheduling import ScheduledSeq, Scheduler, SchedulerOutput
 from harness.records import StepRecord
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """The batch a step ran, for cost accounting: per sequence, tokens fed and context."""
-
-    query_lens: list[int]
-    seq_lens: list[int]
-    num_logits: int
-
-    @property
-    def attended_pairs(self) -> int:
-        """(query, key) pairs the step's causal attention scores, every sequence together."""
-        return sum(map(attended_pairs, self.query_lens, self.seq_lens))
-
-    @classmethod
-    def of(cls, feed: Feed | None) -> StepShape:
-        if feed is None:
-            return cls([], [], 0)
-        return cls(list(feed.counts), feed.seq_lens, len(feed.logits_rows))
-
-
-def attended_pairs(query_len: int, seq_len: int) -> int:
-    """How many (query, key) pairs causal attention scores for one sequence in one step.
-
-    The `query_len` new tokens end a context of `seq_len` tokens: new token i (0-based) sits at
-    position seq_len - query_len + i and attends to itself and every earlier position.
-    """
-    cached = seq_len - query_len
-    return query_len * cached + query_len * (query_len + 1) // 2
 
 
 @dataclass
@@ -110,11 +80,11 @@ class StepUpdate:
             self.decoder.release(request)
             delivered += self._deliver(self.scheduler.on_finished(request), now)
         tokens = (prefill, decode, pad)
-        shape = StepShape.of(output.feed)
+        shape = StepShape.EMPTY if output.feed is None else output.feed.shape
         record = self._record(output, tokens, running, kv, counters, len(delivered))
         record.logits_rows = shape.num_logits
         record.attended_pairs = shape.attended_pairs
-        record.context_tokens = sum(shape.seq_lens)
+        record.context_tokens = shape.context_tokens
         return StepResult(delivered, record, shape)
 
     def _accept(

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from harness.engine.step_update import attended_pairs
+from harness.engine.model_runner import attended_pairs
 from harness.models.model import ModelConfig
 from harness.records import StepRecord
 

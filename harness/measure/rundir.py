@@ -4,10 +4,14 @@ itself takes its records as it wrote them (`RunWriter(keep=True).written()`): re
 long simulated run's 850,000 step lines cost a sixth of it, to rebuild what it held already;
 a test pins that the summary from disk is the same.
 
-`requests.jsonl` gets a line when a request finishes, `steps.jsonl` a line per engine step.
-Each line goes to the file in one `write` call on a descriptor opened for appending (no
-buffer in between that could split it), so a process killed at any instant leaves every
-line it wrote whole: a crash keeps everything measured up to it, and no torn line. The reader
+`requests.jsonl` gets a line when a request finishes, `steps.jsonl` a line per engine step,
+encoded by orjson (a tenth of the standard encoder's time: at a simulated run's hundreds of
+thousands of steps the standard one took a third of the run). Each line goes to the file in
+one `write` call on a descriptor opened for appending (no buffer in between that could split
+it), so a process killed at any instant leaves every line it wrote whole: a crash keeps
+everything measured up to it, and no torn line. A simulated run, which a rerun reproduces
+exactly, writes whole lines in batches instead (`RunWriter.batched`): a write call per line
+was a sixth of its time. The reader
 still leaves out an unterminated last line (a full disk can cut one) and any line that does
 not parse as its record, and counts them (`read_records`). `summary.json` is written to a
 temporary file and renamed into place.
@@ -17,13 +21,18 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
+
+import orjson
 
 from harness.records import RequestRecord, StepRecord
 
 SCHEMA_VERSION = 2
+BATCH_BYTES = 1 << 20  # what a batched writer holds before it writes
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
@@ -65,8 +74,8 @@ def read_records(path: Path, kind: type[R]) -> tuple[list[R], int]:
         if not line.strip():
             continue
         try:
-            records.append(kind.from_json(json.loads(line)))
-        except (json.JSONDecodeError, TypeError, AttributeError):
+            records.append(kind.from_json(orjson.loads(line)))
+        except (orjson.JSONDecodeError, TypeError, AttributeError):
             skipped += 1
     return records, skipped
 
@@ -103,19 +112,34 @@ class RunWriter:
     def __init__(self, run_dir: Path, keep: bool = False) -> None:
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._requests = _open_append(run_dir / REQUESTS)
-        self._steps = _open_append(run_dir / STEPS)
+        self._requests = LineFile(run_dir / REQUESTS)
+        self._steps = LineFile(run_dir / STEPS)
         self._kept: RunRecords | None = RunRecords([], [], 0, 0) if keep else None
 
     def request(self, record: RequestRecord) -> None:
-        _write_line(self._requests, record.to_json())
+        self._requests.write(encode_line(record.to_json()))
         if self._kept is not None:
             self._kept.requests.append(record)
 
     def step(self, record: StepRecord) -> None:
-        _write_line(self._steps, record.to_json())
+        self._steps.write(encode_line(record.to_json()))
         if self._kept is not None:
             self._kept.steps.append(record)
+
+    @contextmanager
+    def batched(self) -> Iterator[None]:
+        """Within: whole lines are written a batch at a time (`BATCH_BYTES`), the rest when
+        it ends, however it ends; a process killed within loses the lines of the last batch,
+        never part of one."""
+        files = (self._requests, self._steps)
+        for file in files:
+            file.batch = True
+        try:
+            yield
+        finally:
+            for file in files:
+                file.batch = False
+                file.flush()
 
     def written(self) -> RunRecords:
         """Every record written so far, as written (a writer made with `keep`)."""
@@ -127,18 +151,46 @@ class RunWriter:
         write_json_atomic(self.run_dir / name, payload)
 
     def close(self) -> None:
-        for descriptor in (self._requests, self._steps):
-            os.close(descriptor)
+        for file in (self._requests, self._steps):
+            file.close()
 
 
-def _open_append(path: Path) -> int:
-    """A fresh, empty file, opened for appending without a buffer."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+def encode_line(payload: dict[str, Any]) -> bytes:
+    """One record's JSON line, newline included."""
+    return orjson.dumps(payload, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
 
 
-def _write_line(descriptor: int, payload: dict) -> None:
-    """One JSON line in one write (the kernel appends it whole); a short write, which only a
-    full disk or a signal can cause, continues with the rest."""
-    data = (json.dumps(payload) + "\n").encode()
+class LineFile:
+    """A fresh, empty file, opened for appending without a buffer: each line in one write
+    (the kernel appends it whole), or, while `batch` is set, whole lines a batch at a time."""
+
+    def __init__(self, path: Path) -> None:
+        self.descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self.batch = False
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+
+    def write(self, line: bytes) -> None:
+        if not self.batch:
+            _write_all(self.descriptor, line)
+            return
+        self._pending.append(line)
+        self._pending_bytes += len(line)
+        if self._pending_bytes >= BATCH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._pending:
+            _write_all(self.descriptor, b"".join(self._pending))
+        self._pending, self._pending_bytes = [], 0
+
+    def close(self) -> None:
+        self.flush()
+        os.close(self.descriptor)
+
+
+def _write_all(descriptor: int, data: bytes) -> None:
+    """`data` in one write; a short write, which only a full disk or a signal can cause,
+    continues with the rest."""
     while data:
         data = data[os.write(descriptor, data) :]

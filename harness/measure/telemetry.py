@@ -5,7 +5,9 @@ request timestamps. On an NVIDIA GPU the sampler reads NVML (utilisation, memory
 clocks, temperature and the total-energy counter); everywhere it also records the process's
 CPU use, its resident memory and the system's used memory through psutil. Telemetry is a
 witness, never a cause of failure: a reading that fails is left empty from then on, the
-failure is said once in the result's note, and nothing raises into the run.
+failure is said once in the result's note, and nothing raises into the run. A run with
+nothing to sample (a simulation: its clock is virtual, and the machine running it is not the
+one it predicts) takes `NoTelemetry` instead, which says why.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class TelemetryResult:
     samples: int
     energy_j: float | None  # NVML total-energy delta over the run, None without NVML
     note: str | None  # why some telemetry is missing, if any is
-    source: str  # "nvml" | "psutil"
+    source: str  # "nvml" | "psutil" | "none"
 
 
 @dataclass
@@ -314,3 +316,17 @@ class TelemetrySampler:
             )
         parts.extend(self._events)
         return "; ".join(parts) if parts else None
+
+
+class NoTelemetry:
+    """In place of a sampler for a run with nothing to sample: no telemetry.csv, and `why` as
+    the result's note."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def stop(self) -> TelemetryResult:
+        return TelemetryResult(samples=0, energy_j=None, note=self.why, source="none")

@@ -40,7 +40,7 @@ from harness.measure.metrics import summarize
 from harness.measure.profiling import StepProfiler
 from harness.measure.rundir import SCHEMA_VERSION, RunRecords, RunWriter
 from harness.measure.slo import SLO
-from harness.measure.telemetry import TelemetryResult, TelemetrySampler
+from harness.measure.telemetry import NoTelemetry, TelemetryResult, TelemetrySampler
 from harness.measure.weights_quality import read_quality, weights_summary
 from harness.records import StepRecord
 from harness.runner.backends import ENGINE_LOOPS, backend_of, peer_backend
@@ -249,8 +249,12 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
     meta["workload_name"] = backend.workload.name
     meta["workload_requests"] = len(backend.workload.requests)  # `summarize` counts the missing
     writer.json("meta.json", meta)
-    sampler = TelemetrySampler(
-        run_dir / "telemetry.csv", float(cfg.telemetry.period_s), clock, backend.device
+    sampler: TelemetrySampler | NoTelemetry = (
+        NoTelemetry(backend.no_telemetry)
+        if backend.no_telemetry
+        else TelemetrySampler(
+            run_dir / "telemetry.csv", float(cfg.telemetry.period_s), clock, backend.device
+        )
     )
     start = time.perf_counter()
     sampler.start()

@@ -7,12 +7,18 @@ arrived before each step, and when the engine has nothing to run the clock jumps
 arrival. A step's duration is what the simulated runner adds to the clock, plus the cost
 model's gap between steps. Every latency starts at arrival, so queueing is counted exactly as
 in a real run; `t_send` is the arrival (a simulated client is never late). The records go
-to the run writer through the one engine loop body (`EngineDriver`), as in a real run.
+to the run writer through the one engine loop body (`EngineDriver`), as in a real run, in
+batches of whole lines (`RunWriter.batched`): a rerun reproduces any a crash lost. The
+cyclic garbage collector waits until the loop ends (`collector_paused`): the loop's objects
+are freed by their reference counts, and the collector's passes over the run's growing kept
+records were a seventh of a 10,000-request run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import gc
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from harness.engine.engine import Engine
 from harness.engine.request import Request
@@ -40,7 +46,7 @@ def simulate(
     driver = EngineDriver(engine, writer, hooks)
     tally = Tally(len(requests), progress, arrivals.completed)
     try:
-        with driver.serving():
+        with collector_paused(), writer.batched(), driver.serving():
             while not tally.all_recorded:
                 if not engine.has_unfinished():
                     upcoming = arrivals.next_arrival()
@@ -59,3 +65,16 @@ def simulate(
                 driver.stop_if(stop, requests)
     finally:
         tally.bar.close()
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Within: no cyclic garbage collection (cycles made meanwhile wait for the end); as it
+    was after, however it ends."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -24,11 +24,13 @@ import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from operator import mul
 from pathlib import Path
 
 import numpy as np
 
-from harness.engine.step_update import StepShape
+from harness.engine.model_runner import StepShape
 from harness.errors import ConfigError
 from harness.records import StepRecord
 
@@ -54,7 +56,7 @@ class StepCounts:
             tokens=sum(shape.query_lens),
             logits_rows=shape.num_logits,
             attended_pairs=shape.attended_pairs,
-            context_tokens=sum(shape.seq_lens),
+            context_tokens=shape.context_tokens,
         )
 
     @classmethod
@@ -117,10 +119,12 @@ class StepCostModel:
 
     def step_seconds(self, counts: StepCounts) -> float:
         """The predicted duration of one step with these counts."""
-        return sum(
-            self.seconds_per_unit.get(term, 0.0) * value
-            for term, value in zip(TERMS, counts.row(), strict=True)
-        )
+        return sum(map(mul, self._per_unit, counts.row()))
+
+    @cached_property
+    def _per_unit(self) -> tuple[float, ...]:
+        """Seconds per unit in `TERMS` order (a term not fitted costs nothing)."""
+        return tuple(self.seconds_per_unit.get(term, 0.0) for term in TERMS)
 
     def check_describes(self, wanted: dict[str, str]) -> None:
         """A ConfigError when a run's model, dtype, weights or heads differ from the fit's."""

@@ -5,7 +5,7 @@ The grid's shapes are prefill chunks (one sequence, many tokens, after an empty 
 cache) and decode batches (many sequences, one token each, at a context length), each fed to
 the model runner as `harness.engine.shapes` feeds one (its logits accepted, which is what a
 step record's `model_s` times); its time is the best of `repeats` after `warmup` untimed
-forwards. Its counts are the engine's own (`StepShape` of the feed, `StepCounts`), so the
+forwards. Its counts are the engine's own (the feed's `StepShape`, `StepCounts`), so the
 table and a run's steps are counted alike and fitted by the one function (`fit_counts`).
 
 In every shape each sequence's next token is due, so `seqs` and `logits_rows` move together
@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass
 from typing import TypeVar
 
 from harness.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
-from harness.engine.step_update import StepShape
 from harness.errors import ConfigError
 from harness.measure.drift import DRIFT_LIMIT, Drift
 from harness.simulate.cost_model import TERMS, FitQuality, StepCostModel, StepCounts, fit_counts
@@ -113,7 +112,7 @@ class ShapeTimer:
     def profile(self, shape: Shape, repeats: int, warmup: int) -> Profiled:
         began = self.shapes.clock()
         feed, samples = self.shapes.run(shape, repeats, warmup)
-        counts = StepCounts.of_shape(StepShape.of(feed))
+        counts = StepCounts.of_shape(feed.shape)
         return Profiled(shape, counts, min(samples), samples, self.shapes.clock() - began)
 
     def drift(self, first: Profiled, repeats: int) -> ShapeDrift:

@@ -17,7 +17,6 @@ import torch
 
 from harness.engine.kv_manager import KVManager
 from harness.engine.model_runner import Feed
-from harness.engine.step_update import StepShape
 from harness.simulate.cost_model import StepCounts
 
 
@@ -57,8 +56,7 @@ class SimulatedRunner:
 
     def run(self, kv: KVManager, feed: Feed) -> torch.Tensor:
         del kv
-        shape = StepShape.of(feed)
-        self.clock.advance(self.cost.step_seconds(StepCounts.of_shape(shape)))
+        self.clock.advance(self.cost.step_seconds(StepCounts.of_shape(feed.shape)))
         rows = len(feed.logits_rows)
         if rows not in self._logits:
             self._logits[rows] = torch.zeros(rows, 1)

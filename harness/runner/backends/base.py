@@ -34,10 +34,11 @@ from workloads.spec import Workload
 
 class Backend(ABC):
     workload: Workload
-    device: torch.device  # where telemetry samples
+    device: torch.device  # where it runs (what meta.json describes; telemetry samples it)
     model_file: Path | None  # the model file behind the tokenizer (and weights, in process)
     model_sha256: str | None
     seeds: dict[str, int]
+    no_telemetry: str | None = None  # why the run samples no telemetry (None: it does)
 
     @abstractmethod
     def describe(self) -> dict[str, Any]:

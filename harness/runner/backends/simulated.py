@@ -101,6 +101,10 @@ def model_name(cfg: DictConfig) -> str:
 
 
 class SimulatedBackend(Backend):
+    no_telemetry = (
+        "simulated: its clock is virtual, and the machine running it is not the one it predicts"
+    )
+
     def __init__(self, cfg: DictConfig) -> None:
         checked = check_settings(cfg)
         settings, strategy = checked.settings, checked.strategy
@@ -124,7 +128,7 @@ class SimulatedBackend(Backend):
             )
         self.cfg = cfg
         self.workload = inputs.workload
-        self.device = torch.device("cpu")  # where telemetry samples: this process
+        self.device = torch.device("cpu")  # where the simulation runs
         self.model_file, self.model_sha256 = inputs.model_file, inputs.model_sha256
         self.seeds = seeds_of(cfg)
         self.strategy = strategy
