@@ -46,6 +46,7 @@ from harness.records import StepRecord
 from harness.runner.backends import ENGINE_LOOPS, backend_of, peer_backend
 from harness.runner.backends.base import Backend
 from harness.runner.build import ServedModel
+from harness.runner.collector import collector_paused
 from harness.runner.early_stop import StoppedEarly, StopRecord, stop_rule
 from harness.runner.replay import replay, requests_of
 from harness.runner.settings import (
@@ -268,34 +269,35 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        telemetry = sampler.stop()
-        writer.close()
-        served = meta["strategy"]
-        if kind in ENGINE_LOOPS:  # the strategy node as configured, every key
-            served = OmegaConf.to_container(cfg.strategy, resolve=True)
-        workload = backend.workload
-        records = writer.written()
-        summary = summary_for(
-            run_dir,
-            records,
-            cfg,
-            (workload.name, workload.hash, len(workload.requests)),
-            telemetry,
-            error,
-            meta.get("peaks"),
-            served,
-        )
-        if stopped is not None:
-            summary["status"] = "stopped"
-            summary["stopped_early"] = stopped.as_dict()
-        add_flags(summary, backend.flags(records))
-        if "weights" in meta:
-            summary["weights"] = meta["weights"]
-        for key in ("dtype", SIMULATED):
-            if key in meta:
-                summary[key] = meta[key]
-        writer.json("summary.json", summary)
-        write_report(run_dir, records)
+        with collector_paused():  # the records kept for the summary: millions of objects
+            telemetry = sampler.stop()
+            writer.close()
+            served = meta["strategy"]
+            if kind in ENGINE_LOOPS:  # the strategy node as configured, every key
+                served = OmegaConf.to_container(cfg.strategy, resolve=True)
+            workload = backend.workload
+            records = writer.written()
+            summary = summary_for(
+                run_dir,
+                records,
+                cfg,
+                (workload.name, workload.hash, len(workload.requests)),
+                telemetry,
+                error,
+                meta.get("peaks"),
+                served,
+            )
+            if stopped is not None:
+                summary["status"] = "stopped"
+                summary["stopped_early"] = stopped.as_dict()
+            add_flags(summary, backend.flags(records))
+            if "weights" in meta:
+                summary["weights"] = meta["weights"]
+            for key in ("dtype", SIMULATED):
+                if key in meta:
+                    summary[key] = meta[key]
+            writer.json("summary.json", summary)
+            write_report(run_dir, records)
     return summary
 
 

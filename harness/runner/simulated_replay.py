@@ -9,20 +9,17 @@ model's gap between steps. Every latency starts at arrival, so queueing is count
 in a real run; `t_send` is the arrival (a simulated client is never late). The records go
 to the run writer through the one engine loop body (`EngineDriver`), as in a real run, in
 batches of whole lines (`RunWriter.batched`): a rerun reproduces any a crash lost. The
-cyclic garbage collector waits until the loop ends (`collector_paused`): the loop's objects
-are freed by their reference counts, and the collector's passes over the run's growing kept
-records were a seventh of a 10,000-request run.
+cyclic garbage collector waits until the loop ends (`collector_paused`).
 """
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 
 from harness.engine.engine import Engine
 from harness.engine.request import Request
 from harness.measure.rundir import RunWriter
+from harness.runner.collector import collector_paused
 from harness.runner.early_stop import StopRecord
 from harness.runner.loop import EngineDriver, StepHook
 from harness.runner.replay import Arrivals, Tally
@@ -65,16 +62,3 @@ def simulate(
                 driver.stop_if(stop, requests)
     finally:
         tally.bar.close()
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Within: no cyclic garbage collection (cycles made meanwhile wait for the end); as it
-    was after, however it ends."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
