@@ -280,7 +280,9 @@ def test_client_gone_mid_stream_frees_its_kv(
     served: tuple[ServerProcess, Path], http: httpx.Client
 ) -> None:
     before = _cancelled(http)
-    body = {**VALID, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    # as long as the KV budget holds (1,456 slots): a loaded machine can starve this client
+    # while the server streams, and 400 tokens were once all sent before it read three
+    body = {**VALID, "max_tokens": 1400, "ignore_eos": True, "stream": True}
     headers = {"X-Request-Id": "gone-mid-stream"}
     with http.stream("POST", "/v1/completions", json=body, headers=headers) as response:
         chunks = []
@@ -294,7 +296,7 @@ def test_client_gone_mid_stream_frees_its_kv(
         wait_for(lambda: metrics(http)["servelab_kv_slots_allocated"] > 0, timeout_s=5.0)
     _assert_pool_full(http, before)
     record = served_records(served[1])["gone-mid-stream"]
-    assert record.finish_reason == "cancelled" and 3 <= record.output_len < 400
+    assert record.finish_reason == "cancelled" and 3 <= record.output_len < 1400
 
 
 def test_client_gone_before_a_whole_response_frees_its_kv(
