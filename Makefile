@@ -31,7 +31,8 @@ $(STAMP): pyproject.toml constraints.txt
 # The SLO moves with the machine: each request's TTFT within 8x of its prompt's prefill alone
 # (a line in prompt length) and normalized latency within 2x of the median, one request at a
 # time (fastertransformer's reference floor run), the same limits for every strategy. Then one report over every probe. RUN_ARGS adds overrides
-# (search.budget_s=3600, ...).
+# (search.budget_s=3600; search.slo_from=runs/comparison/DATE/TIME judges against an earlier
+# run's SLO, so that a repeat compares knees and not two scalings).
 COMPARISON_DIR ?= runs/comparison/$(NOW)
 NOW := $(shell date +%Y-%m-%d/%H-%M-%S)
 COMPARISON := workload=comparison engine.dtype=fp32 engine.kv_budget=32MiB \

@@ -113,6 +113,26 @@ def test_the_search_table_shows_each_fitted_knee_and_the_fitted_ratios() -> None
     assert needed_text(unbounded.fit, 0.1) == ""
 
 
+def test_a_fit_widened_for_the_speed_drift_moves_out_each_bounded_side() -> None:
+    """A search whose machine slowed by 25% between its reference floors: each side of the
+    fitted interval moves out by 1.25, an open side stays open, and the requests a narrower
+    fit needs are those of the fit itself (more requests do not narrow the drift)."""
+    from harness.commands.search import fitted_text
+    from harness.search.attainment_curve import KneeFit
+    from harness.search.knee import Knee
+
+    fit = KneeFit(1.0, 0.8, 1.2, 4.0, 1.0, 3, 192)
+    wide = fit.widened(1.25)
+    assert (wide.estimate, wide.low, wide.high) == (1.0, pytest.approx(0.64), pytest.approx(1.5))
+    assert wide.widened_by == 1.25 and wide.width == pytest.approx(1.5 / 0.64)
+    assert wide.requests_for(0.1) == fit.requests_for(0.1)
+    assert fitted_text(Knee("vllm", fit=wide)) == (
+        "1 [0.64, 1.5] (3 probes, 192 requests, widened x1.25 for the speed drift)"
+    )
+    open_above = KneeFit(0.1, 0.05, None, 2.0, 1.0, 2, 96).widened(1.1)
+    assert open_above.low == pytest.approx(0.05 / 1.1) and open_above.high is None
+
+
 def test_a_probe_stopped_early_bounds_the_side_no_completed_probe_bounds() -> None:
     completed = [RateEvidence(1.0, 45, 48), RateEvidence(1.1, 42, 48)]
     stopped = RateEvidence(2.0, 10, 30, stopped=True)  # at most 10 of its first 30 could meet

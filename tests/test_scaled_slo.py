@@ -92,12 +92,15 @@ def test_the_machine_s_speed_drift_is_the_reference_floor_s_tpot_before_and_afte
     assert drift == SpeedDrift(0.0215, 0.0297) and drift.too_large
     assert drift.line() == (
         "machine speed: one request at a time, median TPOT 21.5 ms before the first probe, "
-        "29.7 ms after the last (+38.1%); over 10%: the limits were scaled at another speed of "
-        "this machine than some probes ran at, and the knees carry the difference; search "
-        "again when it is quiet"
+        "29.7 ms after the last (+38.1%); each fitted knee's interval widened x1.38 for it; "
+        "over 10%: the probes ran at other speeds of this machine than the reference floor "
+        "measured, and the knees carry the difference; search again when it is quiet"
     )
     steady = SpeedDrift(0.0250, 0.0245)
-    assert not steady.too_large and steady.line().endswith("24.5 ms after the last (-2.0%)")
+    assert not steady.too_large and steady.line().endswith(
+        "24.5 ms after the last (-2.0%); each fitted knee's interval widened x1.02 for it"
+    )
+    assert steady.factor == pytest.approx(0.025 / 0.0245)
     assert steady.to_json() == {
         "before_s": 0.025,
         "after_s": 0.0245,

@@ -9,7 +9,10 @@ shared among the strategies (a knee with no passing rate probed first, the strat
 spent least first, none past an equal share while another's probe fits in its own, unless
 it alone has no passing rate) and said up front; what it could not resolve is said at the
 end. `search.slo_scale` sets the limits from one request at a time on this machine, before
-any probe (`harness.search.scaled_slo`: TTFT relative to each prompt's own prefill). Every
+any probe (`harness.search.scaled_slo`: TTFT relative to each prompt's own prefill), or
+`search.slo_from` takes an earlier search's limits (`harness.search.shared_slo`), so a
+repeat judges against the same SLO; either way the reference floor runs before the first
+probe and after the last, and the speed drift between them widens every fitted knee. Every
 probe is a full run in its own directory under `search.out_dir/STRATEGY/` (floor, ceiling,
 rate-R-nN, rate-R-nN-repeatK for a probe at the knee on new requests), so the evidence for
 every answer can be opened, a rerun reuses complete probes, and `servelab report` draws
@@ -49,6 +52,7 @@ from harness.search.knee import (
     ratio_interval,
 )
 from harness.search.scaled_slo import limits_line, scaled_keys, scaled_limits, speed_drift
+from harness.search.shared_slo import SourceSLO, judged_record, read_source
 
 SUMMARY = "each strategy's knee: the highest rate it sustains under the SLO, as an interval"
 USAGE = """usage: servelab search [search.strategies=[a,b]] slo.ttft_s=S ... [OVERRIDE ...]
@@ -69,6 +73,12 @@ class SearchSettings:
     out_dir: Path
     knee: KneeSettings
     slo_scale: dict[str, float]  # limit -> multiple of one request at a time (`scaled_slo`)
+    slo_from: SourceSLO | None  # an earlier search's SLO, judged against instead (`shared_slo`)
+
+    @property
+    def measures_speed(self) -> bool:
+        """Whether the reference floor runs before the first probe and after the last."""
+        return bool(self.slo_scale) or self.slo_from is not None
 
     @classmethod
     def of(cls, cfg: DictConfig) -> SearchSettings:
@@ -81,7 +91,9 @@ class SearchSettings:
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"search.slo_scale.{key}", f"{value!r} must be positive")
         slo = SLO.of_config(cfg)
-        if not slo.configured and not slo_scale:
+        given = node.get("slo_from")
+        slo_from = None if given is None else read_source(str(given), slo.attainment)
+        if not slo.configured and not slo_scale and slo_from is None:
             raise ConfigError(
                 "slo", "search needs at least one limit, e.g. slo.ttft_s=2 or slo.tpot_s=0.1"
             )
@@ -115,6 +127,7 @@ class SearchSettings:
             Path(str(node.out_dir)),
             knee,
             {key: float(value) for key, value in slo_scale.items()},
+            slo_from,
         )
 
 
@@ -207,30 +220,40 @@ def search(
     simulated = SimulatedClock() if backend_of(cfg) == "simulated" else None
     clock = simulated or time.monotonic
     deadline = clock() + settings.budget_s
+    if settings.slo_from is not None:
+        overrides = settings.slo_from.overrides(overrides)
+        print(settings.slo_from.line(), flush=True)
     first = RunProber(overrides, settings.strategies[0], settings, compose, run, simulated)
+    record: dict = {"settings": _jsonable(asdict(settings))}
     reference: dict = {}
-    if settings.slo_scale:
+    if settings.measures_speed:
         reference, requests = first.reference(settings.knee.floor_requests)
+    if settings.slo_from is not None:
+        against = settings.slo_from.speed_against(settings.strategies[0], reference)
+        if against is not None:
+            print(against.line(), flush=True)
+            record["speed_against_slo_source"] = against.to_json()
+    elif settings.slo_scale:
         limits = scaled_limits(settings.slo_scale, reference, requests)
         print(limits_line(settings.strategies[0], settings.slo_scale, limits), flush=True)
         replaced = {f"slo.{key}" for key in scaled_keys(settings.slo_scale)}
         kept = [o for o in overrides if o.split("=")[0].lstrip("+") not in replaced]
         overrides = [*kept, *(f"slo.{key}={value:.4g}" for key, value in limits.items())]
+    record["slo"] = judged_record(SLO.of_config(compose(overrides)))
     probers = {
         s: RunProber(overrides, s, settings, compose, run, simulated) for s in settings.strategies
     }
     left_s = max(deadline - clock(), 0.0)
     knees = find_knees(probers, settings.knee, left_s, clock, seen=print_probe)
-    record = {
-        "settings": _jsonable(asdict(settings)),
-        "knees": [_jsonable(asdict(k)) for k in knees],
-    }
-    if settings.slo_scale:
+    if settings.measures_speed:
         end, _ = first.reference(settings.knee.floor_requests, "reference-floor-end")
         drift = speed_drift(reference, end)
         if drift is not None:
             print(drift.line(), flush=True)
             record["drift"] = drift.to_json()
+            for knee in knees:
+                knee.fit = None if knee.fit is None else knee.fit.widened(drift.factor)
+    record["knees"] = [_jsonable(asdict(k)) for k in knees]
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     (settings.out_dir / "search.json").write_text(json.dumps(record, indent=2))
     return knees, settings
@@ -278,9 +301,14 @@ def plan_line(settings: SearchSettings) -> str:
         f"{knee.resolution:.0%}; attainment >= {knee.target:g} at "
         f"{settings.confidence:.0%} confidence; probes under {settings.out_dir}"
         + (
-            "; the scaled SLO's reference floor run before the first probe and again after the "
-            "last (the machine's speed drift)"
-            if settings.slo_scale
+            f"; the SLO of {settings.slo_from.path}"
+            if settings.slo_from is not None
+            else ("; the SLO scaled from a reference floor run" if settings.slo_scale else "")
+        )
+        + (
+            "; the reference floor run before the first probe and again after the last (the "
+            "machine's speed drift, which widens every fitted knee)"
+            if settings.measures_speed
             else ""
         )
     )
@@ -295,9 +323,10 @@ def fitted_text(knee: Knee) -> str:
     fit = knee.fit
     if fit is None:
         return "-"
+    widened = f", widened x{fit.widened_by:.3g} for the speed drift" if fit.widened_by > 1 else ""
     return (
         f"{fit.estimate:.3g} [{_rate(fit.low, '?')}, {_rate(fit.high, '?')}] "
-        f"({fit.probes} probes, {fit.requests} requests)"
+        f"({fit.probes} probes, {fit.requests} requests{widened})"
     )
 
 

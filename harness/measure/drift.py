@@ -23,6 +23,12 @@ class Drift:
         return self.after_s / self.before_s - 1
 
     @property
+    def factor(self) -> float:
+        """The move as a factor of at least 1, whichever way it went."""
+        ratio = self.after_s / self.before_s
+        return max(ratio, 1 / ratio)
+
+    @property
     def too_large(self) -> bool:
         return abs(self.change) > DRIFT_LIMIT
 

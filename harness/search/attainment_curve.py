@@ -20,13 +20,19 @@ queues, so they vary more than independent draws would: the bound is scaled by t
 Pearson dispersion over the completed probes (at least 1, the quasi-likelihood rule), so
 probes that disagree with the curve widen the interval. A fit that no probe below the target
 and no probe at or above it pins down has no interval.
+
+The likelihood counts the requests' noise, not the machine's: a shared VM's speed moved
+12.5% within one search here, and two searches of one sitting fitted vllm's knee in
+[1.361, 1.402] and [1.408, 1.516], intervals narrower than the run-to-run spread. A search
+that measured its speed drift (the reference floor before the first probe and after the
+last) therefore widens each fitted interval by it (`KneeFit.widened`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 import numpy as np
@@ -59,6 +65,7 @@ class KneeFit:
     dispersion: float  # Pearson chi-square per degree of freedom, at least 1
     probes: int
     requests: int
+    widened_by: float = 1.0  # each side moved out by this factor: the machine's speed drift
 
     @property
     def width(self) -> float:
@@ -70,11 +77,24 @@ class KneeFit:
     def requests_for(self, resolution: float) -> int | None:
         """About how many requests in all the fit would need for an interval `resolution`
         wide (high / low = 1 + resolution): the interval's log width shrinks as one over the
-        square root of the requests. None where a side is unbounded."""
-        if math.isinf(self.width):
+        square root of the requests (the fit's own width, before any widening for drift).
+        None where a side is unbounded."""
+        fitted = self.width / self.widened_by**2  # more requests do not narrow the drift
+        if math.isinf(fitted):
             return None
-        shrink = math.log(self.width) / math.log(1 + resolution)
+        shrink = math.log(fitted) / math.log(1 + resolution)
         return max(self.requests, math.ceil(self.requests * shrink**2))
+
+    def widened(self, factor: float) -> KneeFit:
+        """The interval moved out by `factor` on each side (low / factor, high x factor): a
+        knee measured while the machine's speed moved by that factor could lie anywhere the
+        fit allows at either speed, since a rate sustained scales with the speed."""
+        return replace(
+            self,
+            low=None if self.low is None else self.low / factor,
+            high=None if self.high is None else self.high * factor,
+            widened_by=self.widened_by * factor,
+        )
 
 
 def _logit(p: float) -> float:

@@ -18,7 +18,8 @@ Scaled limits assume the machine keeps the speed it had when they were scaled. A
 does not always: one search here scaled its SLO while a decode step took 21.5 ms and ran its
 rate probes while one took 26-32 ms, and every knee read low. So the reference floor runs
 again after the last probe, and the search says how far its median TPOT moved, flagged past
-`DRIFT_LIMIT`.
+`DRIFT_LIMIT`, and widens each fitted knee by the move (`KneeFit.widened`). A search on the
+limits of an earlier one (`shared_slo`) measures the same drift.
 """
 
 from __future__ import annotations
@@ -129,11 +130,12 @@ class SpeedDrift(Drift):
             f"before the first probe, {self.after_s * 1e3:.3g} ms after the last "
             f"({self.change:+.1%})"
         )
+        said += f"; each fitted knee's interval widened x{self.factor:.3g} for it"
         if self.too_large:
             said += (
-                f"; over {DRIFT_LIMIT:.0%}: the limits were scaled at another speed of this "
-                "machine than some probes ran at, and the knees carry the difference; search "
-                "again when it is quiet"
+                f"; over {DRIFT_LIMIT:.0%}: the probes ran at other speeds of this machine than "
+                "the reference floor measured, and the knees carry the difference; search again "
+                "when it is quiet"
             )
         return said
 
