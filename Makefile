@@ -30,13 +30,16 @@ $(STAMP): pyproject.toml constraints.txt
 # fp32 KV: 728 tokens on every machine, the dtype pinned because the budget is in bytes).
 # The SLO moves with the machine: each request's TTFT within 8x of its prompt's prefill alone
 # (a line in prompt length) and normalized latency within 2x of the median, one request at a
-# time (fastertransformer's reference floor run), the same limits for every strategy. Then one report over every probe. RUN_ARGS adds overrides
+# time (fastertransformer's reference floor run), the same limits for every strategy. A probe
+# skips the spans with nothing in flight (replay.skip_idle): at the low rates of static
+# batching's knee, most of a probe is waiting for the next arrival. Then one report over every probe. RUN_ARGS adds overrides
 # (search.budget_s=3600; search.slo_from=runs/comparison/DATE/TIME judges against an earlier
 # run's SLO, so that a repeat compares knees and not two scalings).
 COMPARISON_DIR ?= runs/comparison/$(NOW)
 NOW := $(shell date +%Y-%m-%d/%H-%M-%S)
 COMPARISON := workload=comparison engine.dtype=fp32 engine.kv_budget=32MiB \
-  search.slo_scale.ttft_s=8 search.slo_scale.normalized_latency_s=2 search.budget_s=2400
+  search.slo_scale.ttft_s=8 search.slo_scale.normalized_latency_s=2 search.budget_s=2400 \
+  replay.skip_idle=true
 run: $(STAMP)
 	$(VENV)/bin/servelab search $(COMPARISON) search.out_dir=$(COMPARISON_DIR) $(RUN_ARGS)
 	$(VENV)/bin/servelab report $(COMPARISON_DIR)/*/ --out $(COMPARISON_DIR)/report.html

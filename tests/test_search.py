@@ -392,3 +392,20 @@ def test_a_repeat_probe_draws_the_workload_with_the_next_seed_in_its_own_directo
     prober.at(0.5, 4, repeat=2)
     assert seen == [(0, "rate-0.5-n4"), (2, "rate-0.5-n4-repeat2")]
     assert first.seconds == 1.0 and simulated() == 2.0
+
+
+def test_a_probe_that_skips_its_idle_spans_is_costed_at_its_busy_time() -> None:
+    """The floor served 8 requests in 1 s: 0.125 s each alone. At half the ceiling (5 req/s,
+    0.2 s apart) a probe's 48 requests span 9.6 s; skipping the idle between them, about
+    48 x 0.125 = 6 s. Both add the drain of one request alone (the ceiling loaded nothing)."""
+    from dataclasses import replace
+
+    from harness.search.knee import KneeSearch
+
+    def first_wanted(settings: KneeSettings) -> float:
+        search = KneeSearch("s", System(knee=3.0, ceiling=10.0), settings, lambda s, p: None)
+        search.anchor()
+        return search.wanted(1e6).cost_s
+
+    assert first_wanted(SETTINGS) == pytest.approx(48 * 0.2 + 0.125)
+    assert first_wanted(replace(SETTINGS, skip_idle=True)) == pytest.approx(48 * 0.125 + 0.125)

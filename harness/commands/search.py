@@ -119,6 +119,7 @@ class SearchSettings:
             floor_requests=counts["floor_requests"],
             ceiling_requests=counts["ceiling_requests"],
             confidence=numbers["confidence"],
+            skip_idle=bool(cfg.replay.skip_idle) and backend_of(cfg) == "inprocess",
         )
         return cls(
             strategies,
@@ -208,7 +209,10 @@ class RunProber:
         measured = attainment(met, counted, self.confidence)
         served_s = float(summary.get("duration_s") or 0.0)
         throughput = summary.get("request_throughput")
-        return Outcome(str(run_dir), measured, throughput, seconds, served_s, stopped is not None)
+        skipped_s = float((summary.get("idle_skipped") or {}).get("s") or 0.0)
+        return Outcome(
+            str(run_dir), measured, throughput, seconds, served_s, stopped is not None, skipped_s
+        )
 
 
 def search(
@@ -281,7 +285,13 @@ def probe_line(strategy: str, probe: Probe) -> str:
         f"  {strategy}: {what or f'{probe.rate:.3g} req/s'}, {probe.requests} requests: "
         f"{probe.verdict.value}, {served} met the SLO [{measured.low:.2f}, {measured.high:.2f}]"
         + (f", {throughput:.3g} req/s served" if probe.kind == "ceiling" and throughput else "")
-        + f" ({probe.outcome.seconds:.0f} s)"
+        + f" ({probe.outcome.seconds:.0f} s"
+        + (
+            f", {probe.outcome.idle_skipped_s:.0f} s idle skipped"
+            if probe.outcome.idle_skipped_s
+            else ""
+        )
+        + ")"
     )
 
 
@@ -305,6 +315,7 @@ def plan_line(settings: SearchSettings) -> str:
             if settings.slo_from is not None
             else ("; the SLO scaled from a reference floor run" if settings.slo_scale else "")
         )
+        + ("; probes skip their idle spans (replay.skip_idle)" if knee.skip_idle else "")
         + (
             "; the reference floor run before the first probe and again after the last (the "
             "machine's speed drift, which widens every fitted knee)"

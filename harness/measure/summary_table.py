@@ -52,6 +52,13 @@ def render_summary(summary: dict, run_dir: str, console: Console | None = None) 
     if summary.get("dtype"):
         head.add_row("dtype", f"{summary['dtype']['name']} ({summary['dtype']['reason']})")
     head.add_row("completed / failed", f"{summary['completed']} / {summary['failed']}")
+    skipped = summary.get("idle_skipped")
+    if skipped:
+        head.add_row(
+            "idle skipped",
+            f"{skipped['s']:.1f} s of the run's clock in {skipped['spans']} spans with nothing "
+            "in flight (replay.skip_idle)",
+        )
     for name, digits in HEAD_ROWS:
         head.add_row(METRICS[name].label, _value(summary[name], digits, METRICS[name].unit))
     if summary.get("mfu_mean") is not None:

@@ -28,6 +28,7 @@ from harness.engine.engine import Engine
 from harness.engine.request import Request, SamplingParams
 from harness.engine.step_update import StepResult
 from harness.measure.rundir import RunWriter
+from harness.runner.clock import RunClock
 from harness.runner.early_stop import StopRecord
 from harness.runner.loop import IDLE_WAIT_S, EngineDriver, StepHook
 from workloads.spec import RequestSpec, Workload
@@ -128,6 +129,16 @@ class Client(threading.Thread):
             if self._arrivals.completed(request):
                 self._wake.notify()
 
+    def skip_idle(self, clock: RunClock, inbox_empty: Callable[[], bool]) -> None:
+        """The engine has nothing in flight: jump `clock` to the next arrival, if one is due
+        later, and send it now. Under the lock that sending holds, so no request can reach
+        the inbox between the check that it is empty and the jump."""
+        with self._wake:
+            upcoming = self._arrivals.next_arrival()
+            if upcoming is not None and inbox_empty():
+                clock.skip_to(upcoming)
+                self._wake.notify()
+
     def stop(self) -> None:
         with self._wake:
             self._stopped = True
@@ -209,10 +220,13 @@ def replay(
     hooks: Sequence[StepHook] = (),
     progress: bool = True,
     stop: Callable[[float], StopRecord | None] = lambda now: None,
+    skip_idle: RunClock | None = None,
 ) -> None:
     """Serve `requests` (the workload's, from `requests_of`) as the workload sends them.
     `stop` is asked after every step whether the run can end early (`early_stop`); if so,
-    every request not yet delivered is recorded as `stopped` and `StoppedEarly` raised."""
+    every request not yet delivered is recorded as `stopped` and `StoppedEarly` raised.
+    With `skip_idle` (the run's clock), a wait with nothing in flight is skipped on it
+    (`harness.runner.clock`)."""
     inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
     client = Client(requests, clock, inbox, workload.concurrency, workload.think_s)
     driver = EngineDriver(engine, writer, hooks)
@@ -227,6 +241,8 @@ def replay(
         with driver.serving():
             while not tally.all_recorded:
                 if not engine.has_unfinished():
+                    if skip_idle is not None:
+                        client.skip_idle(skip_idle, inbox.empty)
                     try:
                         receive(inbox.get(timeout=IDLE_WAIT_S))
                     except queue.Empty:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +45,7 @@ from harness.records import StepRecord
 from harness.runner.backends import ENGINE_LOOPS, backend_of, peer_backend
 from harness.runner.backends.base import Backend
 from harness.runner.build import ServedModel
+from harness.runner.clock import RunClock
 from harness.runner.collector import collector_paused
 from harness.runner.early_stop import StoppedEarly, StopRecord, stop_rule
 from harness.runner.replay import replay, requests_of
@@ -178,9 +178,7 @@ class InProcessBackend(Backend):
     def device_auto_on_cpu(self) -> bool:
         return str(self.cfg.engine.get("device", "auto")) == "auto" and self.device.type == "cpu"
 
-    def replay(
-        self, clock: Callable[[], float], writer: RunWriter, run_dir: Path, progress: bool
-    ) -> None:
+    def replay(self, clock: RunClock, writer: RunWriter, run_dir: Path, progress: bool) -> None:
         profile = self.cfg.profile
         profiler = StepProfiler(
             enabled=bool(profile.enabled),
@@ -192,7 +190,8 @@ class InProcessBackend(Backend):
         engine, requests = self.prepared.engine, self.prepared.requests
         try:
             stop = stop_rule(SLO.of_config(self.cfg), requests)
-            replay(engine, requests, self.workload, clock, writer, hooks, progress, stop)
+            skip = clock if bool(self.cfg.replay.skip_idle) else None
+            replay(engine, requests, self.workload, clock, writer, hooks, progress, stop, skip)
         finally:
             profiler.close()
 
@@ -224,12 +223,10 @@ def run_kernels(prepared: Prepared) -> RunKernels:
 
 def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
     """Execute one configured run into `run_dir`; returns the summary."""
-    start = time.perf_counter()
-
-    def clock() -> float:
-        return time.perf_counter() - start
-
+    clock = RunClock()
     kind = backend_of(cfg)
+    if bool(cfg.replay.skip_idle) and kind not in ENGINE_LOOPS:  # a simulation's clock is virtual
+        raise ConfigError("replay.skip_idle", f"in-process runs only; backend={kind} serves")
     if kind == "inprocess":
         backend: Backend = InProcessBackend(prepare(cfg, clock, progress), cfg)
     else:
@@ -257,7 +254,7 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
             run_dir / "telemetry.csv", float(cfg.telemetry.period_s), clock, backend.device
         )
     )
-    start = time.perf_counter()
+    clock.zero()
     sampler.start()
     error: str | None = None
     stopped: StopRecord | None = None
@@ -287,6 +284,8 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
                 meta.get("peaks"),
                 served,
             )
+            if clock.skipped:
+                summary["idle_skipped"] = {"spans": len(clock.skipped), "s": clock.skipped_s}
             if stopped is not None:
                 summary["status"] = "stopped"
                 summary["stopped_early"] = stopped.as_dict()

@@ -30,7 +30,8 @@ rate probe goes to a strategy with no rate passed yet before any other, and amon
 the one that has spent least on rate probes (then the widest bracket). So a budget that runs
 out leaves every knee as narrow as it allowed, rather than one resolved and the last
 unprobed. Every rate probe is costed before it runs (its requests over its rate, plus the
-loading and drain the anchor probes took). One that would take its strategy's rate probes
+loading and drain the anchor probes took; where probes skip their idle spans, each request
+at most what it takes alone). One that would take its strategy's rate probes
 past an equal share (what is left and what the strategies still searching have spent, over
 their number) waits while another strategy has a probe within its share, so a strategy
 whose knee lies far below its ceiling (each halving costs twice the last) cannot starve the
@@ -64,6 +65,7 @@ class Outcome:
     seconds: float  # wall time of the probe, model load included
     served_s: float  # the run's own duration (first arrival to last response)
     stopped: bool = False  # ended early, over saturation: `attainment` is its best case
+    idle_skipped_s: float = 0.0  # of the run's clock, skipped with nothing in flight
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,7 @@ class KneeSettings:
     floor_requests: int
     ceiling_requests: int
     confidence: float  # of each probe's attainment interval and of the fitted knee's
+    skip_idle: bool = False  # probes skip their idle spans (`replay.skip_idle`): see `_cost`
 
 
 class Prober(Protocol):
@@ -179,6 +182,7 @@ class KneeSearch:
         self.prober, self.settings, self.seen = prober, settings, seen
         self.done = False
         self.overhead_s = 0.0  # beyond a probe's requests over its rate: loading, drain
+        self.alone_s = 0.0  # one request served alone (the floor probe's duration per request)
         self.low: float | None = None  # steering bounds: likely passed ...
         self.high = 0.0  # ... and likely failed (or the ceiling)
         self.rate = 0.0  # the next rate to probe
@@ -202,9 +206,8 @@ class KneeSearch:
             return
         knee.ceiling = self.high = top.request_throughput
         self.rate = knee.ceiling / 2
-        self.overhead_s = (
-            max(top.seconds - top.served_s, 0.0) + floor.served_s / settings.floor_requests
-        )
+        self.alone_s = floor.served_s / settings.floor_requests
+        self.overhead_s = max(top.seconds - top.served_s, 0.0) + self.alone_s
 
     @property
     def width(self) -> float:
@@ -326,7 +329,13 @@ class KneeSearch:
         ]
 
     def _cost(self, requests: int) -> float:
-        return requests / self.rate + self.overhead_s
+        """A probe's wall time: its requests' span at its rate, plus loading and drain. A
+        probe that skips its idle spans takes about its busy time instead: each request
+        alone where they rarely overlap, the span where they do."""
+        each_s = 1 / self.rate
+        if self.settings.skip_idle:
+            each_s = min(each_s, self.alone_s)
+        return requests * each_s + self.overhead_s
 
     def _add(self, kind: str, rate: float | None, requests: int, outcome: Outcome) -> Verdict:
         decided = verdict(outcome.attainment, self.settings.target)

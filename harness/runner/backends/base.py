@@ -9,7 +9,6 @@ meta.json, telemetry, summary, report.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from harness.models.load import (
     resolve_model_path,
     tokenizer_for,
 )
+from harness.runner.clock import RunClock
 from harness.runner.settings import cache_dir_of
 from workloads.build import build_workload
 from workloads.spec import Workload
@@ -46,9 +46,7 @@ class Backend(ABC):
         whatever else says what was measured."""
 
     @abstractmethod
-    def replay(
-        self, clock: Callable[[], float], writer: RunWriter, run_dir: Path, progress: bool
-    ) -> None:
+    def replay(self, clock: RunClock, writer: RunWriter, run_dir: Path, progress: bool) -> None:
         """Serve every request of the workload at its arrival, writing each record."""
 
     def flags(self, records: RunRecords) -> list[Flag]:
