@@ -23,12 +23,13 @@ from harness.measure.flags import (
     TELEMETRY_DROPOUT,
     Flag,
     add_flags,
+    in_flight_spans,
     refusals,
     step_dropouts,
     summary_flags,
     telemetry_dropouts,
 )
-from harness.records import StepRecord
+from harness.records import RequestRecord, StepRecord
 from reports.run_report import build_run_report
 from reports.sweep_report import build_sweep_report
 
@@ -99,13 +100,37 @@ def test_missing_steps_and_stalls_with_work_queued_are_dropouts() -> None:
     assert flag.text == "1 step records missing from steps.jsonl"
 
 
-def test_a_gap_in_telemetry_samples_is_a_dropout(tmp_path: Path) -> None:
+def served_record(name: str, arrival: float, done: float) -> RequestRecord:
+    return RequestRecord(name, 8, 1, arrival, [done], [7], "length", t_done=done)
+
+
+def test_a_gap_in_telemetry_samples_while_requests_are_in_flight_is_a_dropout(
+    tmp_path: Path,
+) -> None:
+    """Samples every 50 ms to 4.95 s, then one at 9 s: a 4 s gap (bound: 40 periods = 2 s).
+    It is a dropout where requests were in flight through it; not where none was (nothing
+    to measure, and what a replay skipping idle spans leaves), nor where one was for less
+    than the bound of it."""
     path = tmp_path / "telemetry.csv"
     path.write_text("t,rss\n" + "".join(f"{i * 0.05},1\n" for i in range(100)))
-    assert telemetry_dropouts(path, 0.05) == []
+    served = [served_record("a", 0.0, 9.5)]
+    assert telemetry_dropouts(path, 0.05, in_flight_spans(served)) == []
     path.write_text(path.read_text() + "9.0,1\n")
-    (flag,) = telemetry_dropouts(path, 0.05)
-    assert flag.code == TELEMETRY_DROPOUT
+    (flag,) = telemetry_dropouts(path, 0.05, in_flight_spans(served))
+    assert flag == Flag(
+        TELEMETRY_DROPOUT,
+        "1 gap(s) in telemetry.csv while requests were in flight, longest 4.05 s > 2.00 s",
+    )
+    apart = [
+        served_record("a", 0.0, 4.9),
+        served_record("b", 6.0, 7.5),
+        served_record("c", 9.0, 9.5),
+    ]
+    assert in_flight_spans(apart) == [(0.0, 4.9), (6.0, 7.5), (9.0, 9.5)]
+    assert telemetry_dropouts(path, 0.05, in_flight_spans(apart)) == []
+    unfinished = [RequestRecord("d", 8, 0, 5.0, [], [], "error")]
+    assert in_flight_spans(unfinished) == [(5.0, float("inf"))]
+    assert len(telemetry_dropouts(path, 0.05, in_flight_spans(unfinished))) == 1
 
 
 def test_gates_refuse_doubtful_runs_but_not_the_test_delay_or_beaten_peaks() -> None:

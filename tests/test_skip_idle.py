@@ -84,6 +84,8 @@ def test_a_closed_loop_replay_skips_its_users_think_time(tmp_path) -> None:
 
 
 def test_a_run_says_what_it_skipped_and_a_peer_cannot_skip(tmp_path) -> None:
+    """Four requests at 0.05 req/s: the summary says what was skipped, and telemetry's jump
+    over it is no dropout (nothing was in flight)."""
     from harness.commands.config import compose
     from harness.errors import ConfigError
     from harness.runner.run import run
@@ -98,5 +100,7 @@ def test_a_run_says_what_it_skipped_and_a_peer_cannot_skip(tmp_path) -> None:
     assert summary["status"] == "complete" and summary["completed"] == 4
     skipped = summary["idle_skipped"]
     assert skipped["spans"] >= 1 and 0 < skipped["s"] < summary["duration_s"]
+    assert summary["telemetry"]["samples"] > 0  # sampled on the jumping clock, no dropout
+    assert "telemetry_dropout" not in summary["flag_codes"], summary["flags"]
     with pytest.raises(ConfigError, match=r"replay\.skip_idle: in-process runs only"):
         run(compose([*overrides, "backend=openai"]), tmp_path / "peer", progress=False)

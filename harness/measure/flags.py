@@ -14,8 +14,8 @@ reports show) and the codes in `flag_codes`; gates refuse a run with any code in
   the first of them (a step's `running` counts the requests it finishes, so those it
   delivered come off), longer than
   `DROPOUT_MIN_GAP_S` and `DROPOUT_STEP_FACTOR` times the p99 step (the loop stalled, or
-  steps went unrecorded); or a gap in `telemetry.csv` longer than `DROPOUT_MIN_GAP_S` and
-  `DROPOUT_SAMPLE_FACTOR` sampling periods.
+  steps went unrecorded); or a gap in `telemetry.csv`, over the time requests were in flight,
+  longer than `DROPOUT_MIN_GAP_S` and `DROPOUT_SAMPLE_FACTOR` sampling periods.
 - `incomplete`: the run stopped before writing its own summary (rebuilt from its records).
 
 Three codes say something without refusing the run: `test_step_delay` (the test-only knob
@@ -29,13 +29,14 @@ step-cost model, so the run measured nothing).
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from harness.records import StepRecord
+from harness.records import RequestRecord, StepRecord
 
 SEND_LAG_BOUND_S = 0.05
 STORM_PREEMPTIONS_PER_REQUEST = 1.0
@@ -122,8 +123,35 @@ def step_dropouts(steps: Sequence[StepRecord]) -> list[Flag]:
     return flags
 
 
-def telemetry_dropouts(path: Path, period_s: float) -> list[Flag]:
-    """Gaps in telemetry.csv far beyond its sampling period."""
+def in_flight_spans(requests: Sequence[RequestRecord]) -> list[tuple[float, float]]:
+    """The spans in which some request was in flight (arrived, not yet delivered), merged, in
+    order; a request with no end recorded is in flight from its arrival on."""
+    spans = sorted(
+        (
+            r.t_scheduled,
+            r.t_done if r.t_done is not None else (r.token_times or [math.inf])[-1],
+        )
+        for r in requests
+    )
+    merged: list[tuple[float, float]] = []
+    for begin, end in spans:
+        if merged and begin <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((begin, end))
+    return merged
+
+
+def _overlap(begin: float, end: float, spans: Sequence[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(end, b) - max(begin, a)) for a, b in spans)
+
+
+def telemetry_dropouts(
+    path: Path, period_s: float, in_flight: Sequence[tuple[float, float]]
+) -> list[Flag]:
+    """Gaps in telemetry.csv far beyond its sampling period, counted over the time requests
+    were in flight: with none in flight there was nothing to measure (and a replay that skips
+    idle spans, `replay.skip_idle`, jumps its clock over them, samples and all)."""
     if not path.is_file():
         return []
     with path.open(newline="") as handle:
@@ -134,13 +162,15 @@ def telemetry_dropouts(path: Path, period_s: float) -> list[Flag]:
             except (KeyError, TypeError, ValueError):
                 continue
     bound = max(DROPOUT_MIN_GAP_S, DROPOUT_SAMPLE_FACTOR * period_s)
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b - a > bound]
+    gaps = [_overlap(a, b, in_flight) for a, b in zip(times, times[1:], strict=False)]
+    gaps = [gap for gap in gaps if gap > bound]
     if not gaps:
         return []
     return [
         Flag(
             TELEMETRY_DROPOUT,
-            f"{len(gaps)} gap(s) in telemetry.csv, longest {max(gaps):.2f} s > {bound:.2f} s",
+            f"{len(gaps)} gap(s) in telemetry.csv while requests were in flight, longest "
+            f"{max(gaps):.2f} s > {bound:.2f} s",
         )
     ]
 

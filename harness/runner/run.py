@@ -30,6 +30,7 @@ from harness.measure.flags import (
     TEST_STEP_DELAY,
     Flag,
     add_flags,
+    in_flight_spans,
     step_dropouts,
     summary_flags,
     telemetry_dropouts,
@@ -389,7 +390,9 @@ def summary_for(
     tokens = summary["output_tokens"]
     summary["j_per_token"] = telemetry.energy_j / tokens if telemetry.energy_j and tokens else None
     flags = summary_flags(summary) + step_dropouts(steps)
-    flags += telemetry_dropouts(run_dir / "telemetry.csv", float(cfg.telemetry.period_s))
+    flags += telemetry_dropouts(
+        run_dir / "telemetry.csv", float(cfg.telemetry.period_s), in_flight_spans(requests)
+    )
     delay = step_delay_s(cfg.engine)
     if delay > 0:
         summary["test_step_delay_s"] = delay
