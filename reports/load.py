@@ -13,6 +13,8 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -122,16 +124,18 @@ class RunData:
 def records_frame(records: Sequence[RequestRecord] | Sequence[StepRecord]) -> pd.DataFrame:
     """Records as a table: one column per field, then one per counter in the order first met,
     NaN where a record has none; the table of their JSON lines, built a column at a time (a
-    long simulated run's 550,000 steps took 5 s as a list of dicts)."""
+    long simulated run's 550,000 steps took 5 s as a list of dicts) from each record's fields
+    read in one visit (a visit per field and record took a third longer)."""
     if not records:
         return pd.DataFrame()
+    names = fixed_fields(type(records[0]))
+    fields = zip(*map(attrgetter(*names), records), strict=True)  # the rows, transposed
     columns = {
-        name: _column([getattr(record, name) for record in records], "biufU")
-        for name in fixed_fields(type(records[0]))
+        name: _column(list(values), "biufU") for name, values in zip(names, fields, strict=True)
     }
-    for key in dict.fromkeys(key for record in records for key in record.counters):
-        counts = [record.counters.get(key, math.nan) for record in records]
-        columns[key] = _column(counts, "biuf")
+    counters = [record.counters for record in records]
+    for key in dict.fromkeys(chain.from_iterable(counters)):
+        columns[key] = _column([counts.get(key, math.nan) for counts in counters], "biuf")
     return pd.DataFrame(columns)
 
 

@@ -19,7 +19,7 @@ import torch
 from harness.engine.request import Request
 
 
-@dataclass(frozen=True)
+@dataclass
 class Verification:
     """A sequence whose next token is due: `num_drafts` drafts were fed after its last
     known token, so it has `num_drafts + 1` rows of logits, in position order."""

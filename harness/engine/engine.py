@@ -107,25 +107,24 @@ class Engine:
 
     def step(self) -> StepResult | None:
         """Run one step; None when the scheduler has nothing to run or deliver."""
-        t_start = self.clock()
-        self.decoder.propose(self.scheduler.running_requests())
-        plan = self.scheduler.schedule()
+        update = self.update
+        clock, decoder, scheduler = update.clock, update.decoder, update.scheduler
+        t_start = clock()
+        decoder.propose(scheduler.running_requests())
+        plan = scheduler.schedule()
         for request in plan.preempted:
             request.preempt_times.append(t_start)
-            self.decoder.release(request)
+            decoder.release(request)
         if not plan.seqs:
             if not plan.delivered:
                 return None
             return self._finish(StepOutput(self.step_index, plan, None, [], [], t_start, 0.0))
-        for seq in plan.seqs:
-            if seq.request.t_admitted is None:
-                seq.request.t_admitted = t_start
-        feed, due = self._feed(plan.seqs)
-        t_model = self.clock()
-        logits = self.runner.run(self.kv, feed)
-        accepted = self.decoder.accept(logits, due) if due else []
+        feed, due = self._feed(plan.seqs, t_start)
+        t_model = clock()
+        logits = self.runner.run(update.kv, feed)
+        accepted = decoder.accept(logits, due) if due else []
         forks = fork_samples(logits, due)
-        model_s = self.clock() - t_model
+        model_s = clock() - t_model
         return self._finish(
             StepOutput(self.step_index, plan, feed, due, accepted, t_start, model_s, forks)
         )
@@ -135,23 +134,31 @@ class Engine:
         self.step_index += 1
         return result
 
-    def _feed(self, seqs: list[ScheduledSeq]) -> tuple[Feed, list[Verification]]:
-        """What the scheduled sequences feed, and which of them have their next token due."""
-        requests = [s.request for s in seqs]
-        starts = [r.num_computed_tokens for r in requests]
-        fed = [s.num_new_tokens + s.num_pad_tokens for s in seqs]
+    def _feed(self, seqs: list[ScheduledSeq], now: float) -> tuple[Feed, list[Verification]]:
+        """What the scheduled sequences feed, and which of them have their next token due; a
+        request computing for the first time is admitted `now`."""
+        requests: list[Request] = []
+        starts: list[int] = []
+        fed: list[int] = []
         ids: list[int] = []
-        due: list[Verification] = []
         rows: list[int] = []
+        due: list[Verification] = []
         row = 0
-        for seq, start, count in zip(seqs, starts, fed, strict=True):
-            request, real = seq.request, seq.num_new_tokens
-            ids += request.token_slice(start, start + real)
-            ids += [self.pad_token_id] * seq.num_pad_tokens
+        for seq in seqs:
+            request, real, pad = seq.request, seq.num_new_tokens, seq.num_pad_tokens
+            if request.t_admitted is None:
+                request.t_admitted = now
+            start = request.num_computed_tokens
             end, known = start + real, request.num_tokens
+            requests.append(request)
+            starts.append(start)
+            fed.append(real + pad)
+            ids += request.token_slice(start, end)
+            if pad:
+                ids += [self.pad_token_id] * pad
             if real and end >= known:  # the next token is due: score the last known token
                 first = row + known - 1 - start  # and every draft fed after it
                 rows += range(first, row + real)
                 due.append(Verification(request, end - known))
-            row += count
+            row += real + pad
         return Feed(requests, starts, fed, ids, rows), due

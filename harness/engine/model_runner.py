@@ -2,7 +2,8 @@
 
 It packs what a step feeds (`Feed`: per sequence, where its new tokens start and how many,
 the token ids, the rows whose logits are wanted; its `StepShape`, the counts a step's cost
-and record take, made once per feed) over a KV manager's slots into one
+and record take, made once per feed; both plain dataclasses, made every step, where a frozen
+one's `__init__` took twice as long) over a KV manager's slots into one
 `ForwardBatch`, moves it to the device, runs the model over its KV cache with the run's
 attention, and returns the wanted logits where they were computed: sampling takes greedy
 tokens by an argmax there and copies only their ids (and any row sampled at random) to the
@@ -15,7 +16,6 @@ predicts a step's time instead).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import ClassVar, Protocol
 
 import torch
@@ -39,7 +39,7 @@ class StepModel(Protocol):
     ) -> torch.Tensor: ...
 
 
-@dataclass(frozen=True)
+@dataclass
 class Feed:
     """What one forward feeds: sequence `i` feeds `counts[i]` tokens from position
     `starts[i]` on (its KV slots already grown); `ids` holds every fed token in that order;
@@ -50,19 +50,15 @@ class Feed:
     counts: list[int]
     ids: list[int]
     logits_rows: list[int]
+    shape: StepShape = field(init=False, repr=False, compare=False)  # for cost accounting
 
-    @property
-    def seq_lens(self) -> list[int]:
-        """Each sequence's context after this forward."""
-        return [start + count for start, count in zip(self.starts, self.counts, strict=True)]
-
-    @cached_property
-    def shape(self) -> StepShape:
-        """The batch this feeds, for cost accounting (asked by the runner and the record)."""
-        return StepShape(list(self.counts), self.seq_lens, len(self.logits_rows))
+    def __post_init__(self) -> None:
+        """The batch this feeds, counted once (asked by the runner and the record)."""
+        seq_lens = [start + count for start, count in zip(self.starts, self.counts, strict=True)]
+        self.shape = StepShape(list(self.counts), seq_lens, len(self.logits_rows))
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepShape:
     """The batch a step ran, for cost accounting: per sequence, tokens fed and context; the
     totals a step's cost and record take are counted once, when it is made."""
@@ -75,9 +71,8 @@ class StepShape:
     context_tokens: int = field(init=False)  # context the sequences hold after the step
 
     def __post_init__(self) -> None:
-        pairs = sum(map(attended_pairs, self.query_lens, self.seq_lens))
-        object.__setattr__(self, "attended_pairs", pairs)
-        object.__setattr__(self, "context_tokens", sum(self.seq_lens))
+        self.attended_pairs = sum(map(attended_pairs, self.query_lens, self.seq_lens))
+        self.context_tokens = sum(self.seq_lens)
 
 
 def attended_pairs(query_len: int, seq_len: int) -> int:

@@ -27,7 +27,11 @@ DRAFT_STREAM = 1
 
 def sample(logits: torch.Tensor, requests: list[Request]) -> list[int]:
     """One token per row of `logits` [S, vocab] (fp32, on the model's device), for the
-    matching request: greedy rows by an argmax on the device, only the token ids copied."""
+    matching request: greedy rows by an argmax on the device, only the token ids copied. A
+    vocabulary of one token (a simulated forward's logits) gives that token, whatever the
+    sampling."""
+    if logits.shape[-1] == 1:
+        return [0] * len(requests)
     greedy = logits.argmax(dim=-1).tolist()
     return [
         token if request.sampling.greedy else _sample_one(logits[row], request)

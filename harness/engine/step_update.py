@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from harness.engine.decoding import Decoder, Verification
-from harness.engine.kv_manager import KVManager, KVStats
+from harness.engine.kv_manager import KVManager
 from harness.engine.model_runner import Feed, StepShape
 from harness.engine.parallel_sampling import Fork, SampleGroups
 from harness.engine.request import Request
@@ -32,7 +32,7 @@ class StepResult:
     shape: StepShape
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepOutput:
     """What one step did before the update: its plan, what it fed, what was accepted."""
 
@@ -66,25 +66,43 @@ class StepUpdate:
 
     def apply(self, output: StepOutput) -> StepResult:
         now = self.clock()
+        plan = output.plan
         running = self.scheduler.num_running()  # the batch as scheduled, before any finishes
-        prefill, decode, pad = _token_counts(output.plan.seqs)
-        delivered = self._deliver(output.plan.delivered, output.t_start)
-        for seq in output.plan.seqs:
-            seq.request.num_computed_tokens += seq.num_new_tokens
+        delivered = self._deliver(plan.delivered, output.t_start) if plan.delivered else []
+        prefill, decode, pad = _advance(plan.seqs)
         kv = self.kv.stats()  # as held during the step, before anything finishes or is freed
         finished = self._accept(output.due, output.accepted, now)
-        finished += self._fork(output.forks, now)
+        if output.forks:
+            finished += self._fork(output.forks, now)
         counters: dict[str, float | list[int]] = dict(kv.extra)
-        counters.update(self.decoder.step_counters() if output.feed is not None else {})
+        if output.feed is not None:
+            counters.update(self.decoder.step_counters())
         for request in finished:
             self.decoder.release(request)
             delivered += self._deliver(self.scheduler.on_finished(request), now)
-        tokens = (prefill, decode, pad)
         shape = StepShape.EMPTY if output.feed is None else output.feed.shape
-        record = self._record(output, tokens, running, kv, counters, len(delivered))
-        record.logits_rows = shape.num_logits
-        record.attended_pairs = shape.attended_pairs
-        record.context_tokens = shape.context_tokens
+        record = StepRecord(
+            step=output.step,
+            t_start=output.t_start,
+            t_end=self.clock(),
+            model_s=output.model_s,
+            num_seqs=len(plan.seqs),
+            prefill_tokens=prefill,
+            decode_tokens=decode,
+            waiting=self.scheduler.num_waiting(),
+            running=running,
+            kv_allocated_slots=kv.allocated_slots,
+            kv_live_slots=kv.live_slots,
+            kv_total_slots=kv.total_slots,
+            kv_waste=kv.waste,
+            preempted=len(plan.preempted),
+            pad_tokens=pad,
+            delivered=len(delivered),
+            logits_rows=shape.num_logits,
+            attended_pairs=shape.attended_pairs,
+            context_tokens=shape.context_tokens,
+            counters=counters,
+        )
         return StepResult(delivered, record, shape)
 
     def _accept(
@@ -128,61 +146,31 @@ class StepUpdate:
 
     def _append(self, request: Request, tokens: list[int], now: float) -> int:
         """Append tokens until one stops the request; how many were appended."""
+        output_ids, sampling = request.output_ids, request.sampling
         for count, token in enumerate(tokens, start=1):
-            request.output_ids.append(token)
+            output_ids.append(token)
             request.token_times.append(now)
-            if token in self.stop_token_ids and not request.sampling.ignore_eos:
+            if token in self.stop_token_ids and not sampling.ignore_eos:
                 request.finish("stop")
-            elif (
-                len(request.output_ids) >= request.sampling.max_tokens
-                or request.num_tokens >= self.max_context
-            ):
+                return count
+            if len(output_ids) >= sampling.max_tokens or request.num_tokens >= self.max_context:
                 request.finish("length")
-            if request.is_finished:
                 return count
         return len(tokens)
 
-    def _record(
-        self,
-        output: StepOutput,
-        tokens: tuple[int, int, int],
-        running: int,
-        kv: KVStats,
-        counters: dict[str, float | list[int]],
-        delivered: int,
-    ) -> StepRecord:
-        prefill, decode, pad = tokens
-        return StepRecord(
-            step=output.step,
-            t_start=output.t_start,
-            t_end=self.clock(),
-            model_s=output.model_s,
-            num_seqs=len(output.plan.seqs),
-            prefill_tokens=prefill,
-            decode_tokens=decode,
-            waiting=self.scheduler.num_waiting(),
-            running=running,
-            kv_allocated_slots=kv.allocated_slots,
-            kv_live_slots=kv.live_slots,
-            kv_total_slots=kv.total_slots,
-            kv_waste=kv.waste,
-            preempted=len(output.plan.preempted),
-            pad_tokens=pad,
-            delivered=delivered,
-            counters=counters,
-        )
 
-
-def _token_counts(seqs: list[ScheduledSeq]) -> tuple[int, int, int]:
-    """(prefill, decode, padding) tokens the batch feeds, read before any request moves on:
-    a sequence feeding from its last known token after its prompt is decoding."""
+def _advance(seqs: list[ScheduledSeq]) -> tuple[int, int, int]:
+    """Move each sequence's computed count on by the tokens it fed; the (prefill, decode,
+    padding) tokens the batch fed, each sequence read before it moved: a sequence feeding from
+    its last known token after its prompt is decoding."""
     prefill = decode = pad = 0
     for seq in seqs:
         request = seq.request
         pad += seq.num_pad_tokens
-        in_decode = request.num_computed_tokens == request.num_tokens - 1
-        if in_decode and request.num_tokens > request.prompt_len:
+        computed, known = request.num_computed_tokens, request.num_tokens
+        if computed == known - 1 and known > request.prompt_len:
             decode += seq.num_new_tokens
         else:
             prefill += seq.num_new_tokens
+        request.num_computed_tokens = computed + seq.num_new_tokens
     return prefill, decode, pad

@@ -110,7 +110,7 @@ def step_dropouts(steps: Sequence[StepRecord]) -> list[Flag]:
     stalls = [
         after.t_start - before.t_end
         for before, after in zip(ordered, ordered[1:], strict=False)
-        if _queued_after(before) and after.t_start - before.t_end > bound
+        if after.t_start - before.t_end > bound and _queued_after(before)
     ]
     if stalls:
         flags.append(

@@ -33,6 +33,7 @@ from harness.records import RequestRecord, StepRecord
 
 SCHEMA_VERSION = 2
 BATCH_BYTES = 1 << 20  # what a batched writer holds before it writes
+LINE_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY  # how a line is encoded
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
@@ -157,7 +158,7 @@ class RunWriter:
 
 def encode_line(payload: dict[str, Any]) -> bytes:
     """One record's JSON line, newline included."""
-    return orjson.dumps(payload, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
+    return orjson.dumps(payload, option=LINE_OPTIONS)
 
 
 class LineFile:

@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from harness.engine.engine import Engine
 from harness.engine.kv_cache import KVCache, KVLayout, allocate_kv_cache
 from harness.engine.model_runner import ModelRunner
-from harness.engine.scheduling import SchedulerLimits
+from harness.engine.scheduling import Scheduler, SchedulerLimits
 from harness.engine.step_update import StepUpdate
 from harness.models.load import Checkpoint, LoadedModel, load_model, tokenizer_for
 from harness.models.model import LlamaModel
@@ -137,9 +137,7 @@ def build_engine(
     source = strategy.draft_source
     drafter = source.network(model, draft_model) if source is not None else None
     cache, drafter_cache = kv_caches(model, drafter, settings, strategy.kv_block_size)
-    kv = strategy.kv.build(cache)
-    limits = SchedulerLimits(settings.max_batch_size, settings.max_num_batched_tokens)
-    scheduler = strategy.batching.build(kv, limits, strategy.policy.build())
+    scheduler = scheduler_over(cache, settings, strategy)
     attention = Attention(AttentionConfig(impl=settings.attention), settings.device)
     model.layer_runner = (
         fused_decode_layers(model, settings.dtype, settings.device, attention.impl)
@@ -156,7 +154,7 @@ def build_engine(
         drafter_cache=drafter_cache,
     )
     update = StepUpdate(
-        kv=kv,
+        kv=scheduler.kv,
         scheduler=scheduler,
         decoder=strategy.decoding.build(context),
         clock=clock,
@@ -164,6 +162,16 @@ def build_engine(
         stop_token_ids=config.eos_token_ids,
     )
     return Engine(ModelRunner(model, cache, attention, settings.device), update)
+
+
+def scheduler_over(
+    cache: KVCache, settings: EngineSettings, strategy: StrategySettings
+) -> Scheduler:
+    """The strategy's scheduler and admission policy, within the engine's step limits, over
+    the strategy's KV manager of `cache` (`scheduler.kv`)."""
+    kv = strategy.kv.build(cache)
+    limits = SchedulerLimits(settings.max_batch_size, settings.max_num_batched_tokens)
+    return strategy.batching.build(kv, limits, strategy.policy.build())
 
 
 def kv_caches(

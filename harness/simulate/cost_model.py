@@ -39,9 +39,10 @@ WARMUP_STEPS = 2  # each run's first steps, left out of a fit
 BUSY_GAP_S = 0.05  # a gap longer than this between two steps is the engine idle, not overhead
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepCounts:
-    """The counts a step's batch fixes, one per term of the cost model."""
+    """The counts a step's batch fixes, one per term of the cost model (a plain dataclass: a
+    simulation makes one every step)."""
 
     seqs: int
     tokens: int

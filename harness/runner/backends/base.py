@@ -26,6 +26,7 @@ from harness.models.load import (
     resolve_model_path,
     tokenizer_for,
 )
+from harness.models.model import ModelConfig
 from harness.runner.clock import RunClock
 from harness.runner.settings import cache_dir_of
 from workloads.build import build_workload
@@ -64,6 +65,7 @@ class PeerInputs:
     tokenizer: PreTrainedTokenizerBase
     model_file: Path | None
     model_sha256: str | None
+    model_config: ModelConfig  # the model's shape and context, as its file or shape says
 
 
 def peer_inputs(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase | None = None) -> PeerInputs:
@@ -71,10 +73,10 @@ def peer_inputs(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase | None = Non
     cache_dir = cache_dir_of(cfg)
     path = resolve_model_path(cfg.model, cache_dir)
     tokenizer = tokenizer or tokenizer_for(cfg.model, cache_dir)
-    max_context = model_config_of(cfg.model, cache_dir).max_context
-    workload = build_workload(cfg.workload, tokenizer, max_context)
+    config = model_config_of(cfg.model, cache_dir)
+    workload = build_workload(cfg.workload, tokenizer, config.max_context)
     sha = checkpoint_id(cfg.model, path) if path is not None and path.is_file() else None
-    return PeerInputs(workload, tokenizer, path, sha)
+    return PeerInputs(workload, tokenizer, path, sha, config)
 
 
 def check_one_sample(workload: Workload, kind: str) -> None:

@@ -4,11 +4,12 @@ prediction of each step's time, in virtual time: a step-cost model fitted on rea
 preset's published specifications (`simulate.hardware`, dense weights).
 
 The strategy's scheduler, admission policy and KV manager run for real on the model's shape
-(built on PyTorch's meta device: no weights are loaded and no KV memory is allocated, so a
-13B shape simulates on a laptop); only each step's duration is predicted. The run directory,
-summary and report are a real run's, marked as simulated in `meta.json`, the summary's
-`simulated` entry and its flags. Speculative decoding is refused: its accepted lengths come
-from the model's tokens, which a simulation does not compute.
+(its KV cache on PyTorch's meta device: no weights are loaded and no KV memory is allocated,
+so a 13B shape simulates on a laptop; a model is built, on the meta device, only to count the
+parameters a hardware preset moves); only each step's duration is predicted. The run
+directory, summary and report are a real run's, marked as simulated in `meta.json`, the
+summary's `simulated` entry and its flags. Speculative decoding is refused: its accepted
+lengths come from the model's tokens, which a simulation does not compute.
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ import torch
 from omegaconf import DictConfig
 
 from harness.engine.engine import Engine
+from harness.engine.kv_cache import KVLayout, allocate_kv_cache
+from harness.engine.step_update import StepUpdate
 from harness.errors import ConfigError
 from harness.measure.flags import SIMULATED, Flag
 from harness.measure.roofline import ModelShape
 from harness.measure.rundir import RunRecords, RunWriter
 from harness.measure.slo import SLO
 from harness.models.load import model_config_of
-from harness.models.model import LlamaModel
+from harness.models.model import LlamaModel, ModelConfig
 from harness.runner.backends.base import Backend, peer_inputs, seeds_of
-from harness.runner.build import build_engine
+from harness.runner.build import kv_budget_bytes, scheduler_over
 from harness.runner.early_stop import stop_rule
 from harness.runner.replay import requests_of
 from harness.runner.settings import EngineSettings, cache_dir_of, dtype_name
@@ -40,6 +43,7 @@ from harness.simulate.cost_model import StepCostModel
 from harness.simulate.hardware import PRESETS, Hardware, RooflineStepTime, hardware_preset
 from harness.simulate.runner import SimulatedRunner, StepTime, VirtualClock
 from strategies.decoding.speculative import SpeculativeConfig
+from strategies.decoding.standard import StandardDecoder
 from strategies.settings import StrategySettings
 
 META_DEVICE = torch.device("meta")
@@ -56,9 +60,32 @@ def described_by(settings: EngineSettings, strategy: StrategySettings, model: st
     }
 
 
-def meta_settings(settings: EngineSettings) -> EngineSettings:
-    """The engine settings on the meta device: shapes only, no kernel to pick."""
-    return replace(settings, device=META_DEVICE, fused_decode=False, attention="torch")
+def simulated_engine(
+    config: ModelConfig,
+    settings: EngineSettings,
+    strategy: StrategySettings,
+    timing: StepTime,
+    clock: VirtualClock,
+) -> Engine:
+    """The strategy's engine for a model of `config`'s shape, its forward predicted by
+    `timing` on `clock`. Its KV cache is laid out as the head layout stores it, on the meta
+    device; no model is built, since nothing runs one (building it on the meta device took a
+    second: its first operations there import much of torch's Python). Speculative decoding
+    is refused before this: every step decodes as `standard` does."""
+    heads = strategy.heads.build().stored_kv_heads(config)
+    layout = KVLayout(config.num_layers, heads, config.head_dim, settings.dtype)
+    budget = kv_budget_bytes(settings)
+    cache = allocate_kv_cache(layout, budget, strategy.kv_block_size, META_DEVICE)
+    scheduler = scheduler_over(cache, settings, strategy)
+    update = StepUpdate(
+        kv=scheduler.kv,
+        scheduler=scheduler,
+        decoder=StandardDecoder(),
+        clock=clock,
+        max_context=config.max_context,
+        stop_token_ids=config.eos_token_ids,
+    )
+    return Engine(SimulatedRunner(timing, clock), update)
 
 
 def meta_model(cfg: DictConfig, strategy: StrategySettings) -> LlamaModel:
@@ -133,7 +160,6 @@ class SimulatedBackend(Backend):
         self.seeds = seeds_of(cfg)
         self.strategy = strategy
         self.clock = VirtualClock()
-        model = meta_model(cfg, strategy)
         self.timing: StepTime
         if path:
             fitted = StepCostModel.load(Path(str(path)))
@@ -145,14 +171,16 @@ class SimulatedBackend(Backend):
                 raise ConfigError(
                     "simulate.hardware", "a hardware preset describes dense weights only"
                 )
+            model = meta_model(cfg, strategy)
             derived = derived_timing(hardware_preset(str(preset)), model, settings.dtype)
             self.timing, self.basis = derived, {"derived_from": derived.record()}
             self.said = (
                 f"derived from the published specifications of {derived.hardware.name} "
                 "(efficiencies assumed)"
             )
-        built = build_engine(model, meta_settings(settings), strategy, self.clock)
-        self.engine = Engine(SimulatedRunner(self.timing, self.clock), built.update)
+        self.engine = simulated_engine(
+            inputs.model_config, settings, strategy, self.timing, self.clock
+        )
 
     def describe(self) -> dict[str, Any]:
         return {"strategy": self.strategy.describe(), SIMULATED: self.basis}
