@@ -168,7 +168,8 @@ def simulated_knees(search_dir: Path, record: dict, cost: Path, out: Path) -> li
         f"search.ceiling_requests={settings['ceiling_requests']}",
         f"search.resolution={settings['resolution']}",
         f"search.budget_s={record['settings']['budget_s']}",  # simulated seconds, as it had
-        f"search.out_dir={out / 'search'}", *limits,
+        f"search.out_dir={out / 'search'}",
+        f"replay.skip_idle={floor_cfg.get('replay', {}).get('skip_idle', False)}", *limits,
     ]  # fmt: skip
     knees, _ = search(overrides, compose, lambda cfg, d: run(cfg, d, progress=False))
     measured = {k["strategy"]: k for k in record["knees"]}

@@ -239,6 +239,12 @@ def test_a_probe_line_says_what_ran_and_what_it_showed() -> None:
         "  vllm: all at once, 16 requests: fail, 0/16 met the SLO [0.00, 0.19], "
         "1.16 req/s served (16 s)"
     )
+    waited = Outcome("d", attainment(44, 48, 0.95), 0.05, 96.3, 950.0, idle_skipped_s=861.52)
+    line = probe_line("fastertransformer", Probe("rate", 0.0507, 48, Verdict.KNEE, waited))
+    assert line == (
+        "  fastertransformer: 0.0507 req/s, 48 requests: knee, 44/48 met the SLO [0.80, 0.97] "
+        "(96 s, 862 s idle skipped)"
+    )
 
 
 def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path, capsys) -> None:

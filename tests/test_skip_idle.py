@@ -104,3 +104,27 @@ def test_a_run_says_what_it_skipped_and_a_peer_cannot_skip(tmp_path) -> None:
     assert "telemetry_dropout" not in summary["flag_codes"], summary["flags"]
     with pytest.raises(ConfigError, match=r"replay\.skip_idle: in-process runs only"):
         run(compose([*overrides, "backend=openai"]), tmp_path / "peer", progress=False)
+
+
+def test_a_simulated_run_records_the_same_and_says_what_a_real_one_would_skip(tmp_path) -> None:
+    """A simulation's clock jumps over idle spans either way: with `replay.skip_idle` its
+    records are byte for byte the same, and its summary says what it skipped, as a real
+    run's does (a search charges a simulated probe that much less)."""
+    from harness.commands.config import compose
+    from harness.runner.run import run
+    from harness.simulate.cost_model import StepCostModel
+
+    cost = tmp_path / "cost.json"
+    StepCostModel({"step": 0.004, "tokens": 0.0001}, 0.0, {"model": "dummy-tiny"}).save(cost)
+    overrides = [
+        "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
+        "workload.num_requests=40", "workload.arrival.process=poisson",
+        "workload.arrival.rate=2", "backend=simulated", f"simulate.cost_model={cost}",
+    ]  # fmt: skip
+    waiting = run(compose(overrides), tmp_path / "waits", progress=False)
+    skipping = run(compose([*overrides, "replay.skip_idle=true"]), tmp_path / "skips", False)
+    for name in ("requests.jsonl", "steps.jsonl"):
+        assert (tmp_path / "waits" / name).read_bytes() == (tmp_path / "skips" / name).read_bytes()
+    assert "idle_skipped" not in waiting
+    spans, seconds = skipping["idle_skipped"]["spans"], skipping["idle_skipped"]["s"]
+    assert spans >= 1 and 0 < seconds < skipping["duration_s"]

@@ -119,7 +119,7 @@ class SearchSettings:
             floor_requests=counts["floor_requests"],
             ceiling_requests=counts["ceiling_requests"],
             confidence=numbers["confidence"],
-            skip_idle=bool(cfg.replay.skip_idle) and backend_of(cfg) == "inprocess",
+            skip_idle=bool(cfg.replay.skip_idle),
         )
         return cls(
             strategies,
@@ -133,8 +133,9 @@ class SearchSettings:
 
 
 class SimulatedClock:
-    """The search's clock over simulated runs: the seconds they simulated, so a budget means
-    the same in a simulation as on the machine (their wall time is a small part of it)."""
+    """The search's clock over simulated runs: the seconds they simulated (less the idle spans
+    a probe skipping them would not wait), so a budget means the same in a simulation as on
+    the machine (their wall time is a small part of it)."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -190,8 +191,8 @@ class RunProber:
         run_dir = self.out_dir / name
         start = time.monotonic()
         summary = self.run(cfg, run_dir)
-        if self.simulated is not None:
-            served_s = float(summary.get("duration_s") or 0.0)
+        if self.simulated is not None:  # what a real probe waits: skipped spans it does not
+            served_s = float(summary.get("duration_s") or 0.0) - idle_skipped_s(summary)
             self.simulated.now += served_s
             return summary, run_dir, served_s
         return summary, run_dir, time.monotonic() - start
@@ -209,10 +210,20 @@ class RunProber:
         measured = attainment(met, counted, self.confidence)
         served_s = float(summary.get("duration_s") or 0.0)
         throughput = summary.get("request_throughput")
-        skipped_s = float((summary.get("idle_skipped") or {}).get("s") or 0.0)
         return Outcome(
-            str(run_dir), measured, throughput, seconds, served_s, stopped is not None, skipped_s
+            str(run_dir),
+            measured,
+            throughput,
+            seconds,
+            served_s,
+            stopped is not None,
+            idle_skipped_s(summary),
         )
+
+
+def idle_skipped_s(summary: dict) -> float:
+    """Of a run's clock, the seconds it skipped with nothing in flight (`replay.skip_idle`)."""
+    return float((summary.get("idle_skipped") or {}).get("s") or 0.0)
 
 
 def search(
@@ -287,7 +298,7 @@ def probe_line(strategy: str, probe: Probe) -> str:
         + (f", {throughput:.3g} req/s served" if probe.kind == "ceiling" and throughput else "")
         + f" ({probe.outcome.seconds:.0f} s"
         + (
-            f", {probe.outcome.idle_skipped_s:.0f} s idle skipped"
+            f", {probe.outcome.idle_skipped_s:.3g} s idle skipped"
             if probe.outcome.idle_skipped_s
             else ""
         )

@@ -10,6 +10,10 @@ next arrival instead of sleeping until it. Every timestamp stays on this clock, 
 keep their schedule, every latency still starts at its request's arrival, and the run's
 duration and throughput are those of the workload's rate; what the jump leaves out is only
 the machine's own idle (caches and clocks cooling), and the run says how much it skipped.
+
+A simulated run's clock is virtual and jumps over idle spans whatever the setting; with it,
+the simulated replay notes those jumps in this clock's `skipped`, so that a simulated probe
+says, and a search costs, what a real one skipping would.
 """
 
 from __future__ import annotations

@@ -37,8 +37,11 @@ def simulate(
     hooks: Sequence[StepHook] = (),
     progress: bool = True,
     stop: Callable[[float], StopRecord | None] = lambda now: None,
+    skipped: list[tuple[float, float]] | None = None,
 ) -> None:
-    """Serve `requests` in virtual time; `stop` as in the real-time replay."""
+    """Serve `requests` in virtual time; `stop` as in the real-time replay. Each jump over a
+    span with nothing in flight is appended to `skipped`, where given (`replay.skip_idle`:
+    the clock jumps either way, and the run says so as a real one that skips would)."""
     arrivals = Arrivals(requests, workload.concurrency, workload.think_s)
     driver = EngineDriver(engine, writer, hooks)
     tally = Tally(len(requests), progress, arrivals.completed)
@@ -49,6 +52,8 @@ def simulate(
                     upcoming = arrivals.next_arrival()
                     if upcoming is None:
                         raise RuntimeError("no request left to arrive, but not every one recorded")
+                    if skipped is not None and upcoming > clock():
+                        skipped.append((clock(), upcoming))
                     clock.advance_to(upcoming)
                 for request in arrivals.arrived(clock()):
                     request.t_send = request.t_scheduled

@@ -14,7 +14,6 @@ lengths come from the model's tokens, which a simulation does not compute.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from harness.models.load import model_config_of
 from harness.models.model import LlamaModel, ModelConfig
 from harness.runner.backends.base import Backend, peer_inputs, seeds_of
 from harness.runner.build import kv_budget_bytes, scheduler_over
+from harness.runner.clock import RunClock
 from harness.runner.early_stop import stop_rule
 from harness.runner.replay import requests_of
 from harness.runner.settings import EngineSettings, cache_dir_of, dtype_name
@@ -185,15 +185,14 @@ class SimulatedBackend(Backend):
     def describe(self) -> dict[str, Any]:
         return {"strategy": self.strategy.describe(), SIMULATED: self.basis}
 
-    def replay(
-        self, clock: Callable[[], float], writer: RunWriter, run_dir: Path, progress: bool
-    ) -> None:
-        del clock, run_dir  # the run's wall clock measures nothing here
+    def replay(self, clock: RunClock, writer: RunWriter, run_dir: Path, progress: bool) -> None:
+        del run_dir  # the run's wall clock measures nothing here; its skipped spans are virtual
         requests = requests_of(self.workload)
         stop = stop_rule(SLO.of_config(self.cfg), requests)
+        skipped = clock.skipped if bool(self.cfg.replay.skip_idle) else None
         simulate(
             self.engine, requests, self.workload, self.clock, self.timing.gap_s, writer,
-            progress=progress, stop=stop,
+            progress=progress, stop=stop, skipped=skipped,
         )  # fmt: skip
 
     def flags(self, records: RunRecords) -> list[Flag]:
