@@ -117,7 +117,7 @@ def test_a_fit_widened_for_the_speed_drift_moves_out_each_bounded_side() -> None
     """A search whose machine slowed by 25% between its reference floors: each side of the
     fitted interval moves out by 1.25, an open side stays open, and the requests a narrower
     fit needs are those of the fit itself (more requests do not narrow the drift)."""
-    from harness.commands.search import fitted_text
+    from harness.commands.search import fitted_text, needed_text
     from harness.search.attainment_curve import KneeFit
     from harness.search.knee import Knee
 
@@ -128,6 +128,9 @@ def test_a_fit_widened_for_the_speed_drift_moves_out_each_bounded_side() -> None
     assert wide.requests_for(0.1) == fit.requests_for(0.1)
     assert fitted_text(Knee("vllm", fit=wide)) == (
         "1 [0.64, 1.5] (3 probes, 192 requests, widened x1.25 for the speed drift)"
+    )
+    assert needed_text(wide, 0.1) == needed_text(fit, 0.1).replace(
+        "fitted within 50%", "fitted within 134% (50% before its widening for the speed drift)"
     )
     open_above = KneeFit(0.1, 0.05, None, 2.0, 1.0, 2, 96).widened(1.1)
     assert open_above.low == pytest.approx(0.05 / 1.1) and open_above.high is None

@@ -354,14 +354,17 @@ def fitted_text(knee: Knee) -> str:
 
 def needed_text(fit: KneeFit, resolution: float) -> str:
     """What the fitted knee would need to be known within `resolution`, in requests near it
-    and in seconds at its rate; '' where a side is open (no such estimate)."""
+    and in seconds at its rate (the fit's own width: more requests do not narrow a widening
+    for the speed drift); '' where a side is open (no such estimate)."""
     requests = fit.requests_for(resolution)
     if requests is None:
         return ""
     more = requests - fit.requests
+    own = fit.width / fit.widened_by**2
+    widened = f" ({own - 1:.0%} before its widening for the speed drift)" if own < fit.width else ""
     return (
-        f"fitted within {fit.width - 1:.0%}; {resolution:.0%} needs about {more} more requests "
-        f"near {fit.estimate:.3g} req/s (~{more / fit.estimate:.0f} s)"
+        f"fitted within {fit.width - 1:.0%}{widened}; {resolution:.0%} needs about {more} more "
+        f"requests near {fit.estimate:.3g} req/s (~{more / fit.estimate:.0f} s)"
     )
 
 
