@@ -52,7 +52,7 @@ from harness.search.knee import (
     ratio_interval,
 )
 from harness.search.scaled_slo import limits_line, scaled_keys, scaled_limits, speed_drift
-from harness.search.shared_slo import SourceSLO, judged_record, read_source
+from harness.search.shared_slo import SourceSLO, judged_record, read_source, with_slo
 
 SUMMARY = "each strategy's knee: the highest rate it sustains under the SLO, as an interval"
 USAGE = """usage: servelab search [search.strategies=[a,b]] slo.ttft_s=S ... [OVERRIDE ...]
@@ -251,9 +251,9 @@ def search(
     elif settings.slo_scale:
         limits = scaled_limits(settings.slo_scale, reference, requests)
         print(limits_line(settings.strategies[0], settings.slo_scale, limits), flush=True)
-        replaced = {f"slo.{key}" for key in scaled_keys(settings.slo_scale)}
-        kept = [o for o in overrides if o.split("=")[0].lstrip("+") not in replaced]
-        overrides = [*kept, *(f"slo.{key}={value:.4g}" for key, value in limits.items())]
+        unset = {key: "null" for key in sorted(scaled_keys(settings.slo_scale))}
+        scaled = {key: f"{value:.4g}" for key, value in limits.items()}
+        overrides = with_slo(overrides, {**unset, **scaled})
     record["slo"] = judged_record(SLO.of_config(compose(overrides)))
     probers = {
         s: RunProber(overrides, s, settings, compose, run, simulated) for s in settings.strategies

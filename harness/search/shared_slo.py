@@ -26,6 +26,14 @@ SLO_KEYS = (*LIMITS, PER_PROMPT_TOKEN)
 FIELD = "search.slo_from"
 
 
+def with_slo(overrides: list[str], values: dict[str, str]) -> list[str]:
+    """`overrides` with each `slo.KEY` of `values` set to its value (as written on a command
+    line), whatever the overrides gave it: the one place a search replaces limits."""
+    replaced = {f"slo.{key}" for key in values}
+    kept = [o for o in overrides if o.split("=")[0].lstrip("+") not in replaced]
+    return [*kept, *(f"slo.{key}={value}" for key, value in values.items())]
+
+
 def judged_record(slo: SLO) -> dict[str, float | None]:
     """What `search.json` records of the SLO its probes were judged against."""
     return {**{key: getattr(slo, key) for key in SLO_KEYS}, "attainment": slo.attainment}
@@ -43,13 +51,10 @@ class SourceSLO:
 
     def overrides(self, overrides: list[str]) -> list[str]:
         """`overrides` with every `slo.*` limit replaced by this SLO's."""
-        replaced = {f"slo.{key}" for key in SLO_KEYS}
-        kept = [o for o in overrides if o.split("=")[0].lstrip("+") not in replaced]
-        given = [
-            f"slo.{key}={'null' if value is None else f'{value!r}'}"
-            for key, value in self.limits.items()
-        ]
-        return [*kept, *given]
+        values = {
+            key: "null" if value is None else repr(value) for key, value in self.limits.items()
+        }
+        return with_slo(overrides, values)
 
     def line(self) -> str:
         return f"SLO from {self.path}: {SLO(**self.limits, attainment=self.attainment).describe()}"
