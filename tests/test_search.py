@@ -299,9 +299,10 @@ def test_a_scaled_limit_must_name_a_limit() -> None:
 
 def test_steering_bounds_that_meet_without_a_clear_pass_are_not_resolved() -> None:
     """Below the knee every probe straddles the target (46 of 48 met: likely, not clearly,
-    passing); above it every probe stops early as a failure, at most 39 of 48. The steering
-    bounds meet, but no rate clearly passed and the fit on those bounds is wider than 10%,
-    so the knee is not resolved."""
+    passing); above it every probe stops early as a failure, at most 39 of 48. The search
+    halves down to a 64th of the ceiling for a clear pass, finds none, and bisects: the
+    steering bounds meet, but no rate clearly passed and the fit on those bounds is wider
+    than 10%, so the knee is not resolved."""
 
     class Straddling(System):
         def at(self, rate: float, requests: int, repeat: int = 0) -> Outcome:
@@ -314,10 +315,31 @@ def test_steering_bounds_that_meet_without_a_clear_pass_are_not_resolved() -> No
 
     system = Straddling(knee=3.0, ceiling=10.0)
     knee = _search(system)
+    assert min(rate for kind, rate, _ in system.calls if kind == "rate") == 10.0 / 64
     assert knee.passed is None and knee.failed is not None
     assert knee.fit is not None and knee.fit.width > 1.1
     assert not knee.resolved
     assert "no rate clearly passed: the knee is below the lowest failure" in knee.note
+
+
+def test_a_shallow_curve_is_halved_below_its_likely_pass_until_one_clearly_passes() -> None:
+    """Every request meets the SLO up to 0.7 req/s, 92% of them up to 3 (likely passing: the
+    interval straddles 0.9 at 48 and at 96 requests), none above. 2.5 and 1.25 likely pass,
+    0.625 clearly does: the bracket's lower end. The bisection then goes on upward from the
+    highest likely pass, 2.5, not from the clear one."""
+
+    class Shallow(System):
+        def at(self, rate: float, requests: int, repeat: int = 0) -> Outcome:
+            self.calls.append(("rate", rate, requests))
+            share = 1.0 if rate <= 0.7 else 0.92 if rate <= self.knee else 0.0
+            return self._outcome(round(requests * share), requests, requests / rate)
+
+    system = Shallow(knee=3.0, ceiling=10.0)
+    knee = _search(system)
+    rates = [(rate, n) for kind, rate, n in system.calls if kind == "rate"]
+    assert rates[:6] == [(5.0, 48), (2.5, 48), (2.5, 96), (1.25, 48), (1.25, 96), (0.625, 48)]
+    assert 2.5 < rates[6][0] < 5.0  # bisecting from the highest likely pass
+    assert knee.passed == 0.625 and knee.failed is not None and knee.failed > 3.0
 
 
 def test_a_knee_with_no_lower_end_goes_before_the_bracketed_ones_refine() -> None:

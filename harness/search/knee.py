@@ -5,9 +5,12 @@ time budget going where the knee is least known.
    the SLO is clearly missed, no rate is sustained and the search says so.
 2. The ceiling probe sends `ceiling_requests` at once: the strategy's request throughput
    there is the most it can serve, so no rate above it is sustained; it bounds the search.
-3. Rate probes (Poisson arrivals) start at half the ceiling and halve until one passes, then
-   bisect (geometrically) between the highest rate that passed (or likely passed) and the
-   lowest that failed (or the ceiling) until the two are within `resolution` of each other,
+3. Rate probes (Poisson arrivals) start at half the ceiling and halve until one clearly
+   passes (down to `LOWEST_SHARE` of the ceiling): one that only likely passes steers, but
+   the reported bracket's lower end must be a clear pass, and where the attainment curve is
+   shallow that lies well below the first likely one. Then they bisect (geometrically)
+   between the highest rate that passed (or likely passed) and the lowest that failed (or
+   the ceiling) until the two are within `resolution` of each other,
    or until the knee fitted on every rate probe's requests (`attainment_curve`) is known
    within `resolution`. Once there is such a fit, the next rate is its knee, kept inside the
    middle half of the bracket (in log rate) so the bracket still narrows by a quarter or more.
@@ -255,17 +258,20 @@ class KneeSearch:
         )
 
     def _steer(self) -> None:
-        """Move the steering bounds by the last probe and choose the next rate."""
+        """Move the steering bounds by the last probe and choose the next rate: halve until
+        a rate clearly passes (a likely pass steers, but the reported bracket needs a clear
+        one), then bisect from the highest likely pass."""
         knee = self.knee
+        below = self.low is not None and self.rate < self.low  # halving under a likely pass
         if self.likely:
-            self.low = self.rate
-        else:
+            self.low = max(self.low or 0.0, self.rate)
+        elif not below:
             self.high = self.rate
-        if self.low is None:
-            if self.rate <= (knee.ceiling or 0.0) * LOWEST_SHARE:
-                self._finish(f"no rate down to {self.rate:.3g} req/s is sustained")
-                return
+        if knee.passed is None and not self._lowest_probed():
             self.rate /= 2
+            return
+        if self.low is None:
+            self._finish(f"no rate down to {self.rate:.3g} req/s is sustained")
             return
         resolution = 1 + self.settings.resolution
         if knee.fit is not None and knee.fit.width <= resolution:
@@ -294,6 +300,11 @@ class KneeSearch:
                 )
             return
         self.rate = self._next_rate()
+
+    def _lowest_probed(self) -> bool:
+        """Whether a rate probe went as low as the search goes (`LOWEST_SHARE` of the ceiling)."""
+        lowest = (self.knee.ceiling or 0.0) * LOWEST_SHARE
+        return any(p.rate <= lowest for p in self.knee.probes if p.rate is not None)
 
     def _refine(self) -> None:
         """The next probe at the fitted knee, on requests no probe has served (the next
