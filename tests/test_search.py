@@ -322,24 +322,42 @@ def test_steering_bounds_that_meet_without_a_clear_pass_are_not_resolved() -> No
     assert "no rate clearly passed: the knee is below the lowest failure" in knee.note
 
 
+class Shallow(Sharing):
+    """Every request meets the SLO up to 0.7 req/s, 92% of them up to `knee` (likely passing:
+    the interval straddles 0.9 at 48 and at 96 requests), none above."""
+
+    def at(self, rate: float, requests: int, repeat: int = 0) -> Outcome:
+        self.calls.append(("rate", rate, requests))
+        share = 1.0 if rate <= 0.7 else 0.92 if rate <= self.knee else 0.0
+        return self._outcome(round(requests * share), requests, requests / rate)
+
+
 def test_a_shallow_curve_is_halved_below_its_likely_pass_until_one_clearly_passes() -> None:
-    """Every request meets the SLO up to 0.7 req/s, 92% of them up to 3 (likely passing: the
-    interval straddles 0.9 at 48 and at 96 requests), none above. 2.5 and 1.25 likely pass,
-    0.625 clearly does: the bracket's lower end. The bisection then goes on upward from the
-    highest likely pass, 2.5, not from the clear one."""
-
-    class Shallow(System):
-        def at(self, rate: float, requests: int, repeat: int = 0) -> Outcome:
-            self.calls.append(("rate", rate, requests))
-            share = 1.0 if rate <= 0.7 else 0.92 if rate <= self.knee else 0.0
-            return self._outcome(round(requests * share), requests, requests / rate)
-
-    system = Shallow(knee=3.0, ceiling=10.0)
+    """2.5 and 1.25 likely pass, 0.625 clearly does: the bracket's lower end. The bisection
+    then goes on upward from the highest likely pass, 2.5, not from the clear one."""
+    system = Shallow(SharedClock(), knee=3.0, ceiling=10.0)
     knee = _search(system)
     rates = [(rate, n) for kind, rate, n in system.calls if kind == "rate"]
     assert rates[:6] == [(5.0, 48), (2.5, 48), (2.5, 96), (1.25, 48), (1.25, 96), (0.625, 48)]
     assert 2.5 < rates[6][0] < 5.0  # bisecting from the highest likely pass
     assert knee.passed == 0.625 and knee.failed is not None and knee.failed > 3.0
+
+
+def test_a_likely_pass_is_no_lower_end_when_the_budget_chooses() -> None:
+    """ "b" passes clearly at 2.5 req/s; "shallow" only likely passes there. Shallow alone has
+    no lower end, so its halving for a clear pass goes before any probe narrowing b's bracket,
+    though it has spent more on rate probes than b."""
+    clock = SharedClock()
+    systems = {"shallow": Shallow(clock, 3.0, 10.0), "b": Sharing(clock, 3.0, 10.0)}
+    order: list[tuple[str, float | None, Verdict]] = []
+    shallow, _ = find_knees(
+        systems, SETTINGS, 1e6, clock, lambda s, p: order.append((s, p.rate, p.verdict))
+    )
+    b_passed = order.index(("b", 2.5, Verdict.PASS))
+    shallow_passed = order.index(("shallow", 0.625, Verdict.PASS))
+    b_refining = [i for i, (s, _, _) in enumerate(order) if s == "b" and i > b_passed]
+    assert b_passed < shallow_passed < min(b_refining)
+    assert shallow.passed == 0.625
 
 
 def test_a_knee_with_no_lower_end_goes_before_the_bracketed_ones_refine() -> None:

@@ -1,24 +1,24 @@
 """`servelab search`: each strategy's knee, the highest rate it sustains under the SLO, as an
 interval found on this machine (`harness.search.knee`).
 
-A rate is sustained by the one SLO rule (`harness.measure.slo`): at least `slo.attainment` of
-the requests meet every configured limit, each latency from arrival, failed requests counted
-as misses; each probe's verdict carries the attainment's interval (`harness.measure.verdict`).
-The time budget (`search.budget_s`; over simulated runs, in the seconds they simulate) is
-shared among the strategies (a knee with no passing rate probed first, the strategy that
-spent least first, none past an equal share while another's probe fits in its own, unless
-it alone has no passing rate) and said up front; what it could not resolve is said at the
-end. `search.slo_scale` sets the limits from one request at a time on this machine, before
-any probe (`harness.search.scaled_slo`: TTFT relative to each prompt's own prefill), or
-`search.slo_from` takes an earlier search's limits (`harness.search.shared_slo`), so a
-repeat judges against the same SLO; either way the reference floor runs before the first
-probe and after the last, and the speed drift between them widens every fitted knee. Every
-probe is a full run in its own directory under `search.out_dir/STRATEGY/` (floor, ceiling,
-rate-R-nN, rate-R-nN-repeatK for a probe at the knee on new requests), so the evidence for
-every answer can be opened, a rerun reuses complete probes, and `servelab report` draws
-them. Requests that missed the SLO
-in every completed rate probe are named at the end (`harness.search.always_missed`): their
-length, not the load, decided those probes.
+A rate is sustained by the one SLO rule (`harness.measure.slo`): at least `slo.attainment`
+of the requests meet every configured limit, each latency from arrival, failed requests
+counted as misses; each probe's verdict carries the attainment's interval
+(`harness.measure.verdict`). The time budget (`search.budget_s`; over simulated runs, in the
+seconds they simulate) is shared among the strategies (a knee with no clearly passing rate
+probed first, the strategy that spent least first, none past an equal share while another's
+probe fits in its own, unless it alone has none) and said up front; what it could not
+resolve is said at the end. `search.slo_scale` sets the limits from one request at a time on
+this machine, before any probe (`harness.search.scaled_slo`: TTFT relative to each prompt's
+own prefill), or `search.slo_from` takes an earlier search's limits
+(`harness.search.shared_slo`), so a repeat judges against the same SLO; either way the
+reference floor runs before the first probe and after the last, and the speed drift between
+them widens every fitted knee. Every probe is a full run in its own directory under
+`search.out_dir/STRATEGY/` (floor, ceiling, rate-R-nN, rate-R-nN-repeatK for a probe at the
+knee on new requests), so the evidence for every answer can be opened, a rerun reuses
+complete probes, and `servelab report` draws them. Requests that missed the SLO in every
+completed rate probe are named at the end (`harness.search.always_missed`): their length,
+not the load, decided those probes.
 """
 
 from __future__ import annotations
@@ -315,8 +315,8 @@ def plan_line(settings: SearchSettings) -> str:
     return (
         f"search: {', '.join(settings.strategies)}; {settings.budget_s:.0f} s in all, shared "
         "(each strategy's floor and ceiling first, then each rate probe to a strategy with no "
-        "passing rate, the one that spent least first, a probe past its strategy's equal share "
-        "waiting while another fits, unless its strategy alone has no passing rate); "
+        "clearly passing rate, the one that spent least first, a probe past its strategy's "
+        "equal share waiting while another fits, unless its strategy alone has none); "
         f"{knee.ceiling_requests} requests at once for the ceiling, {knee.requests} a rate "
         f"probe (up to {knee.max_requests} at the knee); the knee within "
         f"{knee.resolution:.0%}; attainment >= {knee.target:g} at "

@@ -28,20 +28,21 @@ knee lies and steers the bisection by its point estimate, but the reported brack
 ends as soon as its verdict can only be a failure (`slo.stop_early`, `harness.runner.early_stop`):
 its attainment is then the best case still possible, and it fails.
 
-The strategies share one budget (`find_knees`): every strategy's anchors run first, then each
-rate probe goes to a strategy with no rate passed yet before any other, and among equals to
-the one that has spent least on rate probes (then the widest bracket). So a budget that runs
-out leaves every knee as narrow as it allowed, rather than one resolved and the last
-unprobed. Every rate probe is costed before it runs (its requests over its rate, plus the
-loading and drain the anchor probes took; where probes skip their idle spans, each request
-at most what it takes alone). One that would take its strategy's rate probes
-past an equal share (what is left and what the strategies still searching have spent, over
-their number) waits while another strategy has a probe within its share, so a strategy
-whose knee lies far below its ceiling (each halving costs twice the last) cannot starve the
-rest of their first pass. Once every other strategy has a rate passed, the one without goes
-first whatever its share: a knee with no lower end (a ratio with no bound on one side) is
-less known than any bracketed one, and refining those waits. One that would not fit the
-remaining budget is not run, and the result says which knees are unresolved.
+The strategies share one budget (`find_knees`): every strategy's anchors run first, then
+each rate probe goes to a strategy with no rate clearly passed yet before any other, and
+among equals to the one that has spent least on rate probes (then the widest bracket). So a
+budget that runs out leaves every knee as narrow as it allowed, rather than one resolved and
+the last unprobed. Every rate probe is costed before it runs (its requests over its rate,
+plus the loading and drain the anchor probes took; where probes skip their idle spans, each
+request at most what it takes alone). One that would take its strategy's rate probes past an
+equal share (what is left and what the strategies still searching have spent, over their
+number) waits while another strategy has a probe within its share, so a strategy whose knee
+lies far below its ceiling (each halving costs twice the last) cannot starve the rest of
+their first pass. Once every other strategy has a rate clearly passed, the one without
+(still halving for one) goes first whatever its share: a knee with no lower end (a ratio
+with no bound on one side) is less known than any bracketed one, and refining those waits.
+One that would not fit the remaining budget is not run, and the result says which knees are
+unresolved.
 """
 
 from __future__ import annotations
@@ -218,10 +219,16 @@ class KneeSearch:
         return math.inf if self.low is None else self.high / self.low
 
     @property
+    def unbounded(self) -> bool:
+        """Whether the knee has no lower end yet: no rate clearly passed, and the search is
+        still halving for one (a likely pass steers, but bounds no ratio)."""
+        return self.knee.passed is None and not self._lowest_probed()
+
+    @property
     def turn(self) -> tuple[bool, float, float]:
-        """Which search probes next, lowest first: one with no rate passed yet before any
+        """Which search probes next, lowest first: one with no lower end yet before any
         other, then the one that has spent least on rate probes, then the widest bracket."""
-        return (self.low is not None, self.spent_s, -self.width)
+        return (not self.unbounded, self.spent_s, -self.width)
 
     def wanted(self, remaining_s: float) -> RateProbe:
         """The next rate probe; a knee probe whose lengthening would not fit `remaining_s`
@@ -398,6 +405,6 @@ def find_knees(
 
 
 def _unbounded_alone(search: KneeSearch, waiting: list[KneeSearch]) -> bool:
-    """Whether `search` alone has no rate passed: its knee has no lower end, so a probe that
-    could give it one is worth more than narrowing any bracket, whatever its share."""
-    return search.low is None and all(s.low is not None for s in waiting if s is not search)
+    """Whether `search` alone has no lower end: a probe that could give it one is worth more
+    than narrowing any bracket, whatever its share."""
+    return search.unbounded and not any(s.unbounded for s in waiting if s is not search)
