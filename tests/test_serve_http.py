@@ -292,8 +292,9 @@ def test_client_gone_mid_stream_frees_its_kv(
                 break
         assert len(chunks) == 3 and "error" not in chunks[-1], chunks
         # the gauges are the snapshot the engine loop publishes after it hands a step's tokens
-        # to the streams, so a fast reader can ask before it is published: wait for it, briefly
-        wait_for(lambda: metrics(http)["servelab_kv_slots_allocated"] > 0, timeout_s=5.0)
+        # to the streams, so a fast reader can ask before it is published: wait for it (met
+        # within a step; 5 s once ran out on a fresh-clone make test sharing both cores)
+        wait_for(lambda: metrics(http)["servelab_kv_slots_allocated"] > 0, timeout_s=30.0)
     _assert_pool_full(http, before)
     record = served_records(served[1])["gone-mid-stream"]
     assert record.finish_reason == "cancelled" and 3 <= record.output_len < 1400
