@@ -274,7 +274,7 @@ class KneeSearch:
             self.low = max(self.low or 0.0, self.rate)
         elif not below:
             self.high = self.rate
-        if knee.passed is None and not self._lowest_probed():
+        if self.unbounded:
             self.rate /= 2
             return
         if self.low is None:
