@@ -1,8 +1,18 @@
 # Two entry points for a fresh machine: `make run` and `make test`. Each creates .venv when
-# missing and installs servelab into it, torch pinned by constraints.txt.
+# missing and installs into it every dependency at the exact version of the lock (LOCK, made by
+# `make lock`), then servelab itself, editable. `make test-latest` checks the newest versions.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.servelab-installed
+# The lock of every dependency for CPU installs (CPython 3.11, Linux x86-64), from pip-tools.
+# torch in it is the CPU build (constraints.txt), as the machine's wheel folder holds it.
+LOCK := requirements/cpu.txt
+# The GPU recipe's lock: what the GPU machine lacks (it brings Python 3.12, torch, Triton,
+# transformers, pandas, pytest, rich, aiohttp, safetensors, nvidia-ml-py), at the versions of
+# LOCK, carried there as wheels (`make gpu-wheels`). antlr4-python3-runtime (omegaconf's parser)
+# has no wheel on PyPI: built here, pure Python.
+GPU_LOCK := requirements/gpu.txt
+GPU_WHEELS := hydra-core omegaconf plotly narwhals gguf psutil orjson antlr4-python3-runtime
 RUN_ARGS ?=
 GATE ?= conf/gates/headline.yaml
 GATE_ARGS ?=
@@ -16,12 +26,44 @@ BENCH_BASE ?=
 BENCH_FAIL ?= min:25%
 BENCH_RUNS ?=
 
-.PHONY: run test lint gate claims bench bench-list bench-compare browser clean gpu-wheels
+.PHONY: run test test-latest lock lint gate claims bench bench-list bench-compare browser clean \
+  gpu-wheels
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): $(LOCK) pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(PY) -m pip install --quiet -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip check
 	touch $(STAMP)
+
+# Regenerate the locks from pyproject.toml's ranges (newest versions they allow, torch pinned by
+# constraints.txt), in a throwaway venv holding pip-tools.
+LOCK_VENV ?= $(or $(TMPDIR),/tmp)/servelab-lock
+lock:
+	rm -rf $(LOCK_VENV) && python3 -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install --quiet --upgrade pip pip-tools
+	mkdir -p $(dir $(LOCK))
+	$(LOCK_VENV)/bin/pip-compile --quiet --upgrade --strip-extras --allow-unsafe --extra test --no-emit-index-url \
+	  --no-emit-find-links --no-header -c constraints.txt -o $(LOCK) pyproject.toml
+	{ echo "# The GPU recipe's wheels (Makefile GPU_WHEELS) at the versions of $(LOCK): make lock"; \
+	  grep -iE '^($(subst $() ,|,$(GPU_WHEELS)))==' $(LOCK); } > $(GPU_LOCK)
+	rm -rf $(LOCK_VENV)
+
+# The test suite on the newest versions pyproject.toml allows, in a throwaway venv, so that an
+# upstream break shows here before a user meets it. torch stays at constraints.txt's CPU build
+# (a newer release here is a CUDA build of several GB). Prints what differs from the lock.
+LATEST_VENV ?= $(or $(TMPDIR),/tmp)/servelab-latest
+test-latest:
+	rm -rf $(LATEST_VENV) && python3 -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade -c constraints.txt -e '.[test]'
+	$(LATEST_VENV)/bin/python -m pip freeze --exclude-editable | sort > $(LATEST_VENV)/resolved.txt
+	@echo "newest versions resolved, where they differ from $(LOCK):"
+	@grep -E '^[A-Za-z0-9_.-]+==' $(LOCK) | tr A-Z_ a-z- | sort > $(LATEST_VENV)/locked.txt
+	@tr A-Z_ a-z- < $(LATEST_VENV)/resolved.txt | sort | comm -13 $(LATEST_VENV)/locked.txt - \
+	  || true
+	touch $(LATEST_VENV)/.servelab-installed  # installed: `make test` must not reinstall the lock
+	$(MAKE) --no-print-directory test VENV=$(LATEST_VENV)
 
 # The default comparison: each strategy's knee found on this machine (`servelab search`): a
 # floor probe (one request at a time), a ceiling probe (every request at once), then Poisson
@@ -56,10 +98,10 @@ PORTABLE_TESTS ?= tests/test_capabilities.py tests/test_cpu_builds.py tests/test
   tests/test_kv_paged_engine.py tests/test_spec_engine.py tests/test_awq.py
 # Tests compute on one torch thread each (tests/conftest.py), so they run in one worker per core.
 TEST_WORKERS ?= auto
-test: $(STAMP) browser
+test: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS)
-	@if $(PY) -m kernels.capabilities --above $(PORTABLE_ISA); then \
+	@if $(PY) -m servelab.kernels.capabilities --above $(PORTABLE_ISA); then \
 	  echo "portable pass: the kernel and engine tests at $(PORTABLE_ISA)"; \
 	  SERVELAB_CPU_ISA=$(PORTABLE_ISA) ATEN_CPU_CAPABILITY=$(PORTABLE_ISA) ONEDNN_MAX_CPU_ISA=AVX2 \
 	    $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) $(PORTABLE_TESTS); \
@@ -99,7 +141,8 @@ bench-compare: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
-# Headless Chromium for the report rendering test; skipped quietly where apt is unavailable.
+# Headless Chromium for the report rendering test (installs a system package as root: never
+# part of `make test`; .ci/run calls it); where it cannot, the browser test skips with one line.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
@@ -108,18 +151,15 @@ browser:
 clean:
 	rm -rf $(VENV) runs outputs multirun .benchmarks
 
-# What the GPU machine lacks (it has Python 3.12, torch, Triton, transformers, pandas, pytest,
-# rich, aiohttp, safetensors, nvidia-ml-py and no package registry), as wheels for it at the
-# versions installed here: carried beside the tree and unpacked by scripts/gpu_check.sh.
-# antlr4-python3-runtime (omegaconf's parser) has no wheel on PyPI: built here, pure Python;
-# orjson's wheels are tagged manylinux_2_17, which runs on the machine's manylinux_2_28.
-GPU_WHEELS := hydra-core omegaconf plotly narwhals gguf psutil orjson
+# The GPU recipe's wheels ($(GPU_LOCK)), for the GPU machine's Python 3.12, into .gpu-wheels/:
+# carried beside the tree and unpacked by scripts/gpu_check.sh. orjson's wheels are tagged
+# manylinux_2_17, which runs on the machine's manylinux_2_28.
 gpu-wheels: $(STAMP)
 	rm -rf .gpu-wheels && mkdir -p .gpu-wheels
+	grep -v '^antlr4-python3-runtime==' $(GPU_LOCK) > .gpu-wheels/binary.txt
 	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
 	  --implementation cp --abi cp312 --platform manylinux_2_28_x86_64 \
-	  --platform manylinux_2_17_x86_64 --platform any -d .gpu-wheels \
-	  $(foreach p,$(GPU_WHEELS),$(p)==$(shell $(PY) -c "import importlib.metadata as m; print(m.version('$(p)'))"))
-	$(PY) -m pip wheel --quiet --no-deps -w .gpu-wheels \
-	  antlr4-python3-runtime==$(shell $(PY) -c "import importlib.metadata as m; print(m.version('antlr4-python3-runtime'))")
+	  --platform manylinux_2_17_x86_64 --platform any -d .gpu-wheels -r .gpu-wheels/binary.txt
+	$(PY) -m pip wheel --quiet --no-deps -w .gpu-wheels $$(grep '^antlr4-python3-runtime==' $(GPU_LOCK))
+	rm .gpu-wheels/binary.txt
 	du -sh .gpu-wheels

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.timing import time_call
-from harness.errors import ConfigError
-from kernels import paged_attention_triton as tri
-from kernels.paged_attention_ref import plan_for, run_plan
+from servelab.harness.errors import ConfigError
+from servelab.kernels import paged_attention_triton as tri
+from servelab.kernels.paged_attention_ref import plan_for, run_plan
 from tests.attention_cases import AttentionCase, CaseShape, make_case
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.timing import time_call
-from harness.errors import ConfigError
-from kernels.int4_layout import num_groups, pack_int4
-from kernels.int4_matmul import choose_kernel
-from strategies.weights.int4_linear import Int4Linear
+from servelab.harness.errors import ConfigError
+from servelab.kernels.int4_layout import num_groups, pack_int4
+from servelab.kernels.int4_matmul import choose_kernel
+from servelab.strategies.weights.int4_linear import Int4Linear
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # (in, out) of SmolLM2-135M's seven linears per layer

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.commands.config import compose
-from harness.engine.request import Request, SamplingParams
-from harness.models.model import LlamaModel
-from harness.runner.replay import serve_all
-from harness.runner.startup import start_engine
-from workloads.text import text_section
+from servelab.harness.commands.config import compose
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.harness.models.model import LlamaModel
+from servelab.harness.runner.replay import serve_all
+from servelab.harness.runner.startup import start_engine
+from servelab.workloads.text import text_section
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 
 from benchmarks.timing import time_call
-from kernels.capabilities import capabilities
-from kernels.cpu_build import active_build_status, cpu_ops
-from kernels.int4_layout import num_groups, pack_int4
-from kernels.int4_matmul_cpu import to_cpu_packed
+from servelab.kernels.capabilities import capabilities
+from servelab.kernels.cpu_build import active_build_status, cpu_ops
+from servelab.kernels.int4_layout import num_groups, pack_int4
+from servelab.kernels.int4_matmul_cpu import to_cpu_packed
 
 CPU = torch.device("cpu")
 REPEATS = 50

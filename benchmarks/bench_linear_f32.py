@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.timing import time_call
-from kernels.capabilities import capabilities
-from kernels.cpu_build import active_build_status, cpu_ops
+from servelab.kernels.capabilities import capabilities
+from servelab.kernels.cpu_build import active_build_status, cpu_ops
 
 CPU = torch.device("cpu")
 SHAPES = ((1536, 576), (576, 1536), (49152, 576))  # (out, in): up/gate, down, LM head

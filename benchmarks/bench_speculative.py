@@ -27,12 +27,12 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from harness.commands.config import compose
-from harness.engine.request import Request
-from harness.measure.metrics import speculative_summary
-from harness.records import StepRecord
-from harness.runner.replay import serve_all, to_request
-from harness.runner.run import Prepared, prepare
+from servelab.harness.commands.config import compose
+from servelab.harness.engine.request import Request
+from servelab.harness.measure.metrics import speculative_summary
+from servelab.harness.records import StepRecord
+from servelab.harness.runner.replay import serve_all, to_request
+from servelab.harness.runner.run import Prepared, prepare
 
 
 @dataclass

@@ -23,12 +23,12 @@ import time
 
 import torch
 
-from harness.commands.config import compose
-from harness.engine.engine import Engine
-from harness.engine.request import Request, SamplingParams
-from harness.measure.roofline import step_cost, utilisation
-from harness.runner.build import build_engine
-from harness.runner.startup import start_engine
+from servelab.harness.commands.config import compose
+from servelab.harness.engine.engine import Engine
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.harness.measure.roofline import step_cost, utilisation
+from servelab.harness.runner.build import build_engine
+from servelab.harness.runner.startup import start_engine
 
 CASES = ("prefill-3000", "prefill-8x200", "decode-64", "decode-1")
 

@@ -17,8 +17,8 @@ import dataclasses
 import pytest
 import torch
 
-from kernels.attention import Attention, AttentionConfig
-from kernels.cpu_build import active_build_status
+from servelab.kernels.attention import Attention, AttentionConfig
+from servelab.kernels.cpu_build import active_build_status
 from tests.attention_cases import AttentionCase, CaseShape, make_case
 
 CPU = torch.device("cpu")

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.int4_layout import dequantize, num_groups, pack_int4
-from kernels.int4_matmul import choose_kernel
-from kernels.linear import PackedLinear
+from servelab.kernels.int4_layout import dequantize, num_groups, pack_int4
+from servelab.kernels.int4_matmul import choose_kernel
+from servelab.kernels.linear import PackedLinear
 
 IN, OUT, GROUP = 576, 1536, 128
 CPU = torch.device("cpu")

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from harness.engine.kv_cache import KVLayout, allocate_kv_cache
-from harness.engine.request import Request, SamplingParams
-from strategies.kv.block_pool import BlockPool
-from strategies.kv.paged import PagedConfig, PagedKVManager
-from strategies.kv.prefix_cache import CachedBlock, PrefixCache
+from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.strategies.kv.block_pool import BlockPool
+from servelab.strategies.kv.paged import PagedConfig, PagedKVManager
+from servelab.strategies.kv.prefix_cache import CachedBlock, PrefixCache
 
 BLOCK = 16
 LAYOUT = KVLayout(num_layers=1, stored_kv_heads=1, head_dim=1, dtype=torch.float32)

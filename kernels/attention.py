@@ -18,13 +18,13 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.engine.batch import ForwardBatch
-from harness.errors import ConfigError
-from kernels import paged_attention_triton as tri
-from kernels.attention_plan import AttentionPlan
-from kernels.cpu_attention import CpuPlan, plan_cpu, run_cpu
-from kernels.cpu_build import active_build_status
-from kernels.paged_attention_ref import plan_for, run_plan
+from servelab.harness.engine.batch import ForwardBatch
+from servelab.harness.errors import ConfigError
+from servelab.kernels import paged_attention_triton as tri
+from servelab.kernels.attention_plan import AttentionPlan
+from servelab.kernels.cpu_attention import CpuPlan, plan_cpu, run_cpu
+from servelab.kernels.cpu_build import active_build_status
+from servelab.kernels.paged_attention_ref import plan_for, run_plan
 
 IMPLS = ("auto", "torch", "triton", "cpu")
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from harness.errors import ConfigError
+from servelab.harness.errors import ConfigError
 
 OVERRIDE_ENV = "SERVELAB_CPU_ISA"
 LEVELS = ("baseline", "avx2", "avx512", "avx512-bf16")
@@ -208,16 +208,16 @@ def _packing_block(probe_outputs: int) -> int | None:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m kernels.capabilities`: the probe as JSON; `--above LEVEL`: exit status 0 when
-    this CPU's level (the override's, where one is set) is above LEVEL, else 1 (for scripts
-    that run a lower level's tests only where that is not the level already)."""
+    """`python -m servelab.kernels.capabilities`: the probe as JSON; `--above LEVEL`: exit status
+    0 when this CPU's level (the override's, where one is set) is above LEVEL, else 1 (for
+    scripts that run a lower level's tests only where that is not the level already)."""
     if argv[:1] == ["--above"] and len(argv) == 2:
         if argv[1] not in LEVELS:
             print(f"unknown level {argv[1]!r}; one of {', '.join(LEVELS)}", file=sys.stderr)
             return 2
         return 0 if not level_at_most(capabilities().level, argv[1]) else 1
     if argv:
-        print("usage: python -m kernels.capabilities [--above LEVEL]", file=sys.stderr)
+        print("usage: python -m servelab.kernels.capabilities [--above LEVEL]", file=sys.stderr)
         return 2
     print(json.dumps(capabilities().record(), indent=2))
     return 0

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.engine.batch import ForwardBatch
-from kernels.cpu_build import cpu_ops
+from servelab.harness.engine.batch import ForwardBatch
+from servelab.kernels.cpu_build import cpu_ops
 
 FLASH_ROWS = 16  # sequences with at least this many new tokens take the flash path
 OWN_FLASH_HEAD_DIMS = (32, 64, 128)  # flash_attention's tiles

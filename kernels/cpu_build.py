@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.capabilities import LEVELS, capabilities, native_levels, runnable_levels
+from servelab.kernels.capabilities import LEVELS, capabilities, native_levels, runnable_levels
 
 CPU_DIR = Path(__file__).resolve().parent / "cpu"
 SOURCES = tuple(sorted(CPU_DIR.glob("*.cpp")))

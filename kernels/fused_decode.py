@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from harness.engine.batch import ForwardBatch
-from kernels.capabilities import capabilities
-from kernels.cpu_attention import FLASH_ROWS, plan_cpu
-from kernels.cpu_build import cpu_ops
-from kernels.int4_matmul_cpu import int4_loop_block
-from kernels.linear import PackedLinear
+from servelab.harness.engine.batch import ForwardBatch
+from servelab.kernels.capabilities import capabilities
+from servelab.kernels.cpu_attention import FLASH_ROWS, plan_cpu
+from servelab.kernels.cpu_build import cpu_ops
+from servelab.kernels.int4_matmul_cpu import int4_loop_block
+from servelab.kernels.linear import PackedLinear
 
 if TYPE_CHECKING:
-    from harness.models.model import DecoderLayer, LlamaModel
+    from servelab.harness.models.model import DecoderLayer, LlamaModel
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

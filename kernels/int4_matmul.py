@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.errors import ConfigError
-from kernels.cpu_build import cpu_ops
-from kernels.int4_layout import PACK, num_groups
-from kernels.int4_matmul_cpu import (
+from servelab.harness.errors import ConfigError
+from servelab.kernels.cpu_build import cpu_ops
+from servelab.kernels.int4_layout import PACK, num_groups
+from servelab.kernels.int4_matmul_cpu import (
     PANEL_COLUMNS,
     cpu_group_size,
     cpu_packed_available,
@@ -38,8 +38,8 @@ from kernels.int4_matmul_cpu import (
     to_cpu_packed,
     to_cpu_panels,
 )
-from kernels.int4_matmul_ref import int4_matmul_ref
-from kernels.int4_matmul_triton import int4_matmul_triton, interpreted
+from servelab.kernels.int4_matmul_ref import int4_matmul_ref
+from servelab.kernels.int4_matmul_triton import int4_matmul_triton, interpreted
 
 IMPLS = ("auto", "triton", "torch-packed", "cpu-panels", "reference")
 FIELD = "strategy.int4_kernel"

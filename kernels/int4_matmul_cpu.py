@@ -29,9 +29,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kernels.capabilities import capabilities
-from kernels.cpu_build import cpu_ops
-from kernels.int4_layout import unpack_int4
+from servelab.kernels.capabilities import capabilities
+from servelab.kernels.cpu_build import cpu_ops
+from servelab.kernels.int4_layout import unpack_int4
 
 CPU_GROUP_SIZES = (32, 64, 128, 256)
 PANEL_COLUMNS = 16  # the fp32 panels' width (kernels/cpu/panel_gemm_f32.cpp)

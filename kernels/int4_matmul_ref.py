@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.int4_layout import dequantize
+from servelab.kernels.int4_layout import dequantize
 
 
 def int4_matmul_ref(

@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.capabilities import capabilities
-from kernels.cpu_build import cpu_ops
+from servelab.kernels.capabilities import capabilities
+from servelab.kernels.cpu_build import cpu_ops
 
 PACKED_DTYPES = (torch.bfloat16,)
 MATVEC_ROWS = 4

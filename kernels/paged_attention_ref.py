@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harness.errors import ConfigError
-from kernels.attention_plan import AttentionPlan, DecodeChunk, SeqSpan, build_plan
+from servelab.harness.errors import ConfigError
+from servelab.kernels.attention_plan import AttentionPlan, DecodeChunk, SeqSpan, build_plan
 
 # Above this many scores (rows x context x heads) a multi-token sequence goes through SDPA,
 # which never holds the whole score matrix.

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.capabilities import Capabilities, capabilities
-from kernels.cpu_attention import own_flash_built
-from kernels.cpu_build import active_build_status, cpu_ops
-from kernels.int4_matmul_cpu import int4_loop_block
+from servelab.kernels.capabilities import Capabilities, capabilities
+from servelab.kernels.cpu_attention import own_flash_built
+from servelab.kernels.cpu_build import active_build_status, cpu_ops
+from servelab.kernels.int4_matmul_cpu import int4_loop_block
 
 
 @dataclass(frozen=True)

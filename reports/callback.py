@@ -5,7 +5,7 @@ Enable it in `conf/config.yaml`:
     hydra:
       callbacks:
         sweep_report:
-          _target_: reports.callback.SweepReportCallback
+          _target_: servelab.reports.callback.SweepReportCallback
           baseline: null
 
 It writes `report.html` and `summary.csv` into `hydra.sweep.dir`. A report that cannot be
@@ -21,8 +21,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from reports.run_report import REPORT_NAME
-from reports.sweep_report import build_sweep_report
+from servelab.reports.run_report import REPORT_NAME
+from servelab.reports.sweep_report import build_sweep_report
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.claims.record import measurement_text
-from reports.gate_report import interval_svg
-from reports.html import STYLE, esc
+from servelab.harness.claims.record import measurement_text
+from servelab.reports.gate_report import interval_svg
+from servelab.reports.html import STYLE, esc
 
 VERDICT_COLOURS = {
     "holds": "#2e7d32",

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from harness.errors import ConfigError
-from reports.load import is_run_dir
-from reports.run_report import REPORT_NAME, build_run_report
-from reports.sweep_report import build_sweep_report
+from servelab.harness.errors import ConfigError
+from servelab.reports.load import is_run_dir
+from servelab.reports.run_report import REPORT_NAME, build_run_report
+from servelab.reports.sweep_report import build_sweep_report
 
 
 def report_main(paths: list[Path], out: Path | None, baseline: str | None) -> list[Path]:

@@ -13,7 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from reports.html import esc
+from servelab.reports.html import esc
 
 FIGURE_HEIGHT = 400
 MARGIN = {"l": 70, "r": 20, "t": 56, "b": 56}

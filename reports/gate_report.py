@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from reports.html import STYLE, esc, fmt
+from servelab.reports.html import STYLE, esc, fmt
 
 COLOURS = {"pass": "#2e7d32", "fail": "#c62828", "inconclusive": "#e69500", "refused": "#6a1b9a"}
 WIDTH, HEIGHT, MARGIN = 360, 34, 12

@@ -19,8 +19,8 @@ from typing import Any
 
 import pandas as pd
 
-from reports.derive import request_metrics
-from reports.load import RunData
+from servelab.reports.derive import request_metrics
+from servelab.reports.load import RunData
 
 NON_RATE_PROCESSES = ("offline", "closed_loop", "trace")
 X_TITLES = {

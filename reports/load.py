@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from harness.errors import ConfigError
-from harness.measure.rundir import REQUESTS, STEPS, RunRecords
-from harness.records import RequestRecord, StepRecord, fixed_fields
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.rundir import REQUESTS, STEPS, RunRecords
+from servelab.harness.records import RequestRecord, StepRecord, fixed_fields
 
 SUMMARY = "summary.json"
 TELEMETRY = "telemetry.csv"

@@ -15,14 +15,14 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from reports.figures import (
+from servelab.reports.figures import (
     FIGURE_HEIGHT,
     cdf_figure,
     new_figure,
     stacked_figure,
     style_figure,
 )
-from reports.html import esc
+from servelab.reports.html import esc
 
 TIME_AXIS = "time since run start (s)"
 TIMELINE_LIMIT = 400

@@ -15,20 +15,20 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from harness.measure.rundir import RunRecords
-from harness.measure.slo import SLO
-from harness.measure.summary_schema import LATENCY_METRICS, METRICS, STAT_KEYS
-from reports.colors import assign_colors
-from reports.derive import (
+from servelab.harness.measure.rundir import RunRecords
+from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.summary_schema import LATENCY_METRICS, METRICS, STAT_KEYS
+from servelab.reports.colors import assign_colors
+from servelab.reports.derive import (
     ThinnedSteps,
     request_metrics,
     slo_attainment,
     step_metrics,
     summary_from_records,
 )
-from reports.html import Cell, Page, table_html
-from reports.load import RunData, as_dict, load_run
-from reports.run_figures import (
+from servelab.reports.html import Cell, Page, table_html
+from servelab.reports.load import RunData, as_dict, load_run
+from servelab.reports.run_figures import (
     acceptance_figure,
     batch_figure,
     kv_figure,

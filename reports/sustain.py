@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.measure.slo import SLO
-from reports.derive import slo_attainment
-from reports.grouping import Group, SweepRun
+from servelab.harness.measure.slo import SLO
+from servelab.reports.derive import slo_attainment
+from servelab.reports.grouping import Group, SweepRun
 
 
 def run_sustains(sweep_run: SweepRun, slo: SLO) -> bool | None:

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from harness.measure.slo import PER_PROMPT_TOKEN
-from reports.figures import new_figure
-from reports.grouping import Group, SweepRun
-from reports.html import esc
-from reports.load import as_dict
+from servelab.harness.measure.slo import PER_PROMPT_TOKEN
+from servelab.reports.figures import new_figure
+from servelab.reports.grouping import Group, SweepRun
+from servelab.reports.html import esc
+from servelab.reports.load import as_dict
 
 Getter = Callable[[SweepRun], float | None]
 

@@ -12,14 +12,14 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from harness.errors import ConfigError
-from reports.colors import assign_colors
-from reports.grouping import X_TITLES, Group, group_runs
-from reports.html import Cell, Link, Page, Swatch, table_html
-from reports.load import find_run_dirs, load_run
-from reports.sustain import Sustained, group_slo, sustained_loads
-from reports.sweep_figures import group_figures
-from reports.sweep_table import (
+from servelab.harness.errors import ConfigError
+from servelab.reports.colors import assign_colors
+from servelab.reports.grouping import X_TITLES, Group, group_runs
+from servelab.reports.html import Cell, Link, Page, Swatch, table_html
+from servelab.reports.load import find_run_dirs, load_run
+from servelab.reports.sustain import Sustained, group_slo, sustained_loads
+from servelab.reports.sweep_figures import group_figures
+from servelab.reports.sweep_table import (
     METRIC_COLUMNS,
     RATIO_COLUMNS,
     RunRow,

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from harness.errors import ConfigError
-from harness.measure.slo import SLO
-from harness.measure.summary_schema import label_of
-from reports.derive import slo_attainment
-from reports.grouping import Group, SweepRun
-from reports.load import RunData, as_dict
-from reports.run_report import REPORT_NAME, correctness_text
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.summary_schema import label_of
+from servelab.reports.derive import slo_attainment
+from servelab.reports.grouping import Group, SweepRun
+from servelab.reports.load import RunData, as_dict
+from servelab.reports.run_report import REPORT_NAME, correctness_text
 
 DEFAULT_BASELINE = "fastertransformer"
 

@@ -23,14 +23,13 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's servelab, not another install
 TINY = ["model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false"]
 MODEL = "dummy-tiny"
 
 
 def servelab(args: list[str]) -> str:
     """Run `servelab ARGS` through its entry point: `exit N: the last line on stderr`."""
-    from harness.commands.cli import main as servelab_main
+    from servelab.harness.commands.cli import main as servelab_main
 
     os.environ.update({"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     captured = io.StringIO()
@@ -49,8 +48,8 @@ def servelab(args: list[str]) -> str:
 
 def files(root: Path) -> dict[str, Path]:
     """Bad workload, trace and checkpoint files."""
-    from harness.models.dummy import DUMMY_SHAPES
-    from harness.models.hf_folder import hf_config_dict
+    from servelab.harness.models.dummy import DUMMY_SHAPES
+    from servelab.harness.models.hf_folder import hf_config_dict
 
     made = {}
 
@@ -188,7 +187,6 @@ def http_rows() -> list[tuple[str, str, str]]:
     key = "sk-bad-inputs"
     env = {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
         "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",
         "BAD_INPUTS_KEY": key,
@@ -201,7 +199,7 @@ def http_rows() -> list[tuple[str, str, str]]:
         "serve.max_concurrent_requests=1",
     ]
     process = subprocess.Popen(
-        [sys.executable, "-m", "harness", "serve", *overrides],
+        [sys.executable, "-m", "servelab", "serve", *overrides],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.measure.metrics import summarize
-from harness.measure.slo import SLO
-from reports.load import load_run
+from servelab.harness.measure.metrics import summarize
+from servelab.harness.measure.slo import SLO
+from servelab.reports.load import load_run
 
 
 def old_definitions(run_dir: Path) -> dict[str, float]:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, in one go, on a GPU machine as it comes: its own Python, torch and Triton, no
 # package registry. What the project needs beyond them travels as wheels in .gpu-wheels/
-# (`make gpu-wheels` fetches them here, about 11 MB) and is unpacked into OUT/site, the project
-# run from this source tree. Every step runs whatever the one before did, its output in
+# (`make gpu-wheels` fetches them here, about 11 MB) and is unpacked into OUT/site, beside a wheel of
+# this source tree built there (the machine has setuptools) unless servelab is installed already. Every step runs whatever the one before did, its output in
 # OUT/STEP.log; OUT/summary.md says what passed, what failed and the figures.
 #
 #   scripts/gpu_check.sh [--cpu] [OUT]      (OUT: runs/gpu-check)
@@ -28,14 +28,18 @@ if [[ -z "$PYTHON" ]]; then
   if [[ $MODE == cpu && -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
 SITE="$OUT/site"
+mkdir -p "$SITE"
 if ls .gpu-wheels/*.whl > /dev/null 2>&1; then
-  mkdir -p "$SITE"
   for wheel in .gpu-wheels/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$SITE"; done
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
-export PYTHONPATH="$PWD:${PYTHONPATH:-}"
+if ! "$PYTHON" -c "import servelab.harness" 2> /dev/null; then  # no install here: build one
+  "$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation --no-index -w "$OUT/wheel" . &&
+    "$PYTHON" -m zipfile -e "$OUT"/wheel/servelab-*.whl "$SITE" || exit 1
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
 export PYTHONUNBUFFERED=1
-SERVELAB=("$PYTHON" -m harness.commands.cli)
+SERVELAB=("$PYTHON" -m servelab)
 
 if [[ $MODE == cuda ]]; then
   unset TRITON_INTERPRET

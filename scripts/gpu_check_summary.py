@@ -20,8 +20,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from harness.measure.rundir import read_steps
-from harness.simulate.hardware import PRESETS
+from servelab.harness.measure.rundir import read_steps
+from servelab.harness.simulate.hardware import PRESETS
 
 TIMED_OUT = 124  # timeout(1)'s status
 

@@ -22,8 +22,8 @@ for section in "${sections[@]}"; do
       # A finished run directory is never run again, so an earlier sitting's runs go first.
       rm -rf $OUT/cpu-speed
       $S calibrate --refresh
-      PYTHONPATH=. $PY scripts/peers/dump_workload.py
-      vllm_dtype=$($PY -c "from kernels.capabilities import capabilities as c
+      $PY scripts/peers/dump_workload.py
+      vllm_dtype=$($PY -c "from servelab.kernels.capabilities import capabilities as c
 print('bfloat16' if c().bf16_native else 'float32')")
       for turn in 1 2; do
         $S strategy=vllm workload=offline engine.dtype=auto engine.max_batch_size=64 \
@@ -71,7 +71,7 @@ print('bfloat16' if c().bf16_native else 'float32')")
             engine.dtype=fp32 engine.kv_budget=32MiB hydra.run.dir=$OUT/parallel/$strategy-n$n
         done
       done
-      PYTHONPATH=. $PY -m scripts.parallel_sampling_table $OUT/parallel | tee $OUT/parallel/table.md ;;
+      $PY -m scripts.parallel_sampling_table $OUT/parallel | tee $OUT/parallel/table.md ;;
     policy)  # admission policies: on shared system prompts (prefix hits, TTFT, throughput) and on
       # the default comparison workload at 4 req/s (median against tail normalized latency)
       for policy in fcfs shortest_first prefix_first; do

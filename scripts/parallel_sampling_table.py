@@ -14,9 +14,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.measure.metrics import measured_window, summarize
-from harness.measure.slo import SLO
-from reports.load import load_run
+from servelab.harness.measure.metrics import measured_window, summarize
+from servelab.harness.measure.slo import SLO
+from servelab.reports.load import load_run
 
 STRATEGIES = ("orca", "vllm")  # contiguous KV, paged KV (both iteration-level batching)
 

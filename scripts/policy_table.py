@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from harness.measure.metrics import summarize
-from harness.measure.slo import SLO
-from reports.load import load_run
+from servelab.harness.measure.metrics import summarize
+from servelab.harness.measure.slo import SLO
+from servelab.reports.load import load_run
 
 
 def row(run_dir: Path) -> str:

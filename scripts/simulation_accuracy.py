@@ -27,10 +27,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from harness.commands.config import compose
-from harness.commands.fit_steps import main as fit_steps
-from harness.commands.search import search
-from harness.runner.run import run
+from servelab.harness.commands.config import compose
+from servelab.harness.commands.fit_steps import main as fit_steps
+from servelab.harness.commands.search import search
+from servelab.harness.runner.run import run
 
 METRICS = {
     "ttft p50": ("ttft", "p50"),

@@ -40,7 +40,6 @@ import httpx
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's servelab, not another install
 MODEL = "dummy-tiny"
 VOCAB_LOW, VOCAB_HIGH = 17, 49151  # above the special ids of the tiny model's vocabulary
 MIB = 1 << 20
@@ -93,10 +92,10 @@ def soak_engine(args: argparse.Namespace) -> dict:
     """N requests through one in-process engine, `in_flight` at a time."""
     import torch
 
-    from harness.commands.config import compose
-    from harness.engine.request import Request, SamplingParams
-    from harness.runner.loop import EngineDriver, NothingScheduled
-    from harness.runner.startup import start_engine
+    from servelab.harness.commands.config import compose
+    from servelab.harness.engine.request import Request, SamplingParams
+    from servelab.harness.runner.loop import EngineDriver, NothingScheduled
+    from servelab.harness.runner.startup import start_engine
 
     torch.set_num_threads(1)
     cfg = compose([f"model={MODEL}", f"strategy={args.strategy}", *args.overrides])
@@ -169,10 +168,10 @@ class Server:
     """`servelab serve` on a free loopback port."""
 
     def __init__(self, overrides: list[str]) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         env.setdefault("OMP_NUM_THREADS", "1")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "harness", "serve", "serve.port=0", *overrides],
+            [sys.executable, "-m", "servelab", "serve", "serve.port=0", *overrides],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,

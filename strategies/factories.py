@@ -12,15 +12,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
-    from harness.engine.decoding import Decoder
-    from harness.engine.kv_cache import KVCache
-    from harness.engine.kv_manager import KVManager
-    from harness.engine.scheduling import AdmissionPolicy, Scheduler, SchedulerLimits
-    from harness.models.head_layout import HeadLayout
-    from harness.models.weights_format import WeightsFormat
-    from strategies.decoding.context import DecoderContext
-    from strategies.decoding.proposers import DraftSource
-    from strategies.registry import Choice, Option
+    from servelab.harness.engine.decoding import Decoder
+    from servelab.harness.engine.kv_cache import KVCache
+    from servelab.harness.engine.kv_manager import KVManager
+    from servelab.harness.engine.scheduling import AdmissionPolicy, Scheduler, SchedulerLimits
+    from servelab.harness.models.head_layout import HeadLayout
+    from servelab.harness.models.weights_format import WeightsFormat
+    from servelab.strategies.decoding.context import DecoderContext
+    from servelab.strategies.decoding.proposers import DraftSource
+    from servelab.strategies.registry import Choice, Option
 
 # batching: a scheduler over the run's KV manager, its limits and its admission order
 BatchingOption: TypeAlias = "Option[[KVManager, SchedulerLimits, AdmissionPolicy], Scheduler]"

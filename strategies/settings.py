@@ -12,11 +12,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from strategies.batching import BATCHING
-from strategies.decoding import DECODING
-from strategies.decoding.proposers import PROPOSERS, DraftSource
-from strategies.decoding.speculative import SpeculativeConfig
-from strategies.factories import (
+from servelab.strategies.batching import BATCHING
+from servelab.strategies.decoding import DECODING
+from servelab.strategies.decoding.proposers import PROPOSERS, DraftSource
+from servelab.strategies.decoding.speculative import SpeculativeConfig
+from servelab.strategies.factories import (
     BatchingChoice,
     DecodingChoice,
     HeadsChoice,
@@ -25,10 +25,10 @@ from strategies.factories import (
     ProposerChoice,
     WeightsChoice,
 )
-from strategies.heads import HEADS
-from strategies.kv import KV
-from strategies.policy import POLICIES
-from strategies.weights import WEIGHTS
+from servelab.strategies.heads import HEADS
+from servelab.strategies.kv import KV
+from servelab.strategies.policy import POLICIES
+from servelab.strategies.weights import WEIGHTS
 
 REGISTRIES = (BATCHING, POLICIES, KV, HEADS, WEIGHTS, DECODING, PROPOSERS)
 AXES = tuple(registry.axis for registry in REGISTRIES)  # the proposer last: speculative only

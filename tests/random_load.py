@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 import torch
 from hypothesis import strategies as st
 
-from harness.engine.batch import ForwardBatch
-from harness.engine.engine import Engine
-from harness.engine.request import Request, SamplingParams
-from harness.models.model import LlamaModel
-from strategies.batching.base import QueueScheduler
+from servelab.harness.engine.batch import ForwardBatch
+from servelab.harness.engine.engine import Engine
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.harness.models.model import LlamaModel
+from servelab.strategies.batching.base import QueueScheduler
 from tests.tiny import dense_attention, make_engine, strategy
 
 VOCAB = 16

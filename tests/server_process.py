@@ -32,9 +32,9 @@ class ServerProcess:
 
 def start_server(overrides: list[str], env: dict[str, str] | None = None) -> ServerProcess:
     """Start `servelab serve serve.port=0 OVERRIDES...` and wait for its address line."""
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", **(env or {})}
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     process = subprocess.Popen(
-        [sys.executable, "-m", "harness", "serve", "serve.port=0", *overrides],
+        [sys.executable, "-m", "servelab", "serve", "serve.port=0", *overrides],
         cwd=ROOT,
         env=environment,
         stdout=subprocess.PIPE,

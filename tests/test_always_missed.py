@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.records import RequestRecord
-from harness.search.always_missed import AlwaysMissed, always_missed, always_missed_line
+from servelab.harness.records import RequestRecord
+from servelab.harness.search.always_missed import AlwaysMissed, always_missed, always_missed_line
 
 
 def probe(root: Path, name: str, seed: int, ttfts: dict[str, float]) -> Path:

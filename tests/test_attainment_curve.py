@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from harness.search.attainment_curve import EvidenceArrays, RateEvidence, fit_knee
-from harness.search.knee import KneeSettings, Outcome, find_knees
+from servelab.harness.search.attainment_curve import EvidenceArrays, RateEvidence, fit_knee
+from servelab.harness.search.knee import KneeSettings, Outcome, find_knees
 from tests.test_search import System
 
 
@@ -90,9 +90,9 @@ def test_the_fit_narrows_a_smooth_knee_that_clear_verdicts_leave_2x_wide() -> No
 
 
 def test_the_search_table_shows_each_fitted_knee_and_the_fitted_ratios() -> None:
-    from harness.commands.search import fitted_text, needed_text, render_search
-    from harness.search.attainment_curve import KneeFit
-    from harness.search.knee import Knee, fitted_ratio
+    from servelab.harness.commands.search import fitted_text, needed_text, render_search
+    from servelab.harness.search.attainment_curve import KneeFit
+    from servelab.harness.search.knee import Knee, fitted_ratio
 
     fast = Knee("vllm", ceiling=4.0, passed=0.5, failed=2.0)
     fast.fit = KneeFit(1.0, 0.8, 1.2, 4.0, 1.0, 3, 192)
@@ -117,9 +117,9 @@ def test_a_fit_widened_for_the_speed_drift_moves_out_each_bounded_side() -> None
     """A search whose machine slowed by 25% between its reference floors: each side of the
     fitted interval moves out by 1.25, an open side stays open, and the requests a narrower
     fit needs are those of the fit itself (more requests do not narrow the drift)."""
-    from harness.commands.search import fitted_text, needed_text
-    from harness.search.attainment_curve import KneeFit
-    from harness.search.knee import Knee
+    from servelab.harness.commands.search import fitted_text, needed_text
+    from servelab.harness.search.attainment_curve import KneeFit
+    from servelab.harness.search.knee import Knee
 
     fit = KneeFit(1.0, 0.8, 1.2, 4.0, 1.0, 3, 192)
     wide = fit.widened(1.25)

@@ -16,9 +16,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from kernels import paged_attention_triton as tri  # noqa: E402
-from kernels.attention import Attention, AttentionConfig  # noqa: E402
-from kernels.cpu_build import active_build_status  # noqa: E402
+from servelab.kernels import paged_attention_triton as tri  # noqa: E402
+from servelab.kernels.attention import Attention, AttentionConfig  # noqa: E402
+from servelab.kernels.cpu_build import active_build_status  # noqa: E402
 from tests.attention_cases import AttentionCase, CaseShape, dense_attention, make_case  # noqa: E402
 from tests.conftest import CPU_IMPLS, attention_impl  # noqa: E402
 

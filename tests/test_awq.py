@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.errors import ConfigError
-from harness.models.load import build_model
-from kernels.int4_layout import dequantize
-from kernels.linear import packed_linear
-from strategies.weights.awq_search import (
+from servelab.harness.errors import ConfigError
+from servelab.harness.models.load import build_model
+from servelab.kernels.int4_layout import dequantize
+from servelab.kernels.linear import packed_linear
+from servelab.strategies.weights.awq_search import (
     GroupChoice,
     _fold,
     output_error,
@@ -18,14 +18,14 @@ from strategies.weights.awq_search import (
     search_clip,
     search_scales,
 )
-from strategies.weights.calibration import (
+from servelab.strategies.weights.calibration import (
     InputStats,
     LayerRunner,
     calibration_windows,
     causal_attention,
 )
-from strategies.weights.int4_format import LINEARS
-from strategies.weights.int4_quant import fake_quantize, grouped
+from servelab.strategies.weights.int4_format import LINEARS
+from servelab.strategies.weights.int4_quant import fake_quantize, grouped
 from tests.conftest import CpuBuild
 from tests.int4_cases import (
     CONFIG,

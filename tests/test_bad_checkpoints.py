@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import ConfigError
-from harness.models.hf_folder import read_hf_config
+from servelab.harness.errors import ConfigError
+from servelab.harness.models.hf_folder import read_hf_config
 
 
 @pytest.mark.parametrize(

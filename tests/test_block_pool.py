@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from harness.errors import ConfigError
-from strategies.kv.block_pool import BlockPool
+from servelab.harness.errors import ConfigError
+from servelab.strategies.kv.block_pool import BlockPool
 
 
 def _pool(num_blocks: int) -> tuple[BlockPool, list[int]]:

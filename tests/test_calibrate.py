@@ -10,9 +10,9 @@ import psutil
 import pytest
 import torch
 
-from harness.errors import ConfigError
-from harness.measure import calibrate
-from harness.measure.calibrate import (
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure import calibrate
+from servelab.harness.measure.calibrate import (
     Budget,
     Peaks,
     best_seconds,

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.errors import ConfigError
-from harness.runner import settings
-from kernels import capabilities as caps
-from kernels.capabilities import LEVELS, OVERRIDE_ENV, capabilities, native_level
-from kernels.paths import RunKernels, kernel_record
+from servelab.harness.errors import ConfigError
+from servelab.harness.runner import settings
+from servelab.kernels import capabilities as caps
+from servelab.kernels.capabilities import LEVELS, OVERRIDE_ENV, capabilities, native_level
+from servelab.kernels.paths import RunKernels, kernel_record
 from tests.conftest import CpuBuild
 
 V3 = {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe", "xsave"}

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.claims.papers import PaperClaim, Verdict, parse_claims_file, verdict_of
-from harness.errors import ConfigError
-from harness.measure.bootstrap import Outcome
+from servelab.harness.claims.papers import PaperClaim, Verdict, parse_claims_file, verdict_of
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.bootstrap import Outcome
 from tests.conftest import servelab
 
 MEASUREMENTS = """
@@ -163,9 +163,9 @@ def test_claims_get_their_measurements_and_verdicts_and_a_rerun_reads_them(
 
 
 def test_the_shipped_claims_file_names_the_five_papers_and_measurements_that_exist() -> None:
-    from harness.claims.papers import read_measurements_path
-    from harness.gate.fingerprint import machine_fingerprint
-    from harness.gate.spec import load_gate
+    from servelab.harness.claims.papers import read_measurements_path
+    from servelab.harness.gate.fingerprint import machine_fingerprint
+    from servelab.harness.gate.spec import load_gate
 
     path = Path("conf/claims/papers.yaml")
     measurements = load_gate(read_measurements_path(path), machine_fingerprint())
@@ -178,7 +178,7 @@ def test_the_shipped_claims_file_names_the_five_papers_and_measurements_that_exi
 def test_a_knee_without_a_fit_is_read_from_its_brackets_and_an_open_side_is_inconclusive(
     tmp_path: Path,
 ) -> None:
-    from harness.claims.knees import KneeClaim, knee_measurement, read_knees
+    from servelab.harness.claims.knees import KneeClaim, knee_measurement, read_knees
 
     record = {
         "knees": [
@@ -202,7 +202,7 @@ def test_a_knee_without_a_fit_is_read_from_its_brackets_and_an_open_side_is_inco
 
 
 def test_a_measurement_with_an_open_interval_shows_the_side_it_has() -> None:
-    from harness.claims.record import measurement_text
+    from servelab.harness.claims.record import measurement_text
 
     base = {"statement": "sustained rate a / b >= 2", "outcome": "pass", "counted": "pass"}
     assert (

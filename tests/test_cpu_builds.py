@@ -10,8 +10,8 @@ import threading
 import pytest
 import torch
 
-from kernels.capabilities import LEVELS, capabilities, runnable_levels
-from kernels.cpu_build import (
+from servelab.kernels.capabilities import LEVELS, capabilities, runnable_levels
+from servelab.kernels.cpu_build import (
     _build,
     _exclusive,
     build_name,

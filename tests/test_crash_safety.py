@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.measure.flags import INCOMPLETE, refusals
-from harness.measure.rundir import (
+from servelab.harness.measure.flags import INCOMPLETE, refusals
+from servelab.harness.measure.rundir import (
     BATCH_BYTES,
     RunWriter,
     encode_line,
@@ -23,8 +23,8 @@ from harness.measure.rundir import (
     read_requests,
     torn_tail,
 )
-from harness.records import RequestRecord, StepRecord
-from harness.runner.summarize import summarize_run
+from servelab.harness.records import RequestRecord, StepRecord
+from servelab.harness.runner.summarize import summarize_run
 from tests.server_process import ROOT
 
 RUN = [
@@ -47,9 +47,9 @@ def test_a_run_killed_mid_way_keeps_whole_records_and_summarizes_incomplete(
     tmp_path: Path,
 ) -> None:
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "harness", *RUN, f"hydra.run.dir={run_dir}"],
+        [sys.executable, "-m", "servelab", *RUN, f"hydra.run.dir={run_dir}"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -72,7 +72,7 @@ def test_a_run_killed_mid_way_keeps_whole_records_and_summarizes_incomplete(
     assert 20 <= recorded < 2000
 
     result = subprocess.run(
-        [sys.executable, "-m", "harness", "summarize", str(run_dir)],
+        [sys.executable, "-m", "servelab", "summarize", str(run_dir)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -157,7 +157,7 @@ def test_a_batched_writer_writes_whole_lines_a_batch_at_a_time(tmp_path: Path) -
 
 
 def test_summarize_refuses_a_directory_without_records(tmp_path: Path) -> None:
-    from harness.errors import ConfigError
+    from servelab.harness.errors import ConfigError
 
     with pytest.raises(ConfigError, match="pass a run directory"):
         summarize_run(tmp_path)

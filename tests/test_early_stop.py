@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.request import Request, SamplingParams
-from harness.errors import ConfigError
-from harness.measure.rundir import read_requests
-from harness.measure.slo import SLO
-from harness.measure.verdict import Verdict, attainment, verdict
-from harness.runner.early_stop import EarlyStop
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.rundir import read_requests
+from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.verdict import Verdict, attainment, verdict
+from servelab.harness.runner.early_stop import EarlyStop
 
 ARRIVAL = 10.0
 
@@ -109,8 +109,8 @@ def test_a_run_over_saturation_stops_with_the_verdict_the_whole_run_gets(tmp_pat
     `slo.stop_early` ends once failure is certain, records every planned request (those not
     delivered as `stopped`), and the same run served to its end fails too, with no more
     requests meeting the SLO than the stopped run's best case allowed."""
-    from harness.commands.config import compose
-    from harness.runner.run import run
+    from servelab.harness.commands.config import compose
+    from servelab.harness.runner.run import run
 
     def summary(*extra: str) -> dict:
         overrides = [

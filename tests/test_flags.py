@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.gate.collect import Measurements, RunMeasure
-from harness.gate.evaluate import evaluate
-from harness.gate.fingerprint import fingerprint_of
-from harness.gate.plan import plan_gate
-from harness.gate.spec import parse_gate
-from harness.measure.bootstrap import Outcome
-from harness.measure.flags import (
+from servelab.harness.gate.collect import Measurements, RunMeasure
+from servelab.harness.gate.evaluate import evaluate
+from servelab.harness.gate.fingerprint import fingerprint_of
+from servelab.harness.gate.plan import plan_gate
+from servelab.harness.gate.spec import parse_gate
+from servelab.harness.measure.bootstrap import Outcome
+from servelab.harness.measure.flags import (
     PREEMPTION_STORM,
     SEND_LAG,
     TELEMETRY_DROPOUT,
@@ -29,9 +29,9 @@ from harness.measure.flags import (
     summary_flags,
     telemetry_dropouts,
 )
-from harness.records import RequestRecord, StepRecord
-from reports.run_report import build_run_report
-from reports.sweep_report import build_sweep_report
+from servelab.harness.records import RequestRecord, StepRecord
+from servelab.reports.run_report import build_run_report
+from servelab.reports.sweep_report import build_sweep_report
 
 
 def _codes(flags: list[Flag]) -> list[str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu_attention import own_flash_fits
+from servelab.kernels.cpu_attention import own_flash_fits
 from tests.conftest import CpuBuild
 
 BF16 = torch.bfloat16

@@ -3,9 +3,9 @@ and the HTML page, which draws every claim's interval and escapes what it shows.
 
 from __future__ import annotations
 
-from harness.gate.evaluate import identical_share, metric_value
-from harness.records import RequestRecord
-from reports.gate_report import COLOURS, gate_page
+from servelab.harness.gate.evaluate import identical_share, metric_value
+from servelab.harness.records import RequestRecord
+from servelab.reports.gate_report import COLOURS, gate_page
 
 
 def _record(rid: str, outputs: list[int], reason: str = "length") -> RequestRecord:

@@ -12,9 +12,9 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
-from harness.commands.config import compose
-from harness.errors import ConfigError
-from harness.runner.step_delay import step_delay_s
+from servelab.harness.commands.config import compose
+from servelab.harness.errors import ConfigError
+from servelab.harness.runner.step_delay import step_delay_s
 from tests.conftest import servelab
 
 SLOW = "orca +engine.test_step_delay_s=0.5"

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.commands.cli import main
-from harness.commands.config import CONF_DIR, compose
-from harness.errors import ConfigError
-from harness.gate.collect import composed
-from harness.gate.fingerprint import fingerprint_of, machine_fingerprint
-from harness.gate.plan import plan_gate
-from harness.gate.spec import GateSpec, Side, load_gate, parse_gate
+from servelab.harness.commands.cli import main
+from servelab.harness.commands.config import CONF_DIR, compose
+from servelab.harness.errors import ConfigError
+from servelab.harness.gate.collect import composed
+from servelab.harness.gate.fingerprint import fingerprint_of, machine_fingerprint
+from servelab.harness.gate.plan import plan_gate
+from servelab.harness.gate.spec import GateSpec, Side, load_gate, parse_gate
 
 MACHINE = fingerprint_of({"cpu": "a test machine"})
 HEAD = """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.measure.bootstrap import Outcome, bootstrap_interval, verdict
+from servelab.harness.measure.bootstrap import Outcome, bootstrap_interval, verdict
 
 
 def test_pairs_are_resampled_together() -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.engine.kv_cache import KVLayout
-from harness.errors import ConfigError
-from harness.models.dummy import DUMMY_SHAPES
-from harness.models.model import LlamaModel
-from strategies.heads import HEADS
+from servelab.harness.engine.kv_cache import KVLayout
+from servelab.harness.errors import ConfigError
+from servelab.harness.models.dummy import DUMMY_SHAPES
+from servelab.harness.models.model import LlamaModel
+from servelab.strategies.heads import HEADS
 from tests.tiny import make_engine, make_requests, random_prompts, serve, strategy, tiny_model
 
 

@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.commands.config import compose
-from harness.engine.request import Request, SamplingParams
-from harness.measure.rundir import RunWriter, read_requests
-from harness.models.load import LoadedModel
-from harness.models.model import LlamaModel
-from harness.runner.backends.hf_continuous import ContinuousLimits, ContinuousRunner
-from harness.runner.backends.hf_model import transformers_model
-from harness.runner.backends.hf_static import run_batch
-from harness.runner.run import run
+from servelab.harness.commands.config import compose
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.harness.measure.rundir import RunWriter, read_requests
+from servelab.harness.models.load import LoadedModel
+from servelab.harness.models.model import LlamaModel
+from servelab.harness.runner.backends.hf_continuous import ContinuousLimits, ContinuousRunner
+from servelab.harness.runner.backends.hf_model import transformers_model
+from servelab.harness.runner.backends.hf_static import run_batch
+from servelab.harness.runner.run import run
+from servelab.workloads.spec import RequestSpec, Workload
 from tests.tiny import greedy_reference, random_prompts, tiny_model
-from workloads.spec import RequestSpec, Workload
 
 EOS = (2,)
 

@@ -6,13 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.errors import ConfigError
-from kernels.cpu_build import cpu_ops
-from kernels.int4_layout import num_groups, pack_int4, unpack_int4
-from kernels.int4_matmul import choose_kernel
-from kernels.int4_matmul_cpu import int4_loop_block, int4_matmul_cpu, to_cpu_packed, to_cpu_panels
-from kernels.int4_matmul_ref import int4_matmul_ref
-from kernels.int4_matmul_triton import int4_matmul_triton, interpreted
+from servelab.harness.errors import ConfigError
+from servelab.kernels.cpu_build import cpu_ops
+from servelab.kernels.int4_layout import num_groups, pack_int4, unpack_int4
+from servelab.kernels.int4_matmul import choose_kernel
+from servelab.kernels.int4_matmul_cpu import (
+    int4_loop_block,
+    int4_matmul_cpu,
+    to_cpu_packed,
+    to_cpu_panels,
+)
+from servelab.kernels.int4_matmul_ref import int4_matmul_ref
+from servelab.kernels.int4_matmul_triton import int4_matmul_triton, interpreted
 
 CPU = torch.device("cpu")
 # the Triton kernel runs compiled where CUDA is (scripts/gpu_check.sh), else interpreted

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from harness.errors import ConfigError
-from harness.models.hf_folder import hf_config_dict, load_hf_folder, read_hf_config
-from harness.models.load import build_model
-from kernels.int4_layout import dequantize
-from kernels.int4_matmul_triton import interpreted
-from strategies.heads import HEADS
-from strategies.weights.int4_checkpoint import RECORD_FILE
-from strategies.weights.int4_format import LINEARS
-from strategies.weights.int4_quant import fake_quantize, quantize
-from strategies.weights.rtn import RtnWeights
+from servelab.harness.errors import ConfigError
+from servelab.harness.models.hf_folder import hf_config_dict, load_hf_folder, read_hf_config
+from servelab.harness.models.load import build_model
+from servelab.kernels.int4_layout import dequantize
+from servelab.kernels.int4_matmul_triton import interpreted
+from servelab.strategies.heads import HEADS
+from servelab.strategies.weights.int4_checkpoint import RECORD_FILE
+from servelab.strategies.weights.int4_format import LINEARS
+from servelab.strategies.weights.int4_quant import fake_quantize, quantize
+from servelab.strategies.weights.rtn import RtnWeights
 from tests.awq_files import write_awq_folder
 from tests.int4_cases import (
     CONFIG,

@@ -18,9 +18,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from kernels import paged_attention_ref as ref  # noqa: E402
-from kernels import paged_attention_triton as tri  # noqa: E402
-from kernels.paged_attention_ref import (  # noqa: E402
+from servelab.kernels import paged_attention_ref as ref  # noqa: E402
+from servelab.kernels import paged_attention_triton as tri  # noqa: E402
+from servelab.kernels.paged_attention_ref import (  # noqa: E402
     contiguous_decode_ref,
     contiguous_extend_ref,
     paged_decode_ref,

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.engine.kv_cache import KVLayout, allocate_kv_cache
-from harness.engine.request import Request, SamplingParams
-from harness.errors import ConfigError
-from strategies.kv import KV, prefix_cache
-from strategies.kv.paged import PagedConfig, PagedKVManager
+from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.harness.errors import ConfigError
+from servelab.strategies.kv import KV, prefix_cache
+from servelab.strategies.kv.paged import PagedConfig, PagedKVManager
 
 CPU = torch.device("cpu")
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.engine.kv_cache import KVLayout, allocate_kv_cache
-from harness.engine.request import Request, SamplingParams
-from strategies.kv.contiguous import ContiguousKVManager
-from strategies.kv.paged import PagedConfig, PagedKVManager
+from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.strategies.kv.contiguous import ContiguousKVManager
+from servelab.strategies.kv.paged import PagedConfig, PagedKVManager
 
 CPU = torch.device("cpu")
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.capabilities import capabilities
-from kernels.linear import MATVEC_ROWS, PackedLinear, pack_ahead
+from servelab.kernels.capabilities import capabilities
+from servelab.kernels.linear import MATVEC_ROWS, PackedLinear, pack_ahead
 from tests.conftest import CpuBuild
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.commands.config import compose
-from harness.commands.verify import serve_outputs, verify
+from servelab.harness.commands.config import compose
+from servelab.harness.commands.verify import serve_outputs, verify
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import pynvml
 import pytest
 import torch
 
-from harness.measure import meta
-from harness.measure.meta import CPU_FLAGS_OF_INTEREST, collect_meta, git_state, nvml_info
+from servelab.harness.measure import meta
+from servelab.harness.measure.meta import CPU_FLAGS_OF_INTEREST, collect_meta, git_state, nvml_info
 
 CONFIG = {"strategy": {"batching": "static", "kv": "contiguous"}, "seed": 0}
 
@@ -43,9 +43,13 @@ def test_meta_has_every_field_and_survives_json() -> None:
         "torch",
         "triton",
         "transformers",
+        "numpy",
+        "hydra-core",
+        "gguf",
         "servelab",
         "git_commit",
         "git_dirty",
+        "lock",
     }
     assert record["versions"]["torch"] == torch.__version__
     assert record["model"] == {"file": "/models/m.gguf", "sha256": "ab" * 32}

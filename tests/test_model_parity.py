@@ -14,11 +14,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from harness.engine.batch import ForwardBatch
-from harness.engine.request import Request, SamplingParams
-from harness.models.load import load_model
+from servelab.harness.engine.batch import ForwardBatch
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.harness.models.load import load_model
+from servelab.workloads.text import section_chunks
 from tests.tiny import dense_attention, make_engine, serve, strategy
-from workloads.text import section_chunks
 
 pytestmark = pytest.mark.integration
 NEW_TOKENS = 24

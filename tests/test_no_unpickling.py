@@ -83,10 +83,10 @@ def test_a_pickled_checkpoint_is_refused_unopened(tmp_path: Path) -> None:
     import json
     import pickle
 
-    from harness.errors import ConfigError
-    from harness.models.dummy import DUMMY_SHAPES
-    from harness.models.hf_folder import hf_config_dict
-    from harness.models.load import load_model
+    from servelab.harness.errors import ConfigError
+    from servelab.harness.models.dummy import DUMMY_SHAPES
+    from servelab.harness.models.hf_folder import hf_config_dict
+    from servelab.harness.models.load import load_model
 
     marker = tmp_path / "unpickled"
 

@@ -7,9 +7,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from harness.engine.batch import ForwardBatch
-from harness.measure.perplexity import perplexity
-from kernels.attention import Attention, AttentionConfig
+from servelab.harness.engine.batch import ForwardBatch
+from servelab.harness.measure.perplexity import perplexity
+from servelab.kernels.attention import Attention, AttentionConfig
 from tests.tiny import CPU, dense_attention, tiny_model
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from strategies.kv import prefix_cache
-from strategies.kv.prefix_cache import PrefixCache, block_hash
+from servelab.strategies.kv import prefix_cache
+from servelab.strategies.kv.prefix_cache import PrefixCache, block_hash
 
 A, B, C, D = (1, 2, 3, 4), (5, 6, 7, 8), (9, 10, 11, 12), (13, 14, 15, 16)
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from strategies.preset import BASE_PRESET, option_keys_block, with_block
-from strategies.settings import REGISTRIES
+from servelab.strategies.preset import BASE_PRESET, option_keys_block, with_block
+from servelab.strategies.settings import REGISTRIES
 
 
 def test_the_base_preset_lists_every_option_key_as_the_configs_give_it() -> None:
-    """Stale after an option config changed? Run `python -m strategies.preset`."""
+    """Stale after an option config changed? Run `python -m servelab.strategies.preset`."""
     text = BASE_PRESET.read_text()
     assert with_block(text) == text
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.commands.config import compose
-from harness.commands.profile_steps import ProfileArgs, parse_args, profile_steps
-from harness.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
-from harness.errors import ConfigError
-from harness.runner.backends.simulated import SimulatedBackend
-from harness.runner.run import run
-from harness.simulate.cost_model import TERMS, StepCostModel, StepCounts
-from harness.simulate.profile import Grid, ShapeTimer, fit_table
+from servelab.harness.commands.config import compose
+from servelab.harness.commands.profile_steps import ProfileArgs, parse_args, profile_steps
+from servelab.harness.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
+from servelab.harness.errors import ConfigError
+from servelab.harness.runner.backends.simulated import SimulatedBackend
+from servelab.harness.runner.run import run
+from servelab.harness.simulate.cost_model import TERMS, StepCostModel, StepCounts
+from servelab.harness.simulate.profile import Grid, ShapeTimer, fit_table
 from tests.conftest import servelab
 from tests.test_simulate import TRUE_SECONDS
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from safetensors.torch import save_file
 
-from harness.commands.config import compose
-from harness.commands.quantize import main, quantize_main
-from harness.errors import ConfigError
-from harness.measure.weights_quality import read_quality
-from harness.models.hf_folder import hf_config_dict, hf_name
-from harness.runner.run import run
+from servelab.harness.commands.config import compose
+from servelab.harness.commands.quantize import main, quantize_main
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.weights_quality import read_quality
+from servelab.harness.models.hf_folder import hf_config_dict, hf_name
+from servelab.harness.runner.run import run
 from tests.int4_cases import CONFIG, tiny_checkpoint
 
 SMALL = [

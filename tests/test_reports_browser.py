@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from reports_rundirs import RunSpec, write_run
 
-from reports.run_report import build_run_report
-from reports.sweep_report import build_sweep_report
+from servelab.reports.run_report import build_run_report
+from servelab.reports.sweep_report import build_sweep_report
 
 CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(

@@ -11,17 +11,17 @@ import pandas as pd
 import pytest
 from reports_rundirs import RunSpec, requests_of, summary_of, write_run
 
-from harness.errors import ConfigError
-from harness.measure.slo import SLO
-from harness.records import RequestRecord, StepRecord
-from reports.derive import (
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.slo import SLO
+from servelab.harness.records import RequestRecord, StepRecord
+from servelab.reports.derive import (
     request_metrics,
     slo_attainment,
     stats,
     step_metrics,
     summary_from_records,
 )
-from reports.load import find_run_dirs, load_run, records_frame
+from servelab.reports.load import find_run_dirs, load_run, records_frame
 
 
 def test_complete_run_loads_every_file(tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ import plotly.offline
 import pytest
 from reports_rundirs import RunSpec, page_text, write_run
 
-from harness.records import RequestRecord
-from reports.derive import ThinnedSteps, request_metrics
-from reports.run_figures import request_timeline
-from reports.run_report import build_run_report
+from servelab.harness.records import RequestRecord
+from servelab.reports.derive import ThinnedSteps, request_metrics
+from servelab.reports.run_figures import request_timeline
+from servelab.reports.run_report import build_run_report
 
 PLOTLY_HEADER = "* plotly.js v"
 RUN_TITLES = (
@@ -180,7 +180,7 @@ def test_a_run_with_more_steps_than_a_figure_draws_says_how_they_were_thinned(
 ) -> None:
     run_dir = write_run(tmp_path, RunSpec())
     steps = len((run_dir / "steps.jsonl").read_text().splitlines())
-    monkeypatch.setattr("reports.run_report.STEP_POINTS", 4)
+    monkeypatch.setattr("servelab.reports.run_report.STEP_POINTS", 4)
     html = page_text(build_run_report(run_dir))
     group = -(-steps // 4)
     assert f"{steps:,} steps: the figures over time show the mean of each {group:,}" in html

@@ -15,16 +15,16 @@ import yaml
 from omegaconf import OmegaConf
 from reports_rundirs import RunSpec, page_text, write_run
 
-from harness.errors import ConfigError
-from reports.callback import SweepReportCallback
-from reports.cli import report_main
-from reports.colors import PALETTE, PRESET_COLORS, assign_colors, strategy_color
-from reports.grouping import group_runs, strategy_labels
-from reports.load import find_run_dirs, load_run
-from reports.sustain import group_slo, highest_sustained, run_sustains, sustained_loads
-from reports.sweep_figures import group_figures, pareto_figure
-from reports.sweep_report import build_sweep_report
-from reports.sweep_table import choose_baseline
+from servelab.harness.errors import ConfigError
+from servelab.reports.callback import SweepReportCallback
+from servelab.reports.cli import report_main
+from servelab.reports.colors import PALETTE, PRESET_COLORS, assign_colors, strategy_color
+from servelab.reports.grouping import group_runs, strategy_labels
+from servelab.reports.load import find_run_dirs, load_run
+from servelab.reports.sustain import group_slo, highest_sustained, run_sustains, sustained_loads
+from servelab.reports.sweep_figures import group_figures, pareto_figure
+from servelab.reports.sweep_report import build_sweep_report
+from servelab.reports.sweep_table import choose_baseline
 
 HOSTILE = "<script>alert(7)</script>"
 SLO = {"ttft_s": 0.5}
@@ -279,7 +279,7 @@ def test_callback_builds_the_report_and_never_raises(
     assert (sweep / "report.html").is_file() and (sweep / "summary.csv").is_file()
     empty = tmp_path / "empty"
     empty.mkdir()
-    with caplog.at_level(logging.WARNING, logger="reports.callback"):
+    with caplog.at_level(logging.WARNING, logger="servelab.reports.callback"):
         callback.on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(empty)}}}))
     assert "sweep report not built: paths: no run directories" in caplog.text
     assert not (empty / "report.html").exists()
@@ -310,7 +310,7 @@ hydra:
     dir: {sweep}
   callbacks:
     sweep_report:
-      _target_: reports.callback.SweepReportCallback
+      _target_: servelab.reports.callback.SweepReportCallback
       baseline: null
 """
 

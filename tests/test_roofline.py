@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.engine.model_runner import attended_pairs
-from harness.measure.calibrate import Peaks
-from harness.measure.roofline import ModelShape, StepCost, step_cost, utilisation
+from servelab.harness.engine.model_runner import attended_pairs
+from servelab.harness.measure.calibrate import Peaks
+from servelab.harness.measure.roofline import ModelShape, StepCost, step_cost, utilisation
 
 # 2 layers, hidden 8, 2 query heads and 1 KV head of size 4, intermediate 16, vocab 32.
 TINY = ModelShape(

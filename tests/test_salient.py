@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.commands.salient import parse_args
-from harness.errors import ConfigError
-from strategies.weights.int4_format import LINEARS
-from strategies.weights.int4_quant import quantize
-from strategies.weights.salient import (
+from servelab.harness.commands.salient import parse_args
+from servelab.harness.errors import ConfigError
+from servelab.strategies.weights.int4_format import LINEARS
+from servelab.strategies.weights.int4_quant import quantize
+from servelab.strategies.weights.salient import (
     activation_magnitudes,
     at_random,
     by_activation,

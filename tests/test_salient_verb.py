@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.commands.salient import main
-from harness.models.dummy import DUMMY_SHAPES
-from harness.models.embedded import EMBEDDED_MODELS
-from harness.models.fetch import DEFAULT_CACHE_DIR, fetch_wheel_model
-from harness.models.load import converted_gguf
-from strategies.weights.int4_format import linear_shapes
-from strategies.weights.salient import kept_count
+from servelab.harness.commands.salient import main
+from servelab.harness.models.dummy import DUMMY_SHAPES
+from servelab.harness.models.embedded import EMBEDDED_MODELS
+from servelab.harness.models.fetch import DEFAULT_CACHE_DIR, fetch_wheel_model
+from servelab.harness.models.load import converted_gguf
+from servelab.strategies.weights.int4_format import linear_shapes
+from servelab.strategies.weights.salient import kept_count
 
 ROWS = ["dense", "rtn", "rtn-keep-activation", "rtn-keep-weight", "rtn-keep-random", "awq"]
 SMALL = [

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.errors import ConfigError
-from harness.measure.slo import SLO
-from harness.records import RequestRecord
-from harness.search.scaled_slo import (
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.slo import SLO
+from servelab.harness.records import RequestRecord
+from servelab.harness.search.scaled_slo import (
     PromptLine,
     SpeedDrift,
     limits_line,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.measure.verdict import Verdict, attainment, verdict, wilson
-from harness.search.knee import Knee, KneeSettings, Outcome, Probe, find_knees
+from servelab.harness.measure.verdict import Verdict, attainment, verdict, wilson
+from servelab.harness.search.knee import Knee, KneeSettings, Outcome, Probe, find_knees
 
 SETTINGS = KneeSettings(
     target=0.9,
@@ -196,10 +196,10 @@ def test_a_strategy_slowed_on_purpose_moves_its_knee_down_by_the_factor(tmp_path
     SLO limit doubled: the whole system runs twice as slow (the delay dwarfs the tiny model's
     own step), so its knee should about halve: the two brackets hold a ratio near 2. Static
     batching, whose waits grow with the load well before its throughput ceiling."""
-    from harness.commands.config import compose
-    from harness.commands.search import search
-    from harness.runner.run import run
-    from harness.search.knee import ratio_interval
+    from servelab.harness.commands.config import compose
+    from servelab.harness.commands.search import search
+    from servelab.harness.runner.run import run
+    from servelab.harness.search.knee import ratio_interval
 
     def knee_at(delay: float) -> Knee:
         overrides = [
@@ -225,7 +225,7 @@ def test_a_strategy_slowed_on_purpose_moves_its_knee_down_by_the_factor(tmp_path
 
 
 def test_a_probe_line_says_what_ran_and_what_it_showed() -> None:
-    from harness.commands.search import probe_line
+    from servelab.harness.commands.search import probe_line
 
     stopped = Outcome("d", attainment(38, 48, 0.95), 0.9, 41.2, 40.0, stopped=True)
     line = probe_line("vllm", Probe("rate", 0.58, 48, Verdict.FAIL, stopped))
@@ -256,9 +256,9 @@ def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path, capsys) ->
 
     from omegaconf import OmegaConf
 
-    from harness.commands.config import compose
-    from harness.commands.search import search
-    from harness.runner.run import run
+    from servelab.harness.commands.config import compose
+    from servelab.harness.commands.search import search
+    from servelab.harness.runner.run import run
 
     overrides = [
         "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
@@ -289,9 +289,9 @@ def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path, capsys) ->
 
 
 def test_a_scaled_limit_must_name_a_limit() -> None:
-    from harness.commands.config import compose
-    from harness.commands.search import SearchSettings
-    from harness.errors import ConfigError
+    from servelab.harness.commands.config import compose
+    from servelab.harness.commands.search import SearchSettings
+    from servelab.harness.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"search\.slo_scale\.ttft: not a limit"):
         SearchSettings.of(compose(["+search.slo_scale.ttft=4"]))
@@ -421,8 +421,8 @@ def test_a_repeat_probe_draws_the_workload_with_the_next_seed_in_its_own_directo
 ) -> None:
     """The prober behind `servelab search`: a repeat at a rate is a new run on other requests
     (workload seed + repeat, its own directory), never the first probe's run reused."""
-    from harness.commands.config import compose
-    from harness.commands.search import RunProber, SearchSettings, SimulatedClock
+    from servelab.harness.commands.config import compose
+    from servelab.harness.commands.search import RunProber, SearchSettings, SimulatedClock
 
     seen: list[tuple[int, str]] = []
 
@@ -446,7 +446,7 @@ def test_a_probe_that_skips_its_idle_spans_is_costed_at_its_busy_time() -> None:
     48 x 0.125 = 6 s. Both add the drain of one request alone (the ceiling loaded nothing)."""
     from dataclasses import replace
 
-    from harness.search.knee import KneeSearch
+    from servelab.harness.search.knee import KneeSearch
 
     def first_wanted(settings: KneeSettings) -> float:
         search = KneeSearch("s", System(knee=3.0, ceiling=10.0), settings, lambda s, p: None)

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.commands.config import compose
-from harness.runner.run import run
+from servelab.harness.commands.config import compose
+from servelab.harness.runner.run import run
 from tests.server_process import start_server
 
 KEY_ENV = "SERVELAB_TEST_SECRET_KEY"

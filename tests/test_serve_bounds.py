@@ -12,13 +12,13 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from harness.commands.config import compose
-from harness.errors import ConfigError
-from harness.runner.loop import EngineDriver
-from harness.serving.app import ServerState, create_app
-from harness.serving.engine_loop import EngineLoop
-from harness.serving.intake import Intake, ModelCard
-from harness.serving.server import serve_settings
+from servelab.harness.commands.config import compose
+from servelab.harness.errors import ConfigError
+from servelab.harness.runner.loop import EngineDriver
+from servelab.harness.serving.app import ServerState, create_app
+from servelab.harness.serving.engine_loop import EngineLoop
+from servelab.harness.serving.intake import Intake, ModelCard
+from servelab.harness.serving.server import serve_settings
 from tests.tiny import make_engine, strategy, tiny_model
 
 MODEL = "tiny"

@@ -23,13 +23,13 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.commands.config import compose
-from harness.errors import ConfigError
-from harness.measure.rundir import read_requests, read_steps
-from harness.records import RequestRecord
-from harness.runner.run import run
-from reports.grouping import group_runs
-from reports.load import load_run
+from servelab.harness.commands.config import compose
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.rundir import read_requests, read_steps
+from servelab.harness.records import RequestRecord
+from servelab.harness.runner.run import run
+from servelab.reports.grouping import group_runs
+from servelab.reports.load import load_run
 from tests.server_process import ServerProcess, start_server
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ import pytest
 from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 
-from harness.serving.app import ClosingStream
+from servelab.harness.serving.app import ClosingStream
 
 SCOPE = {"type": "http", "asgi": {"spec_version": "2.4"}, "method": "POST", "path": "/"}
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from harness.errors import ConfigError
-from harness.measure.slo import SLO
-from harness.search.shared_slo import SourceSLO, judged_record, read_source
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.slo import SLO
+from servelab.harness.search.shared_slo import SourceSLO, judged_record, read_source
 
 TINY = [
     "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
@@ -114,9 +114,9 @@ def test_a_repeat_judges_every_probe_against_the_first_search_s_slo(tmp_path, ca
     given: every probe of the repeat ran under the first search's limits exactly, both
     record the one SLO, and the repeat sets its reference floor beside the first's and
     measures its own drift."""
-    from harness.commands.config import compose
-    from harness.commands.search import search
-    from harness.runner.run import run
+    from servelab.harness.commands.config import compose
+    from servelab.harness.commands.search import search
+    from servelab.harness.runner.run import run
 
     def run_quietly(cfg, d):
         return run(cfg, d, progress=False)
@@ -158,10 +158,10 @@ def test_a_search_whose_machine_slowed_widens_its_fitted_knees_by_the_drift(tmp_
     reference floor after the last probe runs on a step-cost model 25% slower (a machine
     that slowed while the search ran): the second records a +25% drift and every fitted
     knee's interval is the first's moved out by 1.25 on each side."""
-    from harness.commands.config import compose
-    from harness.commands.search import search
-    from harness.runner.run import run
-    from harness.simulate.cost_model import StepCostModel
+    from servelab.harness.commands.config import compose
+    from servelab.harness.commands.search import search
+    from servelab.harness.runner.run import run
+    from servelab.harness.simulate.cost_model import StepCostModel
 
     per_unit = {"step": 0.004, "seqs": 0.0003, "tokens": 0.0001, "logits_rows": 0.0002}
     steady, slowed = tmp_path / "steady.json", tmp_path / "slowed.json"

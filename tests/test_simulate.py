@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.commands.config import compose
-from harness.errors import ConfigError
-from harness.measure.flags import SIMULATED, refusals
-from harness.measure.rundir import read_steps
-from harness.records import StepRecord
-from harness.runner.replay import Arrivals
-from harness.runner.run import run
-from harness.simulate.cost_model import TERMS, WARMUP_STEPS, StepCostModel, StepCounts, fit
+from servelab.harness.commands.config import compose
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.flags import SIMULATED, refusals
+from servelab.harness.measure.rundir import read_steps
+from servelab.harness.records import StepRecord
+from servelab.harness.runner.replay import Arrivals
+from servelab.harness.runner.run import run
+from servelab.harness.simulate.cost_model import TERMS, WARMUP_STEPS, StepCostModel, StepCounts, fit
 from tests.tiny import make_requests
 
 TINY = [
@@ -87,7 +87,7 @@ def real_and_simulated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, 
     offline = [*TINY, "workload.arrival.process=offline", "strategy=vllm", "engine.kv_budget=2MiB"]
     run(compose(offline), root / "real", progress=False)
     cost = root / "cost.json"
-    from harness.commands.fit_steps import main as fit_steps
+    from servelab.harness.commands.fit_steps import main as fit_steps
 
     fit_steps([str(root / "real"), "--out", str(cost)])
     simulated = [*offline, "backend=simulated", f"simulate.cost_model={cost}"]
@@ -130,7 +130,7 @@ def test_a_simulated_run_is_marked_and_refused_by_gates(real_and_simulated) -> N
     assert summary[SIMULATED]["cost_model"] == str(cost) == meta[SIMULATED]["cost_model"]
     assert summary[SIMULATED]["fitted_on"]["model"] == "dummy-tiny"
     with pytest.raises(ConfigError, match="simulated run"):
-        from harness.commands.fit_steps import main as fit_steps
+        from servelab.harness.commands.fit_steps import main as fit_steps
 
         fit_steps([str(simulated_dir), "--out", str(cost.parent / "again.json")])
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-import harness.measure.rundir as rundir
-from harness.commands.config import compose
-from harness.measure.metrics import summarize
-from harness.measure.rundir import read_requests, read_steps
-from harness.measure.slo import SLO
-from harness.runner.run import run
-from harness.simulate.cost_model import StepCostModel
+import servelab.harness.measure.rundir as rundir
+from servelab.harness.commands.config import compose
+from servelab.harness.measure.metrics import summarize
+from servelab.harness.measure.rundir import read_requests, read_steps
+from servelab.harness.measure.slo import SLO
+from servelab.harness.runner.run import run
+from servelab.harness.simulate.cost_model import StepCostModel
 
 SECONDS_PER_UNIT = {
     "step": 0.004,

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from harness.measure.rundir import RunWriter
-from harness.runner.build import build_engine
-from harness.runner.clock import RunClock
-from harness.runner.replay import replay, requests_of
+from servelab.harness.measure.rundir import RunWriter
+from servelab.harness.runner.build import build_engine
+from servelab.harness.runner.clock import RunClock
+from servelab.harness.runner.replay import replay, requests_of
+from servelab.workloads.hashing import workload_hash
+from servelab.workloads.spec import RequestSpec, Workload
 from tests.tiny import engine_settings, random_prompts, strategy, tiny_model
-from workloads.hashing import workload_hash
-from workloads.spec import RequestSpec, Workload
 
 
 def test_the_clock_moves_forward_only_and_keeps_each_span_it_skipped() -> None:
@@ -86,9 +86,9 @@ def test_a_closed_loop_replay_skips_its_users_think_time(tmp_path) -> None:
 def test_a_run_says_what_it_skipped_and_a_peer_cannot_skip(tmp_path) -> None:
     """Four requests at 0.05 req/s: the summary says what was skipped, and telemetry's jump
     over it is no dropout (nothing was in flight)."""
-    from harness.commands.config import compose
-    from harness.errors import ConfigError
-    from harness.runner.run import run
+    from servelab.harness.commands.config import compose
+    from servelab.harness.errors import ConfigError
+    from servelab.harness.runner.run import run
 
     overrides = [
         "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
@@ -110,9 +110,9 @@ def test_a_simulated_run_records_the_same_and_says_what_a_real_one_would_skip(tm
     """A simulation's clock jumps over idle spans either way: with `replay.skip_idle` its
     records are byte for byte the same, and its summary says what it skipped, as a real
     run's does (a search charges a simulated probe that much less)."""
-    from harness.commands.config import compose
-    from harness.runner.run import run
-    from harness.simulate.cost_model import StepCostModel
+    from servelab.harness.commands.config import compose
+    from servelab.harness.runner.run import run
+    from servelab.harness.simulate.cost_model import StepCostModel
 
     cost = tmp_path / "cost.json"
     StepCostModel({"step": 0.004, "tokens": 0.0001}, 0.0, {"model": "dummy-tiny"}).save(cost)

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from reports_rundirs import RunSpec, write_run
 
-from harness.errors import ConfigError
-from harness.measure.metrics import request_latency
-from harness.measure.slo import SLO, RequestLatency
-from reports.grouping import group_runs
-from reports.load import load_run
-from reports.sustain import group_slo, run_sustains
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.metrics import request_latency
+from servelab.harness.measure.slo import SLO, RequestLatency
+from servelab.reports.grouping import group_runs
+from servelab.reports.load import load_run
+from servelab.reports.sustain import group_slo, run_sustains
 
 
 def test_search_and_sweep_report_agree_on_every_run(tmp_path: Path) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.commands.config import compose
-from harness.errors import ConfigError
-from harness.runner.draft import check_drafting
-from strategies.settings import strategy_settings
+from servelab.harness.commands.config import compose
+from servelab.harness.errors import ConfigError
+from servelab.harness.runner.draft import check_drafting
+from servelab.strategies.settings import strategy_settings
 from tests.tiny import make_engine, strategy, tiny_model
 
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.engine.engine import Engine
-from harness.engine.request import Request, SamplingParams
-from harness.measure.metrics import speculative_summary
-from harness.models.model import LlamaModel
-from harness.records import StepRecord
-from strategies.decoding.model_drafter import ModelDrafter
-from strategies.kv.paged import PagedKVManager
-from strategies.settings import StrategySettings
+from servelab.harness.engine.engine import Engine
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.harness.measure.metrics import speculative_summary
+from servelab.harness.models.model import LlamaModel
+from servelab.harness.records import StepRecord
+from servelab.strategies.decoding.model_drafter import ModelDrafter
+from servelab.strategies.kv.paged import PagedKVManager
+from servelab.strategies.settings import StrategySettings
 from tests.tiny import (
     greedy_reference,
     make_engine,

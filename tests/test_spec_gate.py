@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.commands.config import CONF_DIR, compose
-from harness.gate.collect import composed
-from harness.gate.fingerprint import machine_fingerprint
-from harness.gate.plan import plan_gate
-from harness.gate.spec import load_gate
+from servelab.harness.commands.config import CONF_DIR, compose
+from servelab.harness.gate.collect import composed
+from servelab.harness.gate.fingerprint import machine_fingerprint
+from servelab.harness.gate.plan import plan_gate
+from servelab.harness.gate.spec import load_gate
 
 
 def test_the_speculative_gate_composes_every_run_it_plans(tmp_path: Path) -> None:

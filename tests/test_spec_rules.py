@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.engine.request import Request, SamplingParams
-from harness.engine.sampler import draw, generator_for, probabilities, sample
-from strategies.decoding.acceptance import accept_greedy, accept_sampled
-from strategies.decoding.gamma import choose_gamma, expected_speedup
-from strategies.decoding.ngram import lookup
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.harness.engine.sampler import draw, generator_for, probabilities, sample
+from servelab.strategies.decoding.acceptance import accept_greedy, accept_sampled
+from servelab.strategies.decoding.gamma import choose_gamma, expected_speedup
+from servelab.strategies.decoding.ngram import lookup
 
 
 def test_lookup_prefers_the_longest_suffix_then_the_most_recent_occurrence() -> None:

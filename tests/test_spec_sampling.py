@@ -34,12 +34,12 @@ import numpy as np
 import pytest
 import torch
 
-from harness.engine.batch import ForwardBatch
-from harness.engine.request import Request, SamplingParams
-from harness.engine.sampler import probabilities
-from harness.models.model import LlamaModel
-from strategies.decoding import acceptance
-from strategies.decoding.ngram import lookup
+from servelab.harness.engine.batch import ForwardBatch
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.harness.engine.sampler import probabilities
+from servelab.harness.models.model import LlamaModel
+from servelab.strategies.decoding import acceptance
+from servelab.strategies.decoding.ngram import lookup
 from tests.tiny import dense_attention, make_engine, serve, strategy, tiny_model
 
 VOCAB = 16

@@ -5,8 +5,8 @@ runs (no GPU timing: there is no GPU)."""
 
 from __future__ import annotations
 
-from harness.commands.config import compose
-from harness.runner import build, startup
+from servelab.harness.commands.config import compose
+from servelab.harness.runner import build, startup
 
 
 def test_peaks_are_calibrated_before_the_kv_cache_is_allocated(monkeypatch) -> None:

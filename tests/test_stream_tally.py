@@ -8,9 +8,9 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from harness.engine.request import Request, SamplingParams
-from harness.runner.backends.endpoint import request_body
-from harness.runner.backends.stream_tally import StreamTally
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.harness.runner.backends.endpoint import request_body
+from servelab.harness.runner.backends.stream_tally import StreamTally
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.runner.summarize import summarize_run
+from servelab.harness.runner.summarize import summarize_run
 
 BASE = [
     "model=dummy-tiny",
@@ -24,7 +24,15 @@ BASE = [
 
 
 def _sweep(sweep_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "harness", "-m", *BASE, f"hydra.sweep.dir={sweep_dir}", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "servelab",
+        "-m",
+        *BASE,
+        f"hydra.sweep.dir={sweep_dir}",
+        *extra,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
 
 

@@ -14,10 +14,10 @@ import pynvml
 import pytest
 import torch
 
-from harness.errors import ConfigError
-from harness.measure import telemetry
-from harness.measure.profiling import TRACE_NAME, StepProfiler
-from harness.measure.telemetry import TelemetrySampler
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure import telemetry
+from servelab.harness.measure.profiling import TRACE_NAME, StepProfiler
+from servelab.harness.measure.telemetry import TelemetrySampler
 
 HOST_COLUMNS = ["cpu_pct", "rss_mib", "sys_mem_used_mib"]
 GPU_COLUMNS = [

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.commands.config import compose
-from harness.engine.shapes import DECODE, PREFILL, Shape
-from harness.errors import ConfigError
-from harness.measure.rundir import read_requests
-from harness.runner.run import prepare, run
-from harness.runner.warmup import powers_up_to, warm_up, warmup_shapes
+from servelab.harness.commands.config import compose
+from servelab.harness.engine.shapes import DECODE, PREFILL, Shape
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.rundir import read_requests
+from servelab.harness.runner.run import prepare, run
+from servelab.harness.runner.warmup import powers_up_to, warm_up, warmup_shapes
 
 TINY = [
     "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from harness.errors import ConfigError
-from workloads.arrivals import parse_arrival_spec, sample_arrivals
+from servelab.harness.errors import ConfigError
+from servelab.workloads.arrivals import parse_arrival_spec, sample_arrivals
 
 N = 20_001  # N - 1 gaps
 FIELD = "workload.arrival"

@@ -10,13 +10,13 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
-from harness.errors import ConfigError
-from workloads.build import build_workload
-from workloads.corpus import special_ids
-from workloads.instruct import INSTRUCTIONS
-from workloads.lengths import parse_length_spec, sample_lengths
-from workloads.seeds import Stream, stream
-from workloads.spec import Workload
+from servelab.harness.errors import ConfigError
+from servelab.workloads.build import build_workload
+from servelab.workloads.corpus import special_ids
+from servelab.workloads.instruct import INSTRUCTIONS
+from servelab.workloads.lengths import parse_length_spec, sample_lengths
+from servelab.workloads.seeds import Stream, stream
+from servelab.workloads.spec import Workload
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "workload"
 CONTEXT = 8192

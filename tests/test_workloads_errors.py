@@ -8,8 +8,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from transformers import PreTrainedTokenizerBase
 
-from harness.errors import ConfigError
-from workloads.build import build_workload
+from servelab.harness.errors import ConfigError
+from servelab.workloads.build import build_workload
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "workload"
 

@@ -10,9 +10,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
-from harness.errors import ConfigError
-from workloads.build import build_workload
-from workloads.spec import Workload
+from servelab.harness.errors import ConfigError
+from servelab.workloads.build import build_workload
+from servelab.workloads.spec import Workload
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "workload"
 CONTEXT = 8192

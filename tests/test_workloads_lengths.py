@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.errors import ConfigError
-from workloads.lengths import parse_length_spec, sample_lengths
+from servelab.harness.errors import ConfigError
+from servelab.workloads.lengths import parse_length_spec, sample_lengths
 
 N = 20_000
 FIELD = "workload.input_len"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from workloads.hashing import workload_hash
-from workloads.show import render_workload
-from workloads.spec import RequestSpec, Workload
+from servelab.workloads.hashing import workload_hash
+from servelab.workloads.show import render_workload
+from servelab.workloads.spec import RequestSpec, Workload
 
 
 def make(arrivals: list[float], concurrency: int | None = None) -> Workload:

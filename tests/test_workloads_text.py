@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydoc_data.topics import topics
 
-from workloads.text import SECTIONS, section_chunks, section_of, text_section
+from servelab.workloads.text import SECTIONS, section_chunks, section_of, text_section
 
 
 def test_sections_are_deterministic() -> None:

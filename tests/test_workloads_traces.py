@@ -9,9 +9,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
-from harness.errors import ConfigError
-from workloads.build import build_workload
-from workloads.traces import read_trace, write_trace
+from servelab.harness.errors import ConfigError
+from servelab.workloads.build import build_workload
+from servelab.workloads.traces import read_trace, write_trace
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "workload"
 CONTEXT = 8192

@@ -6,8 +6,8 @@ import pytest
 from omegaconf import OmegaConf
 from transformers import PreTrainedTokenizerBase
 
-from workloads.build import build_workload
-from workloads.windows import WindowSpec, mark_excluded
+from servelab.workloads.build import build_workload
+from servelab.workloads.windows import WindowSpec, mark_excluded
 
 TIMES = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
 NONE = WindowSpec()

@@ -11,17 +11,17 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from harness.engine.batch import ForwardBatch
-from harness.engine.engine import Engine
-from harness.engine.kv_cache import KVLayout
-from harness.engine.request import Request, SamplingParams
-from harness.models.dummy import DUMMY_SHAPES
-from harness.models.load import build_model
-from harness.models.model import LlamaModel
-from harness.runner.build import build_engine
-from harness.runner.replay import serve_all
-from harness.runner.settings import EngineSettings
-from strategies.settings import StrategySettings, strategy_settings
+from servelab.harness.engine.batch import ForwardBatch
+from servelab.harness.engine.engine import Engine
+from servelab.harness.engine.kv_cache import KVLayout
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.harness.models.dummy import DUMMY_SHAPES
+from servelab.harness.models.load import build_model
+from servelab.harness.models.model import LlamaModel
+from servelab.harness.runner.build import build_engine
+from servelab.harness.runner.replay import serve_all
+from servelab.harness.runner.settings import EngineSettings
+from servelab.strategies.settings import StrategySettings, strategy_settings
 
 CPU = torch.device("cpu")
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.errors import ConfigError
-from workloads.fields import Node
+from servelab.harness.errors import ConfigError
+from servelab.workloads.fields import Node
 
 PROCESSES = ("offline", "constant", "poisson", "gamma", "closed_loop", "trace")
 ARRIVAL_KEYS = ("process", "rate", "burstiness", "concurrency", "think_s")

@@ -9,13 +9,13 @@ from __future__ import annotations
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from harness.errors import ConfigError
-from workloads.config import ROOT, WorkloadConfig, parse_workload_config
-from workloads.hashing import workload_hash
-from workloads.seeds import Stream, stream
-from workloads.sources import Draft, draft_requests
-from workloads.spec import RequestSpec, Workload
-from workloads.windows import mark_excluded
+from servelab.harness.errors import ConfigError
+from servelab.workloads.config import ROOT, WorkloadConfig, parse_workload_config
+from servelab.workloads.hashing import workload_hash
+from servelab.workloads.seeds import Stream, stream
+from servelab.workloads.sources import Draft, draft_requests
+from servelab.workloads.spec import RequestSpec, Workload
+from servelab.workloads.windows import mark_excluded
 
 _SEED_LIMIT = 2**31 - 1
 

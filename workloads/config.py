@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.errors import ConfigError
-from workloads.arrivals import ArrivalSpec, parse_arrival_spec
-from workloads.fields import Node
-from workloads.lengths import LengthSpec, parse_length_spec
-from workloads.prompts import GENERATED, PromptSpec, parse_prompt_spec
-from workloads.traces import TraceSpec, parse_trace_spec
-from workloads.windows import WindowSpec, parse_window_spec
+from servelab.harness.errors import ConfigError
+from servelab.workloads.arrivals import ArrivalSpec, parse_arrival_spec
+from servelab.workloads.fields import Node
+from servelab.workloads.lengths import LengthSpec, parse_length_spec
+from servelab.workloads.prompts import GENERATED, PromptSpec, parse_prompt_spec
+from servelab.workloads.traces import TraceSpec, parse_trace_spec
+from servelab.workloads.windows import WindowSpec, parse_window_spec
 
 ROOT = "workload"
 WORKLOAD_KEYS = (

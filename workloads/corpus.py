@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from harness.errors import ConfigError
-from workloads.text import text_section
+from servelab.harness.errors import ConfigError
+from servelab.workloads.text import text_section
 
 
 @dataclass(frozen=True)

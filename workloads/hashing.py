@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from workloads.spec import RequestSpec
+from servelab.workloads.spec import RequestSpec
 
 
 def _canonical(request: RequestSpec) -> list[object]:

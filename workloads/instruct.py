@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from harness.errors import ConfigError
-from workloads.chat import ChatFrame
-from workloads.corpus import Prompt, TextWindows
+from servelab.harness.errors import ConfigError
+from servelab.workloads.chat import ChatFrame
+from servelab.workloads.corpus import Prompt, TextWindows
 
 INSTRUCTIONS = {
     "summarise": "Summarise the following passage in three sentences.",

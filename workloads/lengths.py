@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.errors import ConfigError
-from workloads.fields import Node
+from servelab.harness.errors import ConfigError
+from servelab.workloads.fields import Node
 
 DISTRIBUTIONS = ("fixed", "uniform_ratio", "uniform_range", "normal", "lognormal", "empirical")
 LENGTH_KEYS = ("dist", "value", "ratio", "mean", "std", "lo", "hi", "path", "column")

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from harness.errors import ConfigError
-from workloads.chat import chat_ids
-from workloads.corpus import Prompt
-from workloads.fields import Where
+from servelab.harness.errors import ConfigError
+from servelab.workloads.chat import chat_ids
+from servelab.workloads.corpus import Prompt
+from servelab.workloads.fields import Where
 
 LINE_KEYS = ("prompt", "prompt_ids", "raw", "max_tokens", "arrival", "id")
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from harness.errors import ConfigError
-from workloads.corpus import Prompt, TextCorpus, TextWindows, ordinary_ids
-from workloads.fields import Node
-from workloads.instruct import TASKS, instruct_prompts
+from servelab.harness.errors import ConfigError
+from servelab.workloads.corpus import Prompt, TextCorpus, TextWindows, ordinary_ids
+from servelab.workloads.fields import Node
+from servelab.workloads.instruct import TASKS, instruct_prompts
 
 SOURCES = ("random", "text", "instruct", "shared_prefix", "jsonl", "trace")
 GENERATED = ("random", "text", "instruct", "shared_prefix")

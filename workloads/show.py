@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workloads.spec import Workload
+from servelab.workloads.spec import Workload
 
 BAR_WIDTH = 40
 BINS = 10

@@ -13,15 +13,15 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from harness.errors import ConfigError
-from workloads.arrivals import sample_arrivals
-from workloads.config import ROOT, WorkloadConfig
-from workloads.corpus import Prompt
-from workloads.lengths import sample_lengths
-from workloads.promptfile import FileRequest, read_prompt_file
-from workloads.prompts import make_prompts
-from workloads.seeds import Stream, stream
-from workloads.traces import read_trace, replay_count
+from servelab.harness.errors import ConfigError
+from servelab.workloads.arrivals import sample_arrivals
+from servelab.workloads.config import ROOT, WorkloadConfig
+from servelab.workloads.corpus import Prompt
+from servelab.workloads.lengths import sample_lengths
+from servelab.workloads.promptfile import FileRequest, read_prompt_file
+from servelab.workloads.prompts import make_prompts
+from servelab.workloads.seeds import Stream, stream
+from servelab.workloads.traces import read_trace, replay_count
 
 INPUT_FIELD = f"{ROOT}.input_len"
 OUTPUT_FIELD = f"{ROOT}.output_len"

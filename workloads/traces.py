@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.errors import ConfigError
-from workloads.fields import Node, Where
-from workloads.spec import Workload
+from servelab.harness.errors import ConfigError
+from servelab.workloads.fields import Node, Where
+from servelab.workloads.spec import Workload
 
 TIME_COLUMNS = ("timestamp", "TIMESTAMP", "Timestamp")
 INPUT_COLUMNS = ("input_tokens", "ContextTokens", "Request tokens")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.errors import ConfigError
-from workloads.fields import Node
+from servelab.harness.errors import ConfigError
+from servelab.workloads.fields import Node
 
 WINDOW_KEYS = ("requests", "seconds")
 

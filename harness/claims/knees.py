@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ConfigError
-from harness.gate.spec import entry_name
-from harness.measure.bootstrap import DIRECTIONS, Outcome, verdict
-from harness.search.knee import Knee, fitted_ratio, knee_of_record, ratio_interval
+from servelab.harness.errors import ConfigError
+from servelab.harness.gate.spec import entry_name
+from servelab.harness.measure.bootstrap import DIRECTIONS, Outcome, verdict
+from servelab.harness.search.knee import Knee, fitted_ratio, knee_of_record, ratio_interval
 
 KNEE_KEYS = {"name", "of", "over", *DIRECTIONS}
 

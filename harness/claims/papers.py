@@ -19,10 +19,10 @@ from typing import Any
 
 import yaml
 
-from harness.claims.knees import KneeClaim, parse_knee_claims
-from harness.errors import ConfigError
-from harness.gate.spec import entry_name
-from harness.measure.bootstrap import Outcome
+from servelab.harness.claims.knees import KneeClaim, parse_knee_claims
+from servelab.harness.errors import ConfigError
+from servelab.harness.gate.spec import entry_name
+from servelab.harness.measure.bootstrap import Outcome
 
 FILE_KEYS = {"name", "measurements", "knees", "claims"}
 CLAIM_KEYS = {

@@ -13,9 +13,9 @@ from datetime import datetime, timezone
 from rich.console import Console
 from rich.table import Table
 
-from harness.claims.papers import ClaimsFile, verdict_of
-from harness.gate.record import outcome_text
-from harness.measure.bootstrap import Outcome
+from servelab.harness.claims.papers import ClaimsFile, verdict_of
+from servelab.harness.gate.record import outcome_text
+from servelab.harness.measure.bootstrap import Outcome
 
 CLAIMS_SCHEMA = 1
 

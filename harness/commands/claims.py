@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from harness.claims.knees import knee_measurement, read_knees
-from harness.claims.papers import parse_claims_file, read_measurements_path
-from harness.claims.record import claims_markdown, claims_record, render_claims
-from harness.commands.gate import GateArgs, run_gate
-from harness.errors import ConfigError
-from harness.gate.fingerprint import machine_fingerprint
-from harness.gate.spec import load_gate
-from harness.measure.rundir import write_json_atomic
-from reports.claims_report import build_claims_report
+from servelab.harness.claims.knees import knee_measurement, read_knees
+from servelab.harness.claims.papers import parse_claims_file, read_measurements_path
+from servelab.harness.claims.record import claims_markdown, claims_record, render_claims
+from servelab.harness.commands.gate import GateArgs, run_gate
+from servelab.harness.errors import ConfigError
+from servelab.harness.gate.fingerprint import machine_fingerprint
+from servelab.harness.gate.spec import load_gate
+from servelab.harness.measure.rundir import write_json_atomic
+from servelab.reports.claims_report import build_claims_report
 
 SUMMARY = "the papers' claims beside what this machine measures for them, with verdicts"
 USAGE = """usage: servelab claims [claims=FILE] [out=DIR] [from=DIR] [repeats=N] [search=DIR]

@@ -12,26 +12,26 @@ import importlib
 import sys
 from types import ModuleType
 
-from harness.errors import ConfigError
+from servelab.harness.errors import ConfigError
 
 VERBS = {
-    "run": "harness.commands.run",
-    "workload": "harness.commands.workload",
-    "report": "harness.commands.report",
-    "summarize": "harness.commands.summarize",
-    "calibrate": "harness.commands.calibrate",
-    "kv-size": "harness.commands.kv_size",
-    "search": "harness.commands.search",
-    "perplexity": "harness.commands.perplexity",
-    "quantize": "harness.commands.quantize",
-    "salient": "harness.commands.salient",
-    "verify": "harness.commands.verify",
-    "serve": "harness.commands.serve",
-    "gate": "harness.commands.gate",
-    "claims": "harness.commands.claims",
-    "fit-steps": "harness.commands.fit_steps",
-    "profile-steps": "harness.commands.profile_steps",
-    "plan": "harness.commands.plan",
+    "run": "servelab.harness.commands.run",
+    "workload": "servelab.harness.commands.workload",
+    "report": "servelab.harness.commands.report",
+    "summarize": "servelab.harness.commands.summarize",
+    "calibrate": "servelab.harness.commands.calibrate",
+    "kv-size": "servelab.harness.commands.kv_size",
+    "search": "servelab.harness.commands.search",
+    "perplexity": "servelab.harness.commands.perplexity",
+    "quantize": "servelab.harness.commands.quantize",
+    "salient": "servelab.harness.commands.salient",
+    "verify": "servelab.harness.commands.verify",
+    "serve": "servelab.harness.commands.serve",
+    "gate": "servelab.harness.commands.gate",
+    "claims": "servelab.harness.commands.claims",
+    "fit-steps": "servelab.harness.commands.fit_steps",
+    "profile-steps": "servelab.harness.commands.profile_steps",
+    "plan": "servelab.harness.commands.plan",
 }
 HELP_FLAGS = ("-h", "--help")
 
@@ -78,5 +78,5 @@ def _hydra_args(args: list[str]) -> list[str]:
     return args
 
 
-if __name__ == "__main__":  # `python -m harness.commands.cli`: servelab without its script
+if __name__ == "__main__":  # `python -m servelab.harness.commands.cli`: servelab without its script
     main()

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from harness.errors import ConfigError
-from harness.runner.settings import CONF_DIR
+from servelab.harness.errors import ConfigError
+from servelab.harness.runner.settings import CONF_DIR
 
 GROUPS = ("model", "workload", "strategy")
 

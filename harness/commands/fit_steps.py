@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.errors import ConfigError
-from harness.measure.rundir import read_steps
-from harness.simulate.cost_model import TERMS, fit
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.rundir import read_steps
+from servelab.harness.simulate.cost_model import TERMS, fit
 
 SUMMARY = "fit a step-cost model on real runs' steps, for backend=simulated"
 USAGE = """usage: servelab fit-steps RUN_DIR [RUN_DIR ...] --out FILE

@@ -17,16 +17,16 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from harness.commands.config import compose
-from harness.errors import ConfigError
-from harness.gate.collect import composed, measure, read_earlier
-from harness.gate.evaluate import evaluate
-from harness.gate.fingerprint import machine_fingerprint
-from harness.gate.plan import plan_gate
-from harness.gate.record import gate_record, render_gate
-from harness.gate.spec import POLICIES, GateSpec, load_gate
-from harness.measure.rundir import write_json_atomic
-from reports.gate_report import build_gate_report
+from servelab.harness.commands.config import compose
+from servelab.harness.errors import ConfigError
+from servelab.harness.gate.collect import composed, measure, read_earlier
+from servelab.harness.gate.evaluate import evaluate
+from servelab.harness.gate.fingerprint import machine_fingerprint
+from servelab.harness.gate.plan import plan_gate
+from servelab.harness.gate.record import gate_record, render_gate
+from servelab.harness.gate.spec import POLICIES, GateSpec, load_gate
+from servelab.harness.measure.rundir import write_json_atomic
+from servelab.reports.gate_report import build_gate_report
 
 SUMMARY = "check a gate file's claims on runs measured side by side (exit 1 if one fails)"
 USAGE = """usage: servelab gate FILE [repeats=N] [inconclusive=pass|fail] [out=DIR] [from=DIR]

@@ -15,10 +15,10 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from harness.commands.config import compose, take_counts
-from harness.engine.kv_cache import KVLayout, allocate_kv_cache
-from harness.models.model import ModelConfig
-from strategies.heads import HEADS
+from servelab.harness.commands.config import compose, take_counts
+from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
+from servelab.harness.models.model import ModelConfig
+from servelab.strategies.heads import HEADS
 
 ALLOCATION_LIMIT_BYTES = 4 * 2**30
 
@@ -107,8 +107,8 @@ def main(args: list[str]) -> None:
 
 
 def kv_size_main(cfg: DictConfig, context: int, batch: int) -> str:
-    from harness.models.load import model_config_of
-    from harness.runner.settings import cache_dir_of, engine_settings
+    from servelab.harness.models.load import model_config_of
+    from servelab.harness.runner.settings import cache_dir_of, engine_settings
 
     settings = engine_settings(cfg.engine)
     config = model_config_of(cfg.model, cache_dir_of(cfg))

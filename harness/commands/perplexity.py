@@ -6,8 +6,8 @@ The head layout and weights format of `strategy` apply, so a conversion's qualit
 
 from __future__ import annotations
 
-from harness.commands.config import compose, take_counts
-from harness.runner.perplexity import served_perplexity
+from servelab.harness.commands.config import compose, take_counts
+from servelab.harness.runner.perplexity import served_perplexity
 
 SUMMARY = "perplexity on held-out text of the model as a strategy serves it (heads, weights)"
 USAGE = """usage: servelab perplexity [windows=N] [strategy.heads=...] [strategy.weights=...]

@@ -25,9 +25,9 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from harness.commands.config import compose
-from harness.errors import ConfigError
-from harness.simulate.hardware import (
+from servelab.harness.commands.config import compose
+from servelab.harness.errors import ConfigError
+from servelab.harness.simulate.hardware import (
     BANDWIDTH_EFFICIENCY,
     COMPUTE_EFFICIENCY,
     STEP_OVERHEAD_S,
@@ -111,13 +111,13 @@ def predicted_line() -> str:
 
 def plan_row(overrides: list[str], preset: str, strategy: str, settings: PlanSettings) -> PlanRow:
     """One preset and strategy: the memory arithmetic, then the simulated knee search."""
-    from harness.commands.search import search
-    from harness.runner.backends.base import peer_inputs
-    from harness.runner.backends.simulated import derived_timing, meta_model
-    from harness.runner.build import kv_layout
-    from harness.runner.run import run
-    from harness.runner.settings import engine_settings
-    from strategies.settings import strategy_settings
+    from servelab.harness.commands.search import search
+    from servelab.harness.runner.backends.base import peer_inputs
+    from servelab.harness.runner.backends.simulated import derived_timing, meta_model
+    from servelab.harness.runner.build import kv_layout
+    from servelab.harness.runner.run import run
+    from servelab.harness.runner.settings import engine_settings
+    from servelab.strategies.settings import strategy_settings
 
     cfg = compose([*overrides, f"strategy={strategy}"])
     engine = engine_settings(cfg.engine)

@@ -26,27 +26,27 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from harness.commands.config import compose
-from harness.commands.fit_steps import described_of
-from harness.engine.engine import Engine
-from harness.engine.shapes import DECODE, Shape, ShapeRunner
-from harness.errors import ConfigError
-from harness.measure.rundir import read_steps, write_json_atomic
-from harness.models.load import model_config_of
-from harness.models.model import ModelConfig
-from harness.records import StepRecord
-from harness.runner.backends.simulated import described_by, model_name
-from harness.runner.build import build_engine, kv_layout, load_for_strategy
-from harness.runner.settings import cache_dir_of
-from harness.runner.startup import Checked, check_settings
-from harness.simulate.cost_model import (
+from servelab.harness.commands.config import compose
+from servelab.harness.commands.fit_steps import described_of
+from servelab.harness.engine.engine import Engine
+from servelab.harness.engine.shapes import DECODE, Shape, ShapeRunner
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.rundir import read_steps, write_json_atomic
+from servelab.harness.models.load import model_config_of
+from servelab.harness.models.model import ModelConfig
+from servelab.harness.records import StepRecord
+from servelab.harness.runner.backends.simulated import described_by, model_name
+from servelab.harness.runner.build import build_engine, kv_layout, load_for_strategy
+from servelab.harness.runner.settings import cache_dir_of
+from servelab.harness.runner.startup import Checked, check_settings
+from servelab.harness.simulate.cost_model import (
     TERMS,
     StepCostModel,
     StepErrors,
     check_errors,
     measured_steps,
 )
-from harness.simulate.profile import (
+from servelab.harness.simulate.profile import (
     TABLE_SCHEMA,
     Grid,
     Profiled,
@@ -56,8 +56,8 @@ from harness.simulate.profile import (
     every_nth,
     fit_table,
 )
-from strategies.decoding.speculative import SpeculativeConfig
-from strategies.registry import read_config
+from servelab.strategies.decoding.speculative import SpeculativeConfig
+from servelab.strategies.registry import read_config
 
 SUMMARY = "time a grid of step shapes on the model and fit a step-cost model from it"
 USAGE = """usage: servelab profile-steps [RUN_DIR ...] [out=FILE] [table=FILE] [repeats=3]

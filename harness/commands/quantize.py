@@ -22,13 +22,13 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from harness.commands.config import compose, take_counts
-from harness.commands.verify import Served, serve_outputs
-from harness.errors import ConfigError
-from harness.measure.perplexity import window_logits
-from harness.measure.weights_quality import perplexity_entry, quality_path, record_quality
-from harness.runner.settings import cache_dir_of
-from workloads.text import text_section
+from servelab.harness.commands.config import compose, take_counts
+from servelab.harness.commands.verify import Served, serve_outputs
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.perplexity import window_logits
+from servelab.harness.measure.weights_quality import perplexity_entry, quality_path, record_quality
+from servelab.harness.runner.settings import cache_dir_of
+from servelab.workloads.text import text_section
 
 METHODS = ("awq", "rtn")
 SUMMARY = "make the int4 (AWQ or RTN) checkpoint; record its perplexity and greedy agreement"

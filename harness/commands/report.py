@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.errors import ConfigError
+from servelab.harness.errors import ConfigError
 
 SUMMARY = "HTML report of a run, or the comparison report of several runs or sweeps"
 USAGE = """usage: servelab report DIR [DIR ...] [--out FILE] [--baseline STRATEGY]
@@ -14,7 +14,7 @@ report (throughput against load, latency CDFs, ratios against the baseline strat
 
 
 def main(args: list[str]) -> None:
-    from reports.cli import report_main
+    from servelab.reports.cli import report_main
 
     options: dict[str, str | None] = {"--out": None, "--baseline": None}
     for option in options:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from harness.commands.config import CONF_DIR, check_group_choices
-from harness.errors import ConfigError
+from servelab.harness.commands.config import CONF_DIR, check_group_choices
+from servelab.harness.errors import ConfigError
 
 SUMMARY = "run one configuration (the default verb; -m sweeps)"
 USAGE = """usage: servelab [OVERRIDE ...]        one run, e.g. strategy=vllm workload=offline
@@ -30,8 +30,8 @@ def main(args: list[str]) -> None:
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
     def job(cfg: DictConfig) -> None:
-        from harness.measure.summary_table import render_summary
-        from harness.runner.run import completed_summary, run
+        from servelab.harness.measure.summary_table import render_summary
+        from servelab.harness.runner.run import completed_summary, run
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         earlier = completed_summary(cfg, run_dir)

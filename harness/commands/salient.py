@@ -26,22 +26,27 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from harness.commands.config import compose
-from harness.commands.quantize import configured
-from harness.errors import ConfigError
-from harness.measure.perplexity import perplexity
-from harness.measure.rundir import write_json_atomic
-from harness.models.load import build_model, tokenizer_for
-from harness.models.model import LlamaModel
-from harness.models.weights_format import CalibrationText, WeightsContext
-from harness.runner.build import ServedModel, calibration_text, load_for_strategy
-from harness.runner.settings import EngineSettings, cache_dir_of, dtype_name, engine_settings
-from kernels.attention import Attention, AttentionConfig
-from kernels.linear import pack_ahead
-from strategies.registry import read_config
-from strategies.settings import StrategySettings, strategy_settings
-from strategies.weights.calibration import calibration_windows
-from strategies.weights.salient import (
+from servelab.harness.commands.config import compose
+from servelab.harness.commands.quantize import configured
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.perplexity import perplexity
+from servelab.harness.measure.rundir import write_json_atomic
+from servelab.harness.models.load import build_model, tokenizer_for
+from servelab.harness.models.model import LlamaModel
+from servelab.harness.models.weights_format import CalibrationText, WeightsContext
+from servelab.harness.runner.build import ServedModel, calibration_text, load_for_strategy
+from servelab.harness.runner.settings import (
+    EngineSettings,
+    cache_dir_of,
+    dtype_name,
+    engine_settings,
+)
+from servelab.kernels.attention import Attention, AttentionConfig
+from servelab.kernels.linear import pack_ahead
+from servelab.strategies.registry import read_config
+from servelab.strategies.settings import StrategySettings, strategy_settings
+from servelab.strategies.weights.calibration import calibration_windows
+from servelab.strategies.weights.salient import (
     SELECTIONS,
     LinearWeights,
     Magnitudes,
@@ -51,7 +56,7 @@ from strategies.weights.salient import (
     no_channels,
     serve_keeping,
 )
-from workloads.text import section_chunks, text_section
+from servelab.workloads.text import section_chunks, text_section
 
 SCHEMA = 1
 SUMMARY = "AWQ's salient-weight experiment: int4 RTN keeping 1% of channels, chosen three ways"

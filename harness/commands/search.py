@@ -33,16 +33,16 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from harness.commands.config import compose
-from harness.errors import ConfigError
-from harness.measure.rundir import read_requests
-from harness.measure.slo import LIMITS, SLO
-from harness.measure.verdict import attainment
-from harness.records import RequestRecord
-from harness.runner.backends import backend_of
-from harness.search.always_missed import always_missed, always_missed_line
-from harness.search.attainment_curve import KneeFit
-from harness.search.knee import (
+from servelab.harness.commands.config import compose
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.rundir import read_requests
+from servelab.harness.measure.slo import LIMITS, SLO
+from servelab.harness.measure.verdict import attainment
+from servelab.harness.records import RequestRecord
+from servelab.harness.runner.backends import backend_of
+from servelab.harness.search.always_missed import always_missed, always_missed_line
+from servelab.harness.search.attainment_curve import KneeFit
+from servelab.harness.search.knee import (
     Knee,
     KneeSettings,
     Outcome,
@@ -51,8 +51,8 @@ from harness.search.knee import (
     fitted_ratio,
     ratio_interval,
 )
-from harness.search.scaled_slo import limits_line, scaled_keys, scaled_limits, speed_drift
-from harness.search.shared_slo import SourceSLO, judged_record, read_source, with_slo
+from servelab.harness.search.scaled_slo import limits_line, scaled_keys, scaled_limits, speed_drift
+from servelab.harness.search.shared_slo import SourceSLO, judged_record, read_source, with_slo
 
 SUMMARY = "each strategy's knee: the highest rate it sustains under the SLO, as an interval"
 USAGE = """usage: servelab search [search.strategies=[a,b]] slo.ttft_s=S ... [OVERRIDE ...]
@@ -418,7 +418,7 @@ def render_search(knees: list[Knee], resolution: float) -> str:
 
 
 def main(args: list[str]) -> None:
-    from harness.runner.run import completed_summary, run
+    from servelab.harness.runner.run import completed_summary, run
 
     def run_or_reuse(cfg: DictConfig, run_dir: Path) -> dict:
         return completed_summary(cfg, run_dir) or run(cfg, run_dir, progress=False)

@@ -6,7 +6,7 @@ address, the model name clients send, an optional API key, an optional record di
 
 from __future__ import annotations
 
-from harness.commands.config import compose
+from servelab.harness.commands.config import compose
 
 SUMMARY = "an OpenAI-compatible HTTP server around the engine of one strategy"
 USAGE = """usage: servelab serve [strategy=NAME] [model=NAME] [serve.port=8000] [OVERRIDE ...]
@@ -20,6 +20,6 @@ OpenAI-compatible server, with: servelab backend=openai endpoint.url=URL"""
 
 
 def main(args: list[str]) -> None:
-    from harness.serving.server import serve
+    from servelab.harness.serving.server import serve
 
     serve(compose(args))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.errors import ConfigError
+from servelab.harness.errors import ConfigError
 
 SUMMARY = "rebuild a run's summary and report from its records (a run killed mid-way)"
 USAGE = """usage: servelab summarize DIR [DIR ...]
@@ -15,7 +15,7 @@ incomplete and flagged (gates refuse it; a restarted sweep redoes it)."""
 
 
 def main(args: list[str]) -> None:
-    from harness.runner.summarize import summarize_run
+    from servelab.harness.runner.summarize import summarize_run
 
     if not args:
         raise ConfigError("summarize", USAGE.splitlines()[0])

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from harness.commands.config import compose
-from harness.errors import ConfigError
+from servelab.harness.commands.config import compose
+from servelab.harness.errors import ConfigError
 
 SUMMARY = "describe what a workload sends (no model loaded)"
 USAGE = """usage: servelab workload show [workload=NAME] [OVERRIDE ...]
@@ -13,10 +13,10 @@ few example prompts of the composed workload."""
 
 
 def main(args: list[str]) -> None:
-    from harness.models.load import model_config_of, tokenizer_for
-    from harness.runner.settings import cache_dir_of
-    from workloads.build import build_workload
-    from workloads.show import render_workload
+    from servelab.harness.models.load import model_config_of, tokenizer_for
+    from servelab.harness.runner.settings import cache_dir_of
+    from servelab.workloads.build import build_workload
+    from servelab.workloads.show import render_workload
 
     if not args or args[0] != "show":
         raise ConfigError("workload", USAGE.splitlines()[0])

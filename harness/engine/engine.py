@@ -15,14 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness.engine.decoding import Decoder, Verification
-from harness.engine.kv_manager import KVManager
-from harness.engine.model_runner import Feed, Runner
-from harness.engine.parallel_sampling import fork_samples
-from harness.engine.request import Request
-from harness.engine.scheduling import ScheduledSeq, Scheduler
-from harness.engine.step_update import StepOutput, StepResult, StepUpdate
-from harness.errors import ConfigError
+from servelab.harness.engine.decoding import Decoder, Verification
+from servelab.harness.engine.kv_manager import KVManager
+from servelab.harness.engine.model_runner import Feed, Runner
+from servelab.harness.engine.parallel_sampling import fork_samples
+from servelab.harness.engine.request import Request
+from servelab.harness.engine.scheduling import ScheduledSeq, Scheduler
+from servelab.harness.engine.step_update import StepOutput, StepResult, StepUpdate
+from servelab.harness.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.errors import ConfigError
+from servelab.harness.errors import ConfigError
 
 _UNITS = {
     "": 1,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.engine.request import Request
+from servelab.harness.engine.request import Request
 
 
 @dataclass

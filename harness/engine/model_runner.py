@@ -20,11 +20,11 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from harness.engine.batch import AttentionFn, ForwardBatch
-from harness.engine.kv_cache import KVCache
-from harness.engine.kv_manager import KVManager
-from harness.engine.packing import pack
-from harness.engine.request import Request
+from servelab.harness.engine.batch import AttentionFn, ForwardBatch
+from servelab.harness.engine.kv_cache import KVCache
+from servelab.harness.engine.kv_manager import KVManager
+from servelab.harness.engine.packing import pack
+from servelab.harness.engine.request import Request
 
 
 class StepModel(Protocol):

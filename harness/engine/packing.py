@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.engine.batch import ForwardBatch
-from harness.engine.kv_manager import KVManager
-from harness.engine.request import Request
+from servelab.harness.engine.batch import ForwardBatch
+from servelab.harness.engine.kv_manager import KVManager
+from servelab.harness.engine.request import Request
 
 
 def pack(

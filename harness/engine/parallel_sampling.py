@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from harness.engine.decoding import Verification
-from harness.engine.request import Request
-from harness.engine.sampler import sample
+from servelab.harness.engine.decoding import Verification
+from servelab.harness.engine.request import Request
+from servelab.harness.engine.sampler import sample
 
 
 def sample_id(request_id: str, index: int) -> str:

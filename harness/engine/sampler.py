@@ -19,7 +19,7 @@ import struct
 
 import torch
 
-from harness.engine.request import Request, SamplingParams
+from servelab.harness.engine.request import Request, SamplingParams
 
 TARGET_STREAM = 0
 DRAFT_STREAM = 1

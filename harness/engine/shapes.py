@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness.engine.decoding import Decoder, Verification
-from harness.engine.kv_manager import KVManager
-from harness.engine.model_runner import Feed, Runner
-from harness.engine.request import Request, SamplingParams
+from servelab.harness.engine.decoding import Decoder, Verification
+from servelab.harness.engine.kv_manager import KVManager
+from servelab.harness.engine.model_runner import Feed, Runner
+from servelab.harness.engine.request import Request, SamplingParams
 
 PREFILL = "prefill"
 DECODE = "decode"

@@ -19,12 +19,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from harness.errors import ConfigError
-from harness.gate.plan import GatePlan, PerplexitySlot, RunSlot
-from harness.runner.run import completed_summary, config_hash
-from harness.runner.settings import engine_settings
-from harness.runner.step_delay import step_delay_s
-from strategies.settings import strategy_settings
+from servelab.harness.errors import ConfigError
+from servelab.harness.gate.plan import GatePlan, PerplexitySlot, RunSlot
+from servelab.harness.runner.run import completed_summary, config_hash
+from servelab.harness.runner.settings import engine_settings
+from servelab.harness.runner.step_delay import step_delay_s
+from servelab.strategies.settings import strategy_settings
 
 
 @dataclass
@@ -99,8 +99,8 @@ def read_earlier(plan: GatePlan, configs: dict[Path, DictConfig]) -> Measurement
 
 def measure(plan: GatePlan, configs: dict[Path, DictConfig]) -> Measurements:
     """Run every slot in the plan's order, then measure every perplexity."""
-    from harness.runner.perplexity import served_perplexity
-    from harness.runner.run import run
+    from servelab.harness.runner.perplexity import served_perplexity
+    from servelab.harness.runner.run import run
 
     runs = []
     total = len(plan.runs) + len(plan.perplexities)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from harness.measure.meta import cpu_info
+from servelab.harness.measure.meta import cpu_info
 
 
 @dataclass(frozen=True)

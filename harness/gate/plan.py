@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.errors import ConfigError
-from harness.gate.spec import GateSpec, Side
+from servelab.harness.errors import ConfigError
+from servelab.harness.gate.spec import GateSpec, Side
 
 
 @dataclass(frozen=True)

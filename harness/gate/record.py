@@ -15,11 +15,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.gate.collect import Measurements
-from harness.gate.evaluate import ClaimResult
-from harness.gate.fingerprint import Fingerprint
-from harness.gate.spec import GateSpec
-from harness.measure.bootstrap import Outcome
+from servelab.harness.gate.collect import Measurements
+from servelab.harness.gate.evaluate import ClaimResult
+from servelab.harness.gate.fingerprint import Fingerprint
+from servelab.harness.gate.spec import GateSpec
+from servelab.harness.measure.bootstrap import Outcome
 
 GATE_SCHEMA = 1
 

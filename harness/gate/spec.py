@@ -25,11 +25,11 @@ from typing import Any
 
 import yaml
 
-from harness.commands.config import check_group_choices
-from harness.errors import ConfigError
-from harness.gate.fingerprint import Fingerprint
-from harness.measure.bootstrap import DIRECTIONS
-from harness.measure.summary_schema import metric_names
+from servelab.harness.commands.config import check_group_choices
+from servelab.harness.errors import ConfigError
+from servelab.harness.gate.fingerprint import Fingerprint
+from servelab.harness.measure.bootstrap import DIRECTIONS
+from servelab.harness.measure.summary_schema import metric_names
 
 KINDS = ("metric", "identical", "perplexity")
 POLICIES = ("pass", "fail")

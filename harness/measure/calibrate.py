@@ -28,9 +28,9 @@ from pathlib import Path
 import psutil
 import torch
 
-from harness.errors import ConfigError
-from harness.measure.meta import cpu_model_name
-from kernels.cpu_build import cpu_ops
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.meta import cpu_model_name
+from servelab.kernels.cpu_build import cpu_ops
 
 DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float32: "float32",

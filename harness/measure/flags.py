@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.records import RequestRecord, StepRecord
+from servelab.harness.records import RequestRecord, StepRecord
 
 SEND_LAG_BOUND_S = 0.05
 STORM_PREEMPTIONS_PER_REQUEST = 1.0

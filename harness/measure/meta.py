@@ -1,12 +1,12 @@
 """The reproducibility record of a run (meta.json): exactly what machine and software made it.
 
 A number is only worth comparing if one can tell what produced it. This gathers the
-versions of the software stack (and the git commit and dirty flag of the checkout the code
-runs from), the device (GPU name, driver, CUDA, clocks and power limit at the start through
-NVML; the CPU model, cores and the instruction-set flags that decide matrix speed), the
-host, the start time, the model file's hash, the workload's hash, the seeds and the
-resolved config. Every probe is optional: a missing git, NVML or /proc leaves its fields
-None, never an exception.
+versions of the software stack (the git commit and dirty flag of the checkout the code runs
+from, and which dependency lock the install matches), the device (GPU name, driver, CUDA,
+clocks and power limit at the start through NVML; the CPU model, cores and the
+instruction-set flags that decide matrix speed), the host, the start time, the model file's
+hash, the workload's hash, the seeds and the resolved config. Every probe is optional: a
+missing git, NVML or /proc leaves its fields None, never an exception.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import psutil
 import pynvml
 import torch
 
-from harness.measure.telemetry import nvml_device_handle
+from servelab.harness.measure.lock import lock_record
+from servelab.harness.measure.telemetry import nvml_device_handle
 
 META_SCHEMA = 1
 CPU_FLAGS_OF_INTEREST = (
@@ -61,6 +62,7 @@ ENV_OF_INTEREST = (
     "ATEN_CPU_CAPABILITY",
     "ONEDNN_MAX_CPU_ISA",
 )
+VERSIONS_OF_INTEREST = ("triton", "transformers", "numpy", "hydra-core", "gguf")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3
 
@@ -209,16 +211,16 @@ def _version(package: str) -> str | None:
 
 
 def versions() -> dict[str, Any]:
-    """The software stack a figure depends on."""
+    """The software stack a figure depends on, and which dependency lock the install matches."""
     commit, dirty = git_state()
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "triton": _version("triton"),
-        "transformers": _version("transformers"),
+        **{package: _version(package) for package in VERSIONS_OF_INTEREST},
         "servelab": _version("servelab"),
         "git_commit": commit,
         "git_dirty": dirty,
+        "lock": lock_record(REPO_ROOT),
     }
 
 

@@ -35,11 +35,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.measure.roofline import run_utilisation
-from harness.measure.slo import SLO, RequestLatency
-from harness.measure.summary_schema import LATENCY_METRICS, STAT_KEYS
-from harness.records import RequestRecord, StepRecord
-from strategies.decoding.gamma import expected_speedup
+from servelab.harness.measure.roofline import run_utilisation
+from servelab.harness.measure.slo import SLO, RequestLatency
+from servelab.harness.measure.summary_schema import LATENCY_METRICS, STAT_KEYS
+from servelab.harness.records import RequestRecord, StepRecord
+from servelab.strategies.decoding.gamma import expected_speedup
 
 
 def distribution(values: Sequence[float]) -> dict[str, float | None]:

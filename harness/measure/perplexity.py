@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from harness.engine.batch import ForwardBatch
-from harness.engine.kv_cache import KVLayout, allocate_kv_cache
-from harness.models.model import AttentionFn, LlamaModel
+from servelab.harness.engine.batch import ForwardBatch
+from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
+from servelab.harness.models.model import AttentionFn, LlamaModel
 
 
 def perplexity(

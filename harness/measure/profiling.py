@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from harness.errors import ConfigError
+from servelab.harness.errors import ConfigError
 
 TRACE_NAME = "profile_trace.json"
 

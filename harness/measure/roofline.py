@@ -32,12 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from harness.engine.model_runner import attended_pairs
-from harness.models.model import ModelConfig
-from harness.records import StepRecord
+from servelab.harness.engine.model_runner import attended_pairs
+from servelab.harness.models.model import ModelConfig
+from servelab.harness.records import StepRecord
 
 if TYPE_CHECKING:
-    from harness.measure.calibrate import Peaks
+    from servelab.harness.measure.calibrate import Peaks
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from harness.measure.summary_schema import LATENCY_METRICS, METRICS
+from servelab.harness.measure.summary_schema import LATENCY_METRICS, METRICS
 
 HEAD_ROWS = (  # (summary key, decimals; None for a count)
     ("duration_s", 2),

@@ -25,7 +25,7 @@ import psutil
 import pynvml
 import torch
 
-from harness.errors import ConfigError
+from servelab.harness.errors import ConfigError
 
 MIB = 1024 * 1024
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.models.model import ModelConfig
+from servelab.harness.models.model import ModelConfig
 
 DUMMY_SHAPES: dict[str, ModelConfig] = {
     "tiny": ModelConfig(

@@ -6,7 +6,7 @@ models can run on random weights (no download), as vLLM's `load_format=dummy` do
 
 from __future__ import annotations
 
-from harness.models.fetch import WheelModel
+from servelab.harness.models.fetch import WheelModel
 
 EMBEDDED_MODELS: dict[str, WheelModel] = {
     "smollm2-135m": WheelModel(

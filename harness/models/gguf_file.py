@@ -14,8 +14,8 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from harness.errors import ConfigError
-from harness.models.model import ModelConfig
+from servelab.harness.errors import ConfigError
+from servelab.harness.models.model import ModelConfig
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",

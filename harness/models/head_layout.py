@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from harness.models.load import Checkpoint
-from harness.models.model import LlamaModel, ModelConfig
+from servelab.harness.models.load import Checkpoint
+from servelab.harness.models.model import LlamaModel, ModelConfig
 
 
 class HeadLayout(ABC):

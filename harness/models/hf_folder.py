@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from harness.errors import ConfigError
-from harness.models.model import ModelConfig
+from servelab.harness.errors import ConfigError
+from servelab.harness.models.model import ModelConfig
 
 AWQ_VERSIONS = ("gemm",)
 # our parameter names <-> Hugging Face Llama names, for the parts that differ

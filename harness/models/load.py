@@ -19,20 +19,20 @@ from omegaconf import DictConfig
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
-from harness.errors import ConfigError
-from harness.models.dummy import DUMMY_SHAPES
-from harness.models.embedded import EMBEDDED_MODELS
-from harness.models.fetch import fetch_wheel_model, sha256_of
-from harness.models.gguf_file import load_gguf
-from harness.models.hf_folder import load_hf_folder, read_hf_config
-from harness.models.model import (
+from servelab.harness.errors import ConfigError
+from servelab.harness.models.dummy import DUMMY_SHAPES
+from servelab.harness.models.embedded import EMBEDDED_MODELS
+from servelab.harness.models.fetch import fetch_wheel_model, sha256_of
+from servelab.harness.models.gguf_file import load_gguf
+from servelab.harness.models.hf_folder import load_hf_folder, read_hf_config
+from servelab.harness.models.model import (
     LinearFactory,
     LlamaModel,
     ModelConfig,
     RotaryEmbedding,
     plain_linear,
 )
-from harness.models.tokenizer import load_tokenizer
+from servelab.harness.models.tokenizer import load_tokenizer
 
 StateDict = dict[str, torch.Tensor]
 Checkpoint = tuple[ModelConfig, StateDict | None]

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.engine.batch import AttentionFn, ForwardBatch
+from servelab.harness.engine.batch import AttentionFn, ForwardBatch
 
 
 @dataclass(frozen=True)

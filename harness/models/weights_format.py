@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.models.load import Checkpoint
-from harness.models.model import LlamaModel, plain_linear
+from servelab.harness.models.load import Checkpoint
+from servelab.harness.models.model import LlamaModel, plain_linear
 
 
 @dataclass(frozen=True)

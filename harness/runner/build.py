@@ -20,22 +20,22 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from harness.engine.engine import Engine
-from harness.engine.kv_cache import KVCache, KVLayout, allocate_kv_cache
-from harness.engine.model_runner import ModelRunner
-from harness.engine.scheduling import Scheduler, SchedulerLimits
-from harness.engine.step_update import StepUpdate
-from harness.models.load import Checkpoint, LoadedModel, load_model, tokenizer_for
-from harness.models.model import LlamaModel
-from harness.models.weights_format import CalibrationText, WeightsContext, WeightsFormat
-from harness.runner.settings import EngineSettings, cache_dir_of
-from kernels.attention import Attention, AttentionConfig
-from kernels.fused_decode import fused_decode_layers
-from kernels.linear import pack_ahead
-from strategies.decoding.context import DecoderContext
-from strategies.factories import HeadsChoice, WeightsChoice
-from strategies.settings import StrategySettings
-from workloads.text import text_section
+from servelab.harness.engine.engine import Engine
+from servelab.harness.engine.kv_cache import KVCache, KVLayout, allocate_kv_cache
+from servelab.harness.engine.model_runner import ModelRunner
+from servelab.harness.engine.scheduling import Scheduler, SchedulerLimits
+from servelab.harness.engine.step_update import StepUpdate
+from servelab.harness.models.load import Checkpoint, LoadedModel, load_model, tokenizer_for
+from servelab.harness.models.model import LlamaModel
+from servelab.harness.models.weights_format import CalibrationText, WeightsContext, WeightsFormat
+from servelab.harness.runner.settings import EngineSettings, cache_dir_of
+from servelab.kernels.attention import Attention, AttentionConfig
+from servelab.kernels.fused_decode import fused_decode_layers
+from servelab.kernels.linear import pack_ahead
+from servelab.strategies.decoding.context import DecoderContext
+from servelab.strategies.factories import HeadsChoice, WeightsChoice
+from servelab.strategies.settings import StrategySettings
+from servelab.workloads.text import text_section
 
 
 @dataclass

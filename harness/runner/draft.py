@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.errors import ConfigError
-from harness.models.load import model_config_of
-from harness.models.model import LlamaModel
-from harness.runner.build import ServedModel, load_served
-from harness.runner.settings import CONF_DIR, EngineSettings, cache_dir_of
-from strategies.decoding.proposers import TARGET, DraftModelSource
-from strategies.heads import HEADS
-from strategies.settings import StrategySettings
-from strategies.weights import WEIGHTS
+from servelab.harness.errors import ConfigError
+from servelab.harness.models.load import model_config_of
+from servelab.harness.models.model import LlamaModel
+from servelab.harness.runner.build import ServedModel, load_served
+from servelab.harness.runner.settings import CONF_DIR, EngineSettings, cache_dir_of
+from servelab.strategies.decoding.proposers import TARGET, DraftModelSource
+from servelab.strategies.heads import HEADS
+from servelab.strategies.settings import StrategySettings
+from servelab.strategies.weights import WEIGHTS
 
 
 def check_drafting(cfg: DictConfig, strategy: StrategySettings) -> None:

@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from harness.engine.request import Request
-from harness.measure.metrics import request_latency
-from harness.measure.slo import SLO
-from harness.measure.verdict import wilson
+from servelab.harness.engine.request import Request
+from servelab.harness.measure.metrics import request_latency
+from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.verdict import wilson
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from harness.measure.perplexity import perplexity
-from harness.measure.weights_quality import perplexity_entry, record_quality
-from harness.models.load import tokenizer_for
-from harness.runner.build import load_for_strategy
-from harness.runner.settings import cache_dir_of, dtype_name, engine_settings
-from kernels.attention import Attention, AttentionConfig
-from strategies.settings import strategy_settings
-from workloads.text import text_section
+from servelab.harness.measure.perplexity import perplexity
+from servelab.harness.measure.weights_quality import perplexity_entry, record_quality
+from servelab.harness.models.load import tokenizer_for
+from servelab.harness.runner.build import load_for_strategy
+from servelab.harness.runner.settings import cache_dir_of, dtype_name, engine_settings
+from servelab.kernels.attention import Attention, AttentionConfig
+from servelab.strategies.settings import strategy_settings
+from servelab.workloads.text import text_section
 
 
 @dataclass(frozen=True)

@@ -24,14 +24,14 @@ from typing import Protocol
 
 from tqdm import tqdm
 
-from harness.engine.engine import Engine
-from harness.engine.request import Request, SamplingParams
-from harness.engine.step_update import StepResult
-from harness.measure.rundir import RunWriter
-from harness.runner.clock import RunClock
-from harness.runner.early_stop import StopRecord
-from harness.runner.loop import IDLE_WAIT_S, EngineDriver, StepHook
-from workloads.spec import RequestSpec, Workload
+from servelab.harness.engine.engine import Engine
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.harness.engine.step_update import StepResult
+from servelab.harness.measure.rundir import RunWriter
+from servelab.harness.runner.clock import RunClock
+from servelab.harness.runner.early_stop import StopRecord
+from servelab.harness.runner.loop import IDLE_WAIT_S, EngineDriver, StepHook
+from servelab.workloads.spec import RequestSpec, Workload
 
 
 def requests_of(workload: Workload) -> list[Request]:

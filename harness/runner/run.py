@@ -20,11 +20,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.engine.engine import Engine
-from harness.engine.request import Request
-from harness.errors import ConfigError
-from harness.measure.calibrate import Peaks, provenance, remeasure_if_beaten
-from harness.measure.flags import (
+from servelab.harness.engine.engine import Engine
+from servelab.harness.engine.request import Request
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.calibrate import Peaks, provenance, remeasure_if_beaten
+from servelab.harness.measure.flags import (
     PEAKS_BEATEN,
     SIMULATED,
     TEST_STEP_DELAY,
@@ -35,35 +35,35 @@ from harness.measure.flags import (
     summary_flags,
     telemetry_dropouts,
 )
-from harness.measure.meta import collect_meta
-from harness.measure.metrics import summarize
-from harness.measure.profiling import StepProfiler
-from harness.measure.rundir import SCHEMA_VERSION, RunRecords, RunWriter
-from harness.measure.slo import SLO
-from harness.measure.telemetry import NoTelemetry, TelemetryResult, TelemetrySampler
-from harness.measure.weights_quality import read_quality, weights_summary
-from harness.records import StepRecord
-from harness.runner.backends import ENGINE_LOOPS, backend_of, peer_backend
-from harness.runner.backends.base import Backend
-from harness.runner.build import ServedModel
-from harness.runner.clock import RunClock
-from harness.runner.collector import collector_paused
-from harness.runner.early_stop import StoppedEarly, StopRecord, stop_rule
-from harness.runner.replay import replay, requests_of
-from harness.runner.settings import (
+from servelab.harness.measure.meta import collect_meta
+from servelab.harness.measure.metrics import summarize
+from servelab.harness.measure.profiling import StepProfiler
+from servelab.harness.measure.rundir import SCHEMA_VERSION, RunRecords, RunWriter
+from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.telemetry import NoTelemetry, TelemetryResult, TelemetrySampler
+from servelab.harness.measure.weights_quality import read_quality, weights_summary
+from servelab.harness.records import StepRecord
+from servelab.harness.runner.backends import ENGINE_LOOPS, backend_of, peer_backend
+from servelab.harness.runner.backends.base import Backend
+from servelab.harness.runner.build import ServedModel
+from servelab.harness.runner.clock import RunClock
+from servelab.harness.runner.collector import collector_paused
+from servelab.harness.runner.early_stop import StoppedEarly, StopRecord, stop_rule
+from servelab.harness.runner.replay import replay, requests_of
+from servelab.harness.runner.settings import (
     EngineSettings,
     cache_dir_of,
     cpu_fallback_note,
     dtype_name,
 )
-from harness.runner.startup import Started, start_engine
-from harness.runner.step_delay import delay_flag, step_delay_s
-from harness.runner.warmup import Warmup, warm_up, warmup_shapes
-from kernels.int4_matmul import Int4Kernel
-from kernels.paths import RunKernels, kernel_record
-from reports.run_report import build_run_report
-from workloads.build import build_workload
-from workloads.spec import Workload
+from servelab.harness.runner.startup import Started, start_engine
+from servelab.harness.runner.step_delay import delay_flag, step_delay_s
+from servelab.harness.runner.warmup import Warmup, warm_up, warmup_shapes
+from servelab.kernels.int4_matmul import Int4Kernel
+from servelab.kernels.paths import RunKernels, kernel_record
+from servelab.reports.run_report import build_run_report
+from servelab.workloads.build import build_workload
+from servelab.workloads.spec import Workload
 
 
 @dataclass

@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from harness.engine.kv_cache import parse_bytes
-from harness.errors import ConfigError
-from kernels.attention import IMPLS
-from kernels.capabilities import capabilities
+from servelab.harness.engine.kv_cache import parse_bytes
+from servelab.harness.errors import ConfigError
+from servelab.kernels.attention import IMPLS
+from servelab.kernels.capabilities import capabilities
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the Hydra config tree and its presets
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

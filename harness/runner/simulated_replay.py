@@ -16,15 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from harness.engine.engine import Engine
-from harness.engine.request import Request
-from harness.measure.rundir import RunWriter
-from harness.runner.collector import collector_paused
-from harness.runner.early_stop import StopRecord
-from harness.runner.loop import EngineDriver, StepHook
-from harness.runner.replay import Arrivals, Tally
-from harness.simulate.runner import VirtualClock
-from workloads.spec import Workload
+from servelab.harness.engine.engine import Engine
+from servelab.harness.engine.request import Request
+from servelab.harness.measure.rundir import RunWriter
+from servelab.harness.runner.collector import collector_paused
+from servelab.harness.runner.early_stop import StopRecord
+from servelab.harness.runner.loop import EngineDriver, StepHook
+from servelab.harness.runner.replay import Arrivals, Tally
+from servelab.harness.simulate.runner import VirtualClock
+from servelab.workloads.spec import Workload
 
 
 def simulate(

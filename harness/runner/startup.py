@@ -19,18 +19,18 @@ import torch
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
-from harness.engine.engine import Engine
-from harness.engine.model_runner import ModelRunner
-from harness.engine.step_update import StepResult
-from harness.measure.calibrate import Peaks, measure_peaks
-from harness.measure.roofline import ModelShape, StepRoofline
-from harness.models.load import tokenizer_for
-from harness.runner.build import ServedModel, build_engine, load_for_strategy
-from harness.runner.draft import check_drafting, load_draft
-from harness.runner.loop import StepHook
-from harness.runner.settings import EngineSettings, cache_dir_of, engine_settings
-from harness.runner.step_delay import StepDelay, step_delay_s
-from strategies.settings import StrategySettings, strategy_settings
+from servelab.harness.engine.engine import Engine
+from servelab.harness.engine.model_runner import ModelRunner
+from servelab.harness.engine.step_update import StepResult
+from servelab.harness.measure.calibrate import Peaks, measure_peaks
+from servelab.harness.measure.roofline import ModelShape, StepRoofline
+from servelab.harness.models.load import tokenizer_for
+from servelab.harness.runner.build import ServedModel, build_engine, load_for_strategy
+from servelab.harness.runner.draft import check_drafting, load_draft
+from servelab.harness.runner.loop import StepHook
+from servelab.harness.runner.settings import EngineSettings, cache_dir_of, engine_settings
+from servelab.harness.runner.step_delay import StepDelay, step_delay_s
+from servelab.strategies.settings import StrategySettings, strategy_settings
 
 
 @dataclass

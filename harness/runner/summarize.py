@@ -15,11 +15,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.errors import ConfigError
-from harness.measure.flags import INCOMPLETE, Flag, add_flags
-from harness.measure.rundir import RunRecords, torn_tail, write_json_atomic
-from harness.measure.telemetry import TelemetryResult
-from harness.runner.run import summary_for, write_report
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.flags import INCOMPLETE, Flag, add_flags
+from servelab.harness.measure.rundir import RunRecords, torn_tail, write_json_atomic
+from servelab.harness.measure.telemetry import TelemetryResult
+from servelab.harness.runner.run import summary_for, write_report
 
 STOPPED = "the run stopped before writing its summary; rebuilt from its records"
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from harness.measure.metrics import request_latency
-from harness.measure.rundir import read_requests
-from harness.measure.slo import SLO
+from servelab.harness.measure.metrics import request_latency
+from servelab.harness.measure.rundir import read_requests
+from servelab.harness.measure.slo import SLO
 
 
 @dataclass(frozen=True)

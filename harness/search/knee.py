@@ -53,8 +53,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from harness.measure.verdict import Attainment, Verdict, verdict
-from harness.search.attainment_curve import KneeFit, RateEvidence, fit_knee
+from servelab.harness.measure.verdict import Attainment, Verdict, verdict
+from servelab.harness.search.attainment_curve import KneeFit, RateEvidence, fit_knee
 
 LOWEST_SHARE = 1 / 64  # the lowest rate probed, as a share of the ceiling
 

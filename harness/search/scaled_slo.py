@@ -28,11 +28,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.errors import ConfigError
-from harness.measure.drift import DRIFT_LIMIT, Drift
-from harness.measure.metrics import request_latency
-from harness.measure.slo import PER_PROMPT_TOKEN
-from harness.records import RequestRecord
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.drift import DRIFT_LIMIT, Drift
+from servelab.harness.measure.metrics import request_latency
+from servelab.harness.measure.slo import PER_PROMPT_TOKEN
+from servelab.harness.records import RequestRecord
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.errors import ConfigError
-from harness.measure.drift import Drift
-from harness.measure.slo import LIMITS, PER_PROMPT_TOKEN, SLO
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.drift import Drift
+from servelab.harness.measure.slo import LIMITS, PER_PROMPT_TOKEN, SLO
 
 SLO_KEYS = (*LIMITS, PER_PROMPT_TOKEN)
 FIELD = "search.slo_from"

@@ -32,13 +32,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from transformers import PreTrainedTokenizerBase
 
-from harness.records import SUCCESS
-from harness.serving import errors
-from harness.serving.engine_loop import Done, EngineLoop, Stream
-from harness.serving.errors import APIError
-from harness.serving.intake import Intake, ModelCard
-from harness.serving.metrics import Metrics
-from harness.serving.protocol import (
+from servelab.harness.records import SUCCESS
+from servelab.harness.serving import errors
+from servelab.harness.serving.engine_loop import Done, EngineLoop, Stream
+from servelab.harness.serving.errors import APIError
+from servelab.harness.serving.intake import Intake, ModelCard
+from servelab.harness.serving.metrics import Metrics
+from servelab.harness.serving.protocol import (
     ChatRequest,
     Choice,
     CompletionRequest,
@@ -47,7 +47,7 @@ from harness.serving.protocol import (
     response_body,
     usage,
 )
-from harness.serving.text import TextStream
+from servelab.harness.serving.text import TextStream
 
 ARRIVAL = "servelab.arrival"
 MAX_BODY_BYTES = 1 << 20  # unless the server is told otherwise (`serve.max_body`)

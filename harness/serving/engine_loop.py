@@ -27,9 +27,9 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from harness.engine.engine import Engine
-from harness.engine.request import Request
-from harness.runner.loop import IDLE_WAIT_S, EngineDriver, fail_in_flight
+from servelab.harness.engine.engine import Engine
+from servelab.harness.engine.request import Request
+from servelab.harness.runner.loop import IDLE_WAIT_S, EngineDriver, fail_in_flight
 
 MAX_IN_FLIGHT = 512  # requests in the loop at once, unless told otherwise
 log = logging.getLogger(__name__)

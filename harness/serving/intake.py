@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from harness.engine.engine import Engine
-from harness.engine.request import Request, SamplingParams
-from harness.serving.errors import APIError
-from harness.serving.protocol import ChatRequest, CompletionRequest, Sampling
+from servelab.harness.engine.engine import Engine
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.harness.serving.errors import APIError
+from servelab.harness.serving.protocol import ChatRequest, CompletionRequest, Sampling
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # the OpenAI completions API's default
 

@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from harness.serving.engine_loop import EngineLoop
+from servelab.harness.serving.engine_loop import EngineLoop
 
 PREFIX = "servelab_"
 

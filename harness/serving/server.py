@@ -21,15 +21,15 @@ from types import FrameType
 import uvicorn
 from omegaconf import DictConfig, OmegaConf
 
-from harness.engine.kv_cache import parse_bytes
-from harness.errors import ConfigError
-from harness.measure.rundir import RunWriter
-from harness.runner.loop import EngineDriver
-from harness.runner.settings import api_key_from_env
-from harness.runner.startup import check_settings, start_engine
-from harness.serving.app import ServerState, create_app
-from harness.serving.engine_loop import EngineLoop
-from harness.serving.intake import Intake, ModelCard
+from servelab.harness.engine.kv_cache import parse_bytes
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.rundir import RunWriter
+from servelab.harness.runner.loop import EngineDriver
+from servelab.harness.runner.settings import api_key_from_env
+from servelab.harness.runner.startup import check_settings, start_engine
+from servelab.harness.serving.app import ServerState, create_app
+from servelab.harness.serving.engine_loop import EngineLoop
+from servelab.harness.serving.intake import Intake, ModelCard
 
 MIN_BODY_BYTES = 1024  # the smallest body bound that still takes an ordinary request
 CUT_AFTER_S = 5.0  # after the grace: how long ended responses may flush before a cut

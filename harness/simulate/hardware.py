@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from harness.errors import ConfigError
-from harness.measure.roofline import ModelShape, work_of_counts
-from harness.simulate.cost_model import StepCounts
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.roofline import ModelShape, work_of_counts
+from servelab.harness.simulate.cost_model import StepCounts
 
 COMPUTE_EFFICIENCY = 0.5  # of peak FLOP/s a serving step's matrix products reach
 BANDWIDTH_EFFICIENCY = 0.8  # of peak bandwidth a step's weight and KV reads reach

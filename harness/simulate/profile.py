@@ -20,10 +20,16 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
-from harness.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
-from harness.errors import ConfigError
-from harness.measure.drift import DRIFT_LIMIT, Drift
-from harness.simulate.cost_model import TERMS, FitQuality, StepCostModel, StepCounts, fit_counts
+from servelab.harness.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.drift import DRIFT_LIMIT, Drift
+from servelab.harness.simulate.cost_model import (
+    TERMS,
+    FitQuality,
+    StepCostModel,
+    StepCounts,
+    fit_counts,
+)
 
 TABLE_SCHEMA = 1
 MIN_SHAPES = len(TERMS)  # a fit of every term needs at least as many shapes as terms

@@ -15,9 +15,9 @@ from typing import Protocol
 
 import torch
 
-from harness.engine.kv_manager import KVManager
-from harness.engine.model_runner import Feed
-from harness.simulate.cost_model import StepCounts
+from servelab.harness.engine.kv_manager import KVManager
+from servelab.harness.engine.model_runner import Feed
+from servelab.harness.simulate.cost_model import StepCounts
 
 
 class StepTime(Protocol):

@@ -2,7 +2,7 @@
 
 Run with servelab's python from the repository root:
 
-    PYTHONPATH=. python scripts/peers/dump_workload.py [--out FILE] [OVERRIDE ...]
+    python scripts/peers/dump_workload.py [--out FILE] [OVERRIDE ...]
 
 Overrides are servelab's Hydra overrides (default `workload=offline`, the throughput yardstick:
 64 real-text prompts of 32-256 tokens, 64 output tokens each). Each line is one request in
@@ -29,11 +29,11 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", default=["workload=offline"])
     args = parser.parse_args()
 
-    from harness.commands.config import compose
-    from harness.errors import ConfigError
-    from harness.models.load import model_config_of, tokenizer_for
-    from harness.runner.settings import cache_dir_of
-    from workloads.build import build_workload
+    from servelab.harness.commands.config import compose
+    from servelab.harness.errors import ConfigError
+    from servelab.harness.models.load import model_config_of, tokenizer_for
+    from servelab.harness.runner.settings import cache_dir_of
+    from servelab.workloads.build import build_workload
 
     try:
         cfg = compose(args.overrides)

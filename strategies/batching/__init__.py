@@ -1,7 +1,7 @@
 """Batching strategies (`strategy.batching`): static (FasterTransformer) and iteration (Orca)."""
 
-from strategies.batching.iteration import ITERATION
-from strategies.batching.static import STATIC
-from strategies.registry import Registry
+from servelab.strategies.batching.iteration import ITERATION
+from servelab.strategies.batching.static import STATIC
+from servelab.strategies.registry import Registry
 
 BATCHING = Registry("batching", [STATIC, ITERATION])

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 from collections import deque
 
-from harness.engine.kv_manager import KVManager
-from harness.engine.request import Request, RequestState
-from harness.engine.scheduling import (
+from servelab.harness.engine.kv_manager import KVManager
+from servelab.harness.engine.request import Request, RequestState
+from servelab.harness.engine.scheduling import (
     AdmissionPolicy,
     ScheduledSeq,
     Scheduler,
     SchedulerLimits,
     SchedulerOutput,
 )
-from harness.errors import ConfigError
+from servelab.harness.errors import ConfigError
 
 
 class QueueScheduler(Scheduler):

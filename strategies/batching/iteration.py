@@ -16,20 +16,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from harness.engine.kv_manager import KVManager
-from harness.engine.request import Request
-from harness.engine.scheduling import (
+from servelab.harness.engine.kv_manager import KVManager
+from servelab.harness.engine.request import Request
+from servelab.harness.engine.scheduling import (
     AdmissionPolicy,
     ScheduledSeq,
     SchedulerLimits,
     SchedulerOutput,
 )
-from harness.errors import ConfigError
-from strategies.batching.base import QueueScheduler
-from strategies.registry import Option
+from servelab.harness.errors import ConfigError
+from servelab.strategies.batching.base import QueueScheduler
+from servelab.strategies.registry import Option
 
 if TYPE_CHECKING:
-    from strategies.factories import BatchingOption
+    from servelab.strategies.factories import BatchingOption
 
 
 @dataclass(frozen=True)

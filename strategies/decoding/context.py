@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from harness.engine.batch import AttentionFn
-from harness.engine.kv_cache import KVCache
-from harness.engine.kv_manager import KVManager
-from harness.models.model import LlamaModel
+from servelab.harness.engine.batch import AttentionFn
+from servelab.harness.engine.kv_cache import KVCache
+from servelab.harness.engine.kv_manager import KVManager
+from servelab.harness.models.model import LlamaModel
 
 if TYPE_CHECKING:
-    from strategies.decoding.proposers import DraftSource
+    from servelab.strategies.decoding.proposers import DraftSource
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.engine.kv_manager import KVManager
-from harness.engine.model_runner import Feed, ModelRunner
-from harness.engine.request import Request
-from harness.engine.sampler import DRAFT_STREAM, draw, generator_for, probabilities
-from strategies.decoding.proposer import Proposal, Proposer, Want
+from servelab.harness.engine.kv_manager import KVManager
+from servelab.harness.engine.model_runner import Feed, ModelRunner
+from servelab.harness.engine.request import Request
+from servelab.harness.engine.sampler import DRAFT_STREAM, draw, generator_for, probabilities
+from servelab.strategies.decoding.proposer import Proposal, Proposer, Want
 
 
 @dataclass

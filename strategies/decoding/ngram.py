@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from strategies.decoding.proposer import Proposal, Proposer, Want
+from servelab.strategies.decoding.proposer import Proposal, Proposer, Want
 
 
 def lookup(tokens: list[int], gamma: int, ngram_min: int, ngram_max: int) -> list[int]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.engine.request import Request
+from servelab.harness.engine.request import Request
 
 
 @dataclass

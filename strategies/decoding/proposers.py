@@ -17,19 +17,19 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from harness.engine.model_runner import ModelRunner
-from harness.errors import ConfigError
-from harness.models.model import LlamaModel, ModelConfig
-from strategies.decoding.context import DecoderContext
-from strategies.decoding.layerskip import early_exit
-from strategies.decoding.model_drafter import ModelDrafter
-from strategies.decoding.ngram import NgramProposer
-from strategies.decoding.proposer import Proposer
-from strategies.registry import Option, Registry
+from servelab.harness.engine.model_runner import ModelRunner
+from servelab.harness.errors import ConfigError
+from servelab.harness.models.model import LlamaModel, ModelConfig
+from servelab.strategies.decoding.context import DecoderContext
+from servelab.strategies.decoding.layerskip import early_exit
+from servelab.strategies.decoding.model_drafter import ModelDrafter
+from servelab.strategies.decoding.ngram import NgramProposer
+from servelab.strategies.decoding.proposer import Proposer
+from servelab.strategies.registry import Option, Registry
 
 if TYPE_CHECKING:
-    from strategies.factories import ProposerOption
-from strategies.weights import WEIGHTS
+    from servelab.strategies.factories import ProposerOption
+from servelab.strategies.weights import WEIGHTS
 
 TARGET = "target"  # `draft_model`: the served model's own checkpoint
 

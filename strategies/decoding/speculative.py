@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from harness.engine.decoding import Decoder, Verification
-from harness.engine.request import Request
-from strategies.decoding.acceptance import accept_greedy, accept_sampled
-from strategies.decoding.context import DecoderContext
-from strategies.decoding.gamma import RULES, choose_gamma
-from strategies.decoding.proposer import Proposer, Want
-from strategies.registry import Option
+from servelab.harness.engine.decoding import Decoder, Verification
+from servelab.harness.engine.request import Request
+from servelab.strategies.decoding.acceptance import accept_greedy, accept_sampled
+from servelab.strategies.decoding.context import DecoderContext
+from servelab.strategies.decoding.gamma import RULES, choose_gamma
+from servelab.strategies.decoding.proposer import Proposer, Want
+from servelab.strategies.registry import Option
 
 if TYPE_CHECKING:
-    from strategies.factories import DecodingOption
+    from servelab.strategies.factories import DecodingOption
 
 
 @dataclass(frozen=True)

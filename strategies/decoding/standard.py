@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from harness.engine.decoding import Decoder, Verification
-from harness.engine.sampler import sample
-from strategies.registry import NoConfig, Option
+from servelab.harness.engine.decoding import Decoder, Verification
+from servelab.harness.engine.sampler import sample
+from servelab.strategies.registry import NoConfig, Option
 
 if TYPE_CHECKING:
-    from strategies.factories import DecodingOption
+    from servelab.strategies.factories import DecodingOption
 
 
 class StandardDecoder(Decoder):

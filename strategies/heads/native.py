@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from harness.models.head_layout import HeadLayout
-from harness.models.model import ModelConfig
-from strategies.registry import NoConfig, Option
+from servelab.harness.models.head_layout import HeadLayout
+from servelab.harness.models.model import ModelConfig
+from servelab.strategies.registry import NoConfig, Option
 
 if TYPE_CHECKING:
-    from strategies.factories import HeadsOption
+    from servelab.strategies.factories import HeadsOption
 
 
 class NativeHeads(HeadLayout):

@@ -13,14 +13,14 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from harness.errors import ConfigError
-from harness.models.head_layout import HeadLayout
-from harness.models.load import Checkpoint
-from harness.models.model import ModelConfig
-from strategies.registry import NoConfig, Option
+from servelab.harness.errors import ConfigError
+from servelab.harness.models.head_layout import HeadLayout
+from servelab.harness.models.load import Checkpoint
+from servelab.harness.models.model import ModelConfig
+from servelab.strategies.registry import NoConfig, Option
 
 if TYPE_CHECKING:
-    from strategies.factories import HeadsOption
+    from servelab.strategies.factories import HeadsOption
 
 GROUP_COUNT = re.compile(r"gqa-[1-9][0-9]*")
 

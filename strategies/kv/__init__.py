@@ -1,7 +1,7 @@
 """KV cache strategies (`strategy.kv`): contiguous slabs and paged blocks."""
 
-from strategies.kv.contiguous import CONTIGUOUS
-from strategies.kv.paged import PAGED
-from strategies.registry import Registry
+from servelab.strategies.kv.contiguous import CONTIGUOUS
+from servelab.strategies.kv.paged import PAGED
+from servelab.strategies.registry import Registry
 
 KV = Registry("kv", [CONTIGUOUS, PAGED])

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from harness.errors import ConfigError
+from servelab.harness.errors import ConfigError
 
 
 class BlockPool:

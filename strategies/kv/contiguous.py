@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from harness.engine.kv_cache import KVCache
-from harness.engine.kv_manager import KVManager, KVStats, check_continues
-from harness.engine.request import Request
-from strategies.kv.block_pool import expect
-from strategies.registry import Option
+from servelab.harness.engine.kv_cache import KVCache
+from servelab.harness.engine.kv_manager import KVManager, KVStats, check_continues
+from servelab.harness.engine.request import Request
+from servelab.strategies.kv.block_pool import expect
+from servelab.strategies.registry import Option
 
 if TYPE_CHECKING:
-    from strategies.factories import KVOption
+    from servelab.strategies.factories import KVOption
 
 
 @dataclass(frozen=True)

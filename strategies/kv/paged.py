@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from harness.engine.kv_cache import KVCache
-from harness.engine.kv_manager import KVManager, KVStats, check_continues
-from harness.engine.request import Request
-from strategies.kv.block_pool import BlockPool, expect
-from strategies.kv.prefix_cache import CachedBlock, PrefixCache
-from strategies.kv.swap import SwappedKV, copy_block, swap_in, swap_out
-from strategies.registry import Option
+from servelab.harness.engine.kv_cache import KVCache
+from servelab.harness.engine.kv_manager import KVManager, KVStats, check_continues
+from servelab.harness.engine.request import Request
+from servelab.strategies.kv.block_pool import BlockPool, expect
+from servelab.strategies.kv.prefix_cache import CachedBlock, PrefixCache
+from servelab.strategies.kv.swap import SwappedKV, copy_block, swap_in, swap_out
+from servelab.strategies.registry import Option
 
 if TYPE_CHECKING:
-    from strategies.factories import KVOption
+    from servelab.strategies.factories import KVOption
 
 PREEMPTION_MODES = ("recompute", "swap")
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from harness.engine.kv_manager import KVManager
-from harness.engine.request import Request
-from harness.engine.scheduling import AdmissionPolicy
-from strategies.registry import NoConfig, Option
+from servelab.harness.engine.kv_manager import KVManager
+from servelab.harness.engine.request import Request
+from servelab.harness.engine.scheduling import AdmissionPolicy
+from servelab.strategies.registry import NoConfig, Option
 
 if TYPE_CHECKING:
-    from strategies.factories import PolicyOption
+    from servelab.strategies.factories import PolicyOption
 
 LOOKUP_LIMIT = 128
 

@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
-from harness.errors import ConfigError
-from harness.models.load import Checkpoint, StateDict, build_model
-from harness.models.weights_format import WeightsContext
-from strategies.registry import Option
-from strategies.weights.awq_search import awq_layer
-from strategies.weights.calibration import LayerRunner, calibration_windows
-from strategies.weights.int4_format import Int4Config, Int4Weights, replace_linears
+from servelab.harness.errors import ConfigError
+from servelab.harness.models.load import Checkpoint, StateDict, build_model
+from servelab.harness.models.weights_format import WeightsContext
+from servelab.strategies.registry import Option
+from servelab.strategies.weights.awq_search import awq_layer
+from servelab.strategies.weights.calibration import LayerRunner, calibration_windows
+from servelab.strategies.weights.int4_format import Int4Config, Int4Weights, replace_linears
 
 if TYPE_CHECKING:
-    from strategies.factories import WeightsOption
+    from servelab.strategies.factories import WeightsOption
 
 VERSION = 1  # bump when the search changes, so cached checkpoints are remade
 

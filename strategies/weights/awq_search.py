@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.models.model import DecoderLayer
-from strategies.weights.calibration import InputStats
-from strategies.weights.int4_quant import QuantizedWeight, fake_quantize, grouped, quantize
+from servelab.harness.models.model import DecoderLayer
+from servelab.strategies.weights.calibration import InputStats
+from servelab.strategies.weights.int4_quant import QuantizedWeight, fake_quantize, grouped, quantize
 
 CLIP_GRID = 20
 CLIP_MAX_SHRINK = 0.5

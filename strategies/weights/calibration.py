@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.errors import ConfigError
-from harness.models.model import DecoderLayer, LlamaModel
+from servelab.harness.errors import ConfigError
+from servelab.harness.models.model import DecoderLayer, LlamaModel
 
 # the linear whose input each group's statistics are taken from
 INPUT_POINTS = {

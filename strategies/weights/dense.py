@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from harness.errors import ConfigError
-from harness.models.load import Checkpoint
-from harness.models.weights_format import WeightsContext, WeightsFormat
-from kernels.linear import packed_linear
-from strategies.registry import NoConfig, Option
+from servelab.harness.errors import ConfigError
+from servelab.harness.models.load import Checkpoint
+from servelab.harness.models.weights_format import WeightsContext, WeightsFormat
+from servelab.kernels.linear import packed_linear
+from servelab.strategies.registry import NoConfig, Option
 
 if TYPE_CHECKING:
-    from strategies.factories import WeightsOption
+    from servelab.strategies.factories import WeightsOption
 
 
 class DenseWeights(WeightsFormat):

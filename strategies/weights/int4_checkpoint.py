@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from harness.models.hf_folder import hf_config_dict, hf_name, load_hf_folder
-from harness.models.load import Checkpoint
-from harness.models.model import ModelConfig
+from servelab.harness.models.hf_folder import hf_config_dict, hf_name, load_hf_folder
+from servelab.harness.models.load import Checkpoint
+from servelab.harness.models.model import ModelConfig
 
 QUANTIZED_DIR = "quantized"
 RECORD_FILE = "calibration.json"

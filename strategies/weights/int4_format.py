@@ -22,22 +22,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.errors import ConfigError
-from harness.models.load import Checkpoint, StateDict
-from harness.models.model import ModelConfig
-from harness.models.weights_format import WeightsContext, WeightsFormat
-from kernels.int4_layout import PACK, num_groups
-from kernels.int4_matmul import IMPLS, choose_kernel
-from kernels.linear import packed_linear
-from strategies.weights.int4_checkpoint import (
+from servelab.harness.errors import ConfigError
+from servelab.harness.models.load import Checkpoint, StateDict
+from servelab.harness.models.model import ModelConfig
+from servelab.harness.models.weights_format import WeightsContext, WeightsFormat
+from servelab.kernels.int4_layout import PACK, num_groups
+from servelab.kernels.int4_matmul import IMPLS, choose_kernel
+from servelab.kernels.linear import packed_linear
+from servelab.strategies.weights.int4_checkpoint import (
     checkpoint_folder,
     is_complete,
     read_checkpoint,
     read_record,
     write_checkpoint,
 )
-from strategies.weights.int4_linear import AWQ_TENSORS, Int4Linear
-from strategies.weights.int4_quant import QuantizedWeight
+from servelab.strategies.weights.int4_linear import AWQ_TENSORS, Int4Linear
+from servelab.strategies.weights.int4_quant import QuantizedWeight
 
 GROUP_SIZES = (32, 64, 128, 256)
 LINEARS = (

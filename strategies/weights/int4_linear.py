@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels.int4_layout import PACK, num_groups
-from kernels.int4_matmul import Int4Kernel
+from servelab.kernels.int4_layout import PACK, num_groups
+from servelab.kernels.int4_matmul import Int4Kernel
 
 AWQ_TENSORS = ("qweight", "qzeros", "scales")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.int4_layout import num_groups, pack_int4
+from servelab.kernels.int4_layout import num_groups, pack_int4
 
 MAX_Q = 15
 

@@ -11,14 +11,19 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from harness.models.load import Checkpoint, StateDict
-from harness.models.weights_format import WeightsContext
-from strategies.registry import Option
-from strategies.weights.int4_format import LINEARS, Int4Config, Int4Weights, quantize_layers
-from strategies.weights.int4_quant import quantize
+from servelab.harness.models.load import Checkpoint, StateDict
+from servelab.harness.models.weights_format import WeightsContext
+from servelab.strategies.registry import Option
+from servelab.strategies.weights.int4_format import (
+    LINEARS,
+    Int4Config,
+    Int4Weights,
+    quantize_layers,
+)
+from servelab.strategies.weights.int4_quant import quantize
 
 if TYPE_CHECKING:
-    from strategies.factories import WeightsOption
+    from servelab.strategies.factories import WeightsOption
 
 
 class RtnWeights(Int4Weights):

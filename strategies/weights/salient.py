@@ -28,11 +28,11 @@ from collections.abc import Callable
 import torch
 from tqdm import tqdm
 
-from harness.models.model import LlamaModel
-from strategies.weights.awq_search import scale_groups
-from strategies.weights.calibration import LayerRunner
-from strategies.weights.int4_format import LINEARS
-from strategies.weights.int4_quant import fake_quantize
+from servelab.harness.models.model import LlamaModel
+from servelab.strategies.weights.awq_search import scale_groups
+from servelab.strategies.weights.calibration import LayerRunner
+from servelab.strategies.weights.int4_format import LINEARS
+from servelab.strategies.weights.int4_quant import fake_quantize
 
 SELECTIONS = ("activation", "weight", "random")
 

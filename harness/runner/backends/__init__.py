@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from harness.errors import ConfigError
-from harness.runner.backends.base import Backend
+from servelab.harness.errors import ConfigError
+from servelab.harness.runner.backends.base import Backend
 
 BACKENDS = ("inprocess", "openai", "hf_static", "hf_continuous", "simulated")
 ENGINE_LOOPS = ("inprocess", "simulated")  # backends whose runs can stop early
@@ -30,13 +30,13 @@ def backend_of(cfg: DictConfig) -> str:
 def peer_backend(kind: str, cfg: DictConfig, progress: bool) -> Backend:
     """A prepared peer backend: everything checked and loaded, nothing sent yet."""
     if kind == "openai":
-        from harness.runner.backends.endpoint import EndpointBackend
+        from servelab.harness.runner.backends.endpoint import EndpointBackend
 
         return EndpointBackend.prepare(cfg)
     if kind == "simulated":
-        from harness.runner.backends.simulated import SimulatedBackend
+        from servelab.harness.runner.backends.simulated import SimulatedBackend
 
         return SimulatedBackend(cfg)
-    from harness.runner.backends.hf_backend import HFBackend
+    from servelab.harness.runner.backends.hf_backend import HFBackend
 
     return HFBackend.prepare(cfg, continuous=kind == "hf_continuous", progress=progress)

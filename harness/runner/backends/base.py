@@ -17,20 +17,20 @@ import torch
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
-from harness.errors import ConfigError
-from harness.measure.flags import Flag
-from harness.measure.rundir import RunRecords, RunWriter
-from harness.models.load import (
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.flags import Flag
+from servelab.harness.measure.rundir import RunRecords, RunWriter
+from servelab.harness.models.load import (
     checkpoint_id,
     model_config_of,
     resolve_model_path,
     tokenizer_for,
 )
-from harness.models.model import ModelConfig
-from harness.runner.clock import RunClock
-from harness.runner.settings import cache_dir_of
-from workloads.build import build_workload
-from workloads.spec import Workload
+from servelab.harness.models.model import ModelConfig
+from servelab.harness.runner.clock import RunClock
+from servelab.harness.runner.settings import cache_dir_of
+from servelab.workloads.build import build_workload
+from servelab.workloads.spec import Workload
 
 
 class Backend(ABC):

@@ -26,21 +26,25 @@ import torch
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
-from harness.engine.request import Request
-from harness.measure.flags import ESTIMATED, Flag
-from harness.measure.rundir import RunRecords, RunWriter
-from harness.runner.backends.base import Backend, check_one_sample, peer_inputs, seeds_of
-from harness.runner.backends.endpoint_settings import (
+from servelab.harness.engine.request import Request
+from servelab.harness.measure.flags import ESTIMATED, Flag
+from servelab.harness.measure.rundir import RunRecords, RunWriter
+from servelab.harness.runner.backends.base import Backend, check_one_sample, peer_inputs, seeds_of
+from servelab.harness.runner.backends.endpoint_settings import (
     EndpointSettings,
     choose_model,
     endpoint_settings,
     request_body,
 )
-from harness.runner.backends.http_session import HTTPSession, SendStamp
-from harness.runner.backends.stream_tally import ESTIMATED_COUNT, ESTIMATED_TIMES, StreamTally
-from harness.runner.loop import fail_in_flight
-from harness.runner.replay import Client, progress_bar, requests_of, to_request
-from workloads.spec import Workload
+from servelab.harness.runner.backends.http_session import HTTPSession, SendStamp
+from servelab.harness.runner.backends.stream_tally import (
+    ESTIMATED_COUNT,
+    ESTIMATED_TIMES,
+    StreamTally,
+)
+from servelab.harness.runner.loop import fail_in_flight
+from servelab.harness.runner.replay import Client, progress_bar, requests_of, to_request
+from servelab.workloads.spec import Workload
 
 Clock = Callable[[], float]
 

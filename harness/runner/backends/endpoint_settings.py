@@ -13,9 +13,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.engine.request import Request
-from harness.errors import ConfigError
-from harness.runner.settings import api_key_from_env
+from servelab.harness.engine.request import Request
+from servelab.harness.errors import ConfigError
+from servelab.harness.runner.settings import api_key_from_env
 
 
 @dataclass(frozen=True)

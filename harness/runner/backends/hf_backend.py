@@ -17,23 +17,23 @@ import torch
 import transformers
 from omegaconf import DictConfig
 
-from harness.errors import ConfigError
-from harness.measure.rundir import RunWriter
-from harness.models.load import load_model
-from harness.runner.backends.base import (
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.rundir import RunWriter
+from servelab.harness.models.load import load_model
+from servelab.harness.runner.backends.base import (
     Backend,
     PeerInputs,
     check_one_sample,
     peer_inputs,
     seeds_of,
 )
-from harness.runner.backends.hf_continuous import ContinuousLimits, ContinuousRunner
-from harness.runner.backends.hf_model import transformers_model
-from harness.runner.backends.hf_static import replay_static
-from harness.runner.build import kv_budget_bytes
-from harness.runner.replay import to_request
-from harness.runner.settings import EngineSettings, cache_dir_of, engine_settings
-from workloads.spec import Workload
+from servelab.harness.runner.backends.hf_continuous import ContinuousLimits, ContinuousRunner
+from servelab.harness.runner.backends.hf_model import transformers_model
+from servelab.harness.runner.backends.hf_static import replay_static
+from servelab.harness.runner.build import kv_budget_bytes
+from servelab.harness.runner.replay import to_request
+from servelab.harness.runner.settings import EngineSettings, cache_dir_of, engine_settings
+from servelab.workloads.spec import Workload
 
 PAGE_SIZE = 256  # transformers' default page (block) size, in tokens
 

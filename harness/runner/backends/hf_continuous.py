@@ -21,12 +21,12 @@ from typing import Any
 from transformers import GenerationConfig, LlamaForCausalLM
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from harness.engine.request import Request
-from harness.measure.rundir import RunWriter
-from harness.runner.backends.hf_static import generation_config
-from harness.runner.loop import IDLE_WAIT_S, fail_in_flight
-from harness.runner.replay import Client, progress_bar, requests_of
-from workloads.spec import Workload
+from servelab.harness.engine.request import Request
+from servelab.harness.measure.rundir import RunWriter
+from servelab.harness.runner.backends.hf_static import generation_config
+from servelab.harness.runner.loop import IDLE_WAIT_S, fail_in_flight
+from servelab.harness.runner.replay import Client, progress_bar, requests_of
+from servelab.workloads.spec import Workload
 
 READY_TIMEOUT_S = 600.0  # allocating the cache of a large KV budget takes a while on a CPU
 

@@ -20,11 +20,11 @@ import torch
 from transformers import GenerationConfig, LlamaForCausalLM
 from transformers.generation.streamers import BaseStreamer
 
-from harness.engine.request import Request
-from harness.measure.rundir import RunWriter
-from harness.runner.loop import IDLE_WAIT_S, fail_in_flight
-from harness.runner.replay import Client, progress_bar, requests_of
-from workloads.spec import Workload
+from servelab.harness.engine.request import Request
+from servelab.harness.measure.rundir import RunWriter
+from servelab.harness.runner.loop import IDLE_WAIT_S, fail_in_flight
+from servelab.harness.runner.replay import Client, progress_bar, requests_of
+from servelab.workloads.spec import Workload
 
 
 class StepStamps(BaseStreamer):

@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from harness.engine.request import Request
-from harness.errors import ConfigError
-from harness.runner.backends.endpoint_settings import EndpointSettings, auth_headers
+from servelab.harness.engine.request import Request
+from servelab.harness.errors import ConfigError
+from servelab.harness.runner.backends.endpoint_settings import EndpointSettings, auth_headers
 
 PROBE_TIMEOUT_S = 10.0
 READ_BUFFER = 1 << 20  # longest streamed line accepted (a chunk with timings and usage)

@@ -21,30 +21,30 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from harness.engine.engine import Engine
-from harness.engine.kv_cache import KVLayout, allocate_kv_cache
-from harness.engine.step_update import StepUpdate
-from harness.errors import ConfigError
-from harness.measure.flags import SIMULATED, Flag
-from harness.measure.roofline import ModelShape
-from harness.measure.rundir import RunRecords, RunWriter
-from harness.measure.slo import SLO
-from harness.models.load import model_config_of
-from harness.models.model import LlamaModel, ModelConfig
-from harness.runner.backends.base import Backend, peer_inputs, seeds_of
-from harness.runner.build import kv_budget_bytes, scheduler_over
-from harness.runner.clock import RunClock
-from harness.runner.early_stop import stop_rule
-from harness.runner.replay import requests_of
-from harness.runner.settings import EngineSettings, cache_dir_of, dtype_name
-from harness.runner.simulated_replay import simulate
-from harness.runner.startup import check_settings
-from harness.simulate.cost_model import StepCostModel
-from harness.simulate.hardware import PRESETS, Hardware, RooflineStepTime, hardware_preset
-from harness.simulate.runner import SimulatedRunner, StepTime, VirtualClock
-from strategies.decoding.speculative import SpeculativeConfig
-from strategies.decoding.standard import StandardDecoder
-from strategies.settings import StrategySettings
+from servelab.harness.engine.engine import Engine
+from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
+from servelab.harness.engine.step_update import StepUpdate
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.flags import SIMULATED, Flag
+from servelab.harness.measure.roofline import ModelShape
+from servelab.harness.measure.rundir import RunRecords, RunWriter
+from servelab.harness.measure.slo import SLO
+from servelab.harness.models.load import model_config_of
+from servelab.harness.models.model import LlamaModel, ModelConfig
+from servelab.harness.runner.backends.base import Backend, peer_inputs, seeds_of
+from servelab.harness.runner.build import kv_budget_bytes, scheduler_over
+from servelab.harness.runner.clock import RunClock
+from servelab.harness.runner.early_stop import stop_rule
+from servelab.harness.runner.replay import requests_of
+from servelab.harness.runner.settings import EngineSettings, cache_dir_of, dtype_name
+from servelab.harness.runner.simulated_replay import simulate
+from servelab.harness.runner.startup import check_settings
+from servelab.harness.simulate.cost_model import StepCostModel
+from servelab.harness.simulate.hardware import PRESETS, Hardware, RooflineStepTime, hardware_preset
+from servelab.harness.simulate.runner import SimulatedRunner, StepTime, VirtualClock
+from servelab.strategies.decoding.speculative import SpeculativeConfig
+from servelab.strategies.decoding.standard import StandardDecoder
+from servelab.strategies.settings import StrategySettings
 
 META_DEVICE = torch.device("meta")
 

@@ -1,1 +1,0 @@
-"""servelab measuring core: engine loop, model, request state, replay, metrics, telemetry, CLI."""

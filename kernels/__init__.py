@@ -1,1 +1,0 @@
-"""Attention and matrix kernels: Triton kernels beside their PyTorch references, and dispatch."""

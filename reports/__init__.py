@@ -1,1 +1,0 @@
-"""HTML reports built from run and sweep directories."""

@@ -1,1 +1,0 @@
-"""Pluggable serving strategies: batching, KV cache management, head layouts, weights, decoding."""
