@@ -1,10 +1,9 @@
-"""The telemetry sampler (psutil for real, NVML through a stand-in) and the profiler window."""
+"""The telemetry sampler (psutil for real, NVML through a stand-in)."""
 
 from __future__ import annotations
 
 import csv
 import itertools
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +15,6 @@ import torch
 
 from servelab.harness.errors import ConfigError
 from servelab.harness.measure import telemetry
-from servelab.harness.measure.profiling import TRACE_NAME, StepProfiler
 from servelab.harness.measure.telemetry import TelemetrySampler
 
 HOST_COLUMNS = ["cpu_pct", "rss_mib", "sys_mem_used_mib"]
@@ -231,46 +229,3 @@ def test_nvml_that_will_not_start_falls_back_to_psutil(
 def test_sampler_rejects_a_non_positive_period(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^telemetry\.period_s: must be a positive"):
         TelemetrySampler(tmp_path / "t.csv", 0.0, time.monotonic, torch.device("cpu"))
-
-
-def run_steps(profiler: StepProfiler, steps: int) -> None:
-    weight = torch.randn(32, 32)
-    for step in range(steps):
-        profiler.step_started(step)
-        torch.relu(torch.randn(8, 32) @ weight)
-        profiler.step_finished(step)
-
-
-def test_step_profiler_traces_only_its_window(tmp_path: Path) -> None:
-    profiler = StepProfiler(True, first_step=1, num_steps=2, out_dir=tmp_path)
-    run_steps(profiler, 5)
-    trace = profiler.close()
-    assert trace == tmp_path / TRACE_NAME
-    names = {event.get("name") for event in json.loads(trace.read_text())["traceEvents"]}
-    assert {"engine step 1", "engine step 2"} <= names
-    assert not {"engine step 0", "engine step 3", "engine step 4"} & names
-    assert "aten::mm" in names
-
-
-def test_step_profiler_writes_the_window_a_run_ended_inside(tmp_path: Path) -> None:
-    profiler = StepProfiler(True, first_step=2, num_steps=10, out_dir=tmp_path)
-    run_steps(profiler, 4)
-    trace = profiler.close()
-    assert trace == tmp_path / TRACE_NAME
-    names = {event.get("name") for event in json.loads(trace.read_text())["traceEvents"]}
-    assert {"engine step 2", "engine step 3"} <= names
-
-
-def test_step_profiler_disabled_or_never_reached_writes_nothing(tmp_path: Path) -> None:
-    for profiler in (
-        StepProfiler(False, first_step=0, num_steps=1, out_dir=tmp_path),
-        StepProfiler(True, first_step=50, num_steps=1, out_dir=tmp_path),
-    ):
-        run_steps(profiler, 3)
-        assert profiler.close() is None
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_step_profiler_rejects_an_empty_window(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"^profile\.num_steps: must be 1 or more, got 0"):
-        StepProfiler(True, first_step=0, num_steps=0, out_dir=tmp_path)

@@ -4,19 +4,34 @@ Profiling a whole run would slow it and drown the trace; a window of steps after
 shows where a step's time goes (matrix products, attention, cache writes, Python
 bookkeeping). The engine reports each step's start and end; the profiler starts at
 `first_step`, labels every step in the trace, stops after `num_steps` steps and writes a
-Chrome trace (open it in chrome://tracing or Perfetto) into the run directory.
+Chrome trace (open it in chrome://tracing or Perfetto) into the run directory, and beside it
+`profile.json`: each step of the window with its batch and what the trace says it launched
+(`trace_steps.py`: host operators, kernels and copies, the GPU's busy share).
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from servelab.harness.engine.step_update import StepResult
 from servelab.harness.errors import ConfigError
+from servelab.harness.measure.trace_steps import read_trace
+from servelab.harness.records import StepRecord
 
 TRACE_NAME = "profile_trace.json"
+SUMMARY_NAME = "profile.json"
+
+
+def step_kind(record: StepRecord) -> str:
+    """decode (every token a decode token), prefill, or mixed."""
+    if record.prefill_tokens == 0:
+        return "decode"
+    return "prefill" if record.decode_tokens == 0 else "mixed"
 
 
 class StepProfiler:
@@ -35,6 +50,7 @@ class StepProfiler:
         self._step_label: record_function | None = None
         self._trace: Path | None = None
         self._done = False
+        self._batches: dict[int, dict[str, object]] = {}
 
     def step_started(self, step: int) -> None:
         """Start the profiler at the window's first step, and label every step inside it."""
@@ -49,12 +65,19 @@ class StepProfiler:
         self._step_label = record_function(f"engine step {step}")
         self._step_label.__enter__()
 
-    def step_finished(self, step: int) -> None:
+    def step_finished(self, result: StepResult) -> None:
         """Close the step's label; after the window's last step, stop and write the trace."""
         if self._step_label is not None:
             self._step_label.__exit__(None, None, None)
             self._step_label = None
-        if self._profiler is not None and step >= self._last_step:
+            record = result.record
+            self._batches[record.step] = {
+                "kind": step_kind(record),
+                "num_seqs": record.num_seqs,
+                "prefill_tokens": record.prefill_tokens,
+                "decode_tokens": record.decode_tokens,
+            }
+        if self._profiler is not None and result.record.step >= self._last_step:
             self._finish()
 
     def close(self) -> Path | None:
@@ -74,3 +97,13 @@ class StepProfiler:
         self._profiler.export_chrome_trace(str(self._trace))
         self._profiler = None
         self._done = True
+        steps = [
+            {
+                **self._batches.get(trace.step, {}),
+                **asdict(trace),
+                "gpu_busy_share": trace.gpu_busy_share,
+            }
+            for trace in read_trace(self._trace)
+        ]
+        summary = {"trace": TRACE_NAME, "steps": steps}
+        (self._out_dir / SUMMARY_NAME).write_text(json.dumps(summary, indent=1) + "\n")
