@@ -23,6 +23,7 @@ from tests.attention_cases import AttentionCase, CaseShape, dense_attention, mak
 from tests.conftest import CPU_IMPLS, attention_impl  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+CPU = torch.device("cpu")
 SCALE = 0.125
 MIXED = ([9, 30, 1, 45, 17], [9, 1, 1, 6, 3])
 DECODE = ([9, 30, 1, 45, 17, 64], [1] * 6)
@@ -31,21 +32,26 @@ PREFILL = ([40, 50, 64, 17, 5], [40, 20, 1, 17, 2])
 IMPLS = ["torch", "triton", *CPU_IMPLS]
 
 
-def _run(attn: Attention, case: AttentionCase) -> torch.Tensor:
+def device_for(impl: str) -> torch.device:
+    """Where an implementation's test runs: the CPU paths on the CPU, on a CUDA host too."""
+    return CPU if impl.startswith("cpu") else DEVICE
+
+
+def _run(attn: Attention, case: AttentionCase, device: torch.device = DEVICE) -> torch.Tensor:
     return attn(
         case.q,
         case.k_new,
         case.v_new,
         case.k_cache,
         case.v_cache,
-        case.forward_batch().to(DEVICE),
+        case.forward_batch().to(device),
         SCALE,
     )
 
 
 def test_auto_picks_triton_on_cuda_and_the_compiled_cpu_path_elsewhere() -> None:
     expected = "cpu" if active_build_status() is None else "torch"
-    assert Attention(AttentionConfig(), torch.device("cpu")).impl == expected
+    assert Attention(AttentionConfig(), CPU).impl == expected
     assert Attention(AttentionConfig("torch"), DEVICE).impl == "torch"
     assert Attention(AttentionConfig("triton"), DEVICE).impl == "triton"
     if torch.cuda.is_available():
@@ -62,7 +68,7 @@ def test_triton_on_cpu_without_interpreter_is_a_config_error(
 ) -> None:
     monkeypatch.setattr(tri, "interpreted", lambda: False)
     with pytest.raises(ValueError, match=r"attention\.impl: triton kernels need a CUDA device"):
-        Attention(AttentionConfig("triton"), torch.device("cpu"))
+        Attention(AttentionConfig("triton"), CPU)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -70,17 +76,16 @@ def test_triton_on_cpu_without_interpreter_is_a_config_error(
 def test_writes_new_kv_exactly_at_slot_mapping(
     impl: str, paged: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if impl.startswith("cpu") and DEVICE.type != "cpu":
-        pytest.skip("the CPU path runs on the CPU")
+    device = device_for(impl)
     impl = attention_impl(impl, monkeypatch)
-    case = make_case(*MIXED, CaseShape(paged=paged), device=DEVICE, new_in_cache=False)
+    case = make_case(*MIXED, CaseShape(paged=paged), device=device, new_in_cache=False)
     k_before, v_before = case.k_cache.clone(), case.v_cache.clone()
-    _run(Attention(AttentionConfig(impl), DEVICE), case)
+    _run(Attention(AttentionConfig(impl), device), case, device)
     hkv, d = case.shape.kv_heads, case.shape.head_dim
     k_flat, v_flat = case.k_cache.view(-1, hkv, d), case.v_cache.view(-1, hkv, d)
     assert torch.equal(k_flat[case.slot_mapping], case.k_new)
     assert torch.equal(v_flat[case.slot_mapping], case.v_new)
-    untouched = torch.ones(k_flat.shape[0], dtype=torch.bool, device=DEVICE)
+    untouched = torch.ones(k_flat.shape[0], dtype=torch.bool, device=device)
     untouched[case.slot_mapping] = False
     for after, before in ((k_flat, k_before), (v_flat, v_before)):
         before = before.view(-1, hkv, d)
@@ -96,11 +101,10 @@ def test_writes_new_kv_exactly_at_slot_mapping(
 def test_matches_dense_attention(
     impl: str, paged: bool, lens: tuple[list, list], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if impl.startswith("cpu") and DEVICE.type != "cpu":
-        pytest.skip("the CPU path runs on the CPU")
+    device = device_for(impl)
     impl = attention_impl(impl, monkeypatch)
-    case = make_case(*lens, CaseShape(paged=paged), device=DEVICE, new_in_cache=False, seed=2)
-    out = _run(Attention(AttentionConfig(impl), DEVICE), case)
+    case = make_case(*lens, CaseShape(paged=paged), device=device, new_in_cache=False, seed=2)
+    out = _run(Attention(AttentionConfig(impl), device), case, device)
     assert out.shape == case.q.shape and out.dtype == case.q.dtype
     torch.testing.assert_close(out.double().cpu(), dense_attention(case, SCALE), atol=2e-5, rtol=0)
 
@@ -122,7 +126,7 @@ def test_fp32_cpu_paths_for_head_dims_beyond_one_block(
     they leave to the portable loops (20, not a multiple of 8), at every level."""
     impl = attention_impl(impl, monkeypatch)
     case = make_case(*MIXED, CaseShape(head_dim=head_dim), new_in_cache=False, seed=head_dim)
-    out = _run(Attention(AttentionConfig(impl), DEVICE), case)
+    out = _run(Attention(AttentionConfig(impl), CPU), case, CPU)
     torch.testing.assert_close(out.double().cpu(), dense_attention(case, SCALE), atol=2e-5, rtol=0)
 
 
@@ -133,7 +137,7 @@ def test_bfloat16_cpu_paths(
 ) -> None:
     impl = attention_impl(impl, monkeypatch)
     case = make_case(*lens, CaseShape(), dtype=torch.bfloat16, new_in_cache=False, seed=6)
-    out = Attention(AttentionConfig(impl), torch.device("cpu"))(
+    out = Attention(AttentionConfig(impl), CPU)(
         case.q, case.k_new, case.v_new, case.k_cache, case.v_cache, case.forward_batch(), SCALE
     )
     assert out.dtype == torch.bfloat16
@@ -143,11 +147,10 @@ def test_bfloat16_cpu_paths(
 @pytest.mark.parametrize("impl", IMPLS)
 def test_one_batch_serves_every_layer(impl: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The plan built on the first layer is reused; each layer still reads its own cache."""
-    if impl.startswith("cpu") and DEVICE.type != "cpu":
-        pytest.skip("the CPU path runs on the CPU")
+    device = device_for(impl)
     impl = attention_impl(impl, monkeypatch)
-    first = make_case(*MIXED, CaseShape(), device=DEVICE, new_in_cache=False, seed=8)
-    second = make_case(*MIXED, CaseShape(), device=DEVICE, new_in_cache=False, seed=8)
+    first = make_case(*MIXED, CaseShape(), device=device, new_in_cache=False, seed=8)
+    second = make_case(*MIXED, CaseShape(), device=device, new_in_cache=False, seed=8)
     second = dataclasses.replace(
         second,
         k_new=-second.k_new,
@@ -157,8 +160,8 @@ def test_one_batch_serves_every_layer(impl: str, monkeypatch: pytest.MonkeyPatch
     )
     second.k_cache.neg_()
     second.v_cache.mul_(2)
-    attn = Attention(AttentionConfig(impl), DEVICE)
-    batch = first.forward_batch().to(DEVICE)
+    attn = Attention(AttentionConfig(impl), device)
+    batch = first.forward_batch().to(device)
     for case in (first, second, first):
         out = attn(case.q, case.k_new, case.v_new, case.k_cache, case.v_cache, batch, SCALE)
         torch.testing.assert_close(
@@ -170,7 +173,7 @@ def test_batch_without_a_kv_layout_is_a_config_error() -> None:
     case = make_case(*MIXED, CaseShape(), new_in_cache=False)
     batch = dataclasses.replace(case.forward_batch(), block_tables=None)
     with pytest.raises(ValueError, match="batch: set exactly one of block_tables"):
-        Attention(AttentionConfig("torch"), torch.device("cpu"))(
+        Attention(AttentionConfig("torch"), CPU)(
             case.q, case.k_new, case.v_new, case.k_cache, case.v_cache, batch, SCALE
         )
 
@@ -179,6 +182,6 @@ def test_block_size_mismatch_is_a_config_error() -> None:
     case = make_case(*MIXED, CaseShape(), new_in_cache=False)
     batch = dataclasses.replace(case.forward_batch(), block_size=8)
     with pytest.raises(ValueError, match="batch.block_size: 8 differs"):
-        Attention(AttentionConfig("torch"), torch.device("cpu"))(
+        Attention(AttentionConfig("torch"), CPU)(
             case.q, case.k_new, case.v_new, case.k_cache, case.v_cache, batch, SCALE
         )
