@@ -151,13 +151,18 @@ browser:
 clean:
 	rm -rf $(VENV) runs outputs multirun .benchmarks
 
-# The GPU recipe's wheels ($(GPU_LOCK)), for the GPU machine's Python 3.12, into .gpu-wheels/:
-# carried beside the tree and unpacked by scripts/gpu_check.sh. orjson's wheels are tagged
-# manylinux_2_17, which runs on the machine's manylinux_2_28.
+# The GPU recipe, into .gpu-wheels/, carried beside the tree to scripts/gpu_check.sh: the wheels
+# of $(GPU_LOCK) for the GPU machine's Python ($(GPU_PYTHON), written to python-version: the check
+# unpacks them for that Python only) and the tokenizer the dummy shapes borrow (tokenizer/), so
+# that nothing is downloaded there. orjson's wheels are tagged manylinux_2_17, which runs on the
+# machine's manylinux_2_28.
+GPU_PYTHON := 3.12
 gpu-wheels: $(STAMP)
 	rm -rf .gpu-wheels && mkdir -p .gpu-wheels
+	echo $(GPU_PYTHON) > .gpu-wheels/python-version
+	$(PY) -m scripts.gpu_tokenizer .gpu-wheels/tokenizer
 	grep -v '^antlr4-python3-runtime==' $(GPU_LOCK) > .gpu-wheels/binary.txt
-	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) \
 	  --implementation cp --abi cp312 --platform manylinux_2_28_x86_64 \
 	  --platform manylinux_2_17_x86_64 --platform any -d .gpu-wheels -r .gpu-wheels/binary.txt
 	$(PY) -m pip wheel --quiet --no-deps -w .gpu-wheels $$(grep '^antlr4-python3-runtime==' $(GPU_LOCK))

