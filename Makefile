@@ -7,12 +7,14 @@ STAMP := $(VENV)/.servelab-installed
 # The lock of every dependency for CPU installs (CPython 3.11, Linux x86-64), from pip-tools.
 # torch in it is the CPU build (constraints.txt), as the machine's wheel folder holds it.
 LOCK := requirements/cpu.txt
-# The GPU recipe's lock: what the GPU machine lacks (it brings Python 3.12, torch, Triton,
-# transformers, pandas, pytest, rich, aiohttp, safetensors, nvidia-ml-py), at the versions of
-# LOCK, carried there as wheels (`make gpu-wheels`). antlr4-python3-runtime (omegaconf's parser)
-# has no wheel on PyPI: built here, pure Python.
+# The GPU recipe's lock: what the GPU machine's image (requirements/gpu-image.txt) lacks of what
+# servelab imports, and what those need in turn (tests/test_gpu_imports.py checks it), at the
+# versions of LOCK, carried there as wheels (`make gpu-wheels`). antlr4-python3-runtime
+# (omegaconf's parser) has no wheel on PyPI: built here, pure Python.
 GPU_LOCK := requirements/gpu.txt
-GPU_WHEELS := hydra-core omegaconf plotly narwhals gguf psutil orjson antlr4-python3-runtime
+GPU_WHEELS := hydra-core omegaconf plotly narwhals gguf psutil orjson antlr4-python3-runtime \
+  fastapi starlette pydantic pydantic-core annotated-types typing-inspection uvicorn \
+  opentelemetry-api
 RUN_ARGS ?=
 GATE ?= conf/gates/headline.yaml
 GATE_ARGS ?=
@@ -26,8 +28,8 @@ BENCH_BASE ?=
 BENCH_FAIL ?= min:25%
 BENCH_RUNS ?=
 
-.PHONY: run test test-latest lock lint gate claims bench bench-list bench-compare browser clean \
-  gpu-wheels
+.PHONY: run test test-latest lock gpu-lock lint gate claims bench bench-list bench-compare \
+  browser clean gpu-wheels
 
 $(STAMP): $(LOCK) pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -45,9 +47,13 @@ lock:
 	mkdir -p $(dir $(LOCK))
 	$(LOCK_VENV)/bin/pip-compile --quiet --upgrade --strip-extras --allow-unsafe --extra test --no-emit-index-url \
 	  --no-emit-find-links --no-header -c constraints.txt -o $(LOCK) pyproject.toml
+	rm -rf $(LOCK_VENV)
+	$(MAKE) --no-print-directory gpu-lock
+
+# The GPU recipe's lock from LOCK (GPU_WHEELS at LOCK's versions), without upgrading anything.
+gpu-lock:
 	{ echo "# The GPU recipe's wheels (Makefile GPU_WHEELS) at the versions of $(LOCK): make lock"; \
 	  grep -iE '^($(subst $() ,|,$(GPU_WHEELS)))==' $(LOCK); } > $(GPU_LOCK)
-	rm -rf $(LOCK_VENV)
 
 # The test suite on the newest versions pyproject.toml allows, in a throwaway venv, so that an
 # upstream break shows here before a user meets it. torch stays at constraints.txt's CPU build
