@@ -9,12 +9,12 @@
 #
 #   scripts/gpu_check.sh [--cpu] [OUT]      (OUT: runs/gpu-check)
 #
-# Steps: the machine; the kernel tests with the Triton kernels compiled (their differences
-# asserted); decode-attention and int4 linear timings (CUDA events around loops of calls);
-# `servelab calibrate`; end-to-end runs of vllm, orca and fastertransformer on
-# dummy-llama3-8b at two loads, with NVML telemetry. --cpu runs the same steps on the CPU
-# (Triton interpreted, dummy-tiny, one load, fewer requests and kernel tests), so the script
-# is tested where there is no GPU (tests/test_gpu_check.py) and does not rot.
+# Steps (below): end-to-end runs of vllm, orca and fastertransformer on dummy-llama3-8b with
+# NVML telemetry, a profile window, the kernel tests with the Triton kernels compiled, kernel
+# timings (CUDA events around loops of calls), the calibrated peaks, and `servelab serve`.
+# --cpu runs the same steps on the CPU (Triton interpreted, dummy-tiny, fewer requests and
+# kernel tests), so the script is tested where there is no GPU (tests/test_gpu_check.py) and
+# does not rot.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,26 +33,35 @@ source scripts/gpu_recipe.sh  # PYTHONPATH for the recipe and servelab, TOKENIZE
 export PYTHONUNBUFFERED=1
 SERVELAB=("$PYTHON" -m servelab)
 
+# Steps in the order of what they tell: the machine, the three strategies end to end, a
+# profile window over decode steps, the kernel tests, the kernel timings, the calibrated peaks
+# (measured by the first run), and `servelab serve` measured through backend=openai. Each
+# limit is about twice the step's time on an H200 (their sum fits 8 minutes); --cpu scales
+# them by SLOW. Everything is written under OUT; summary.md opens with the verdict.
 if [[ $MODE == cuda ]]; then
   unset TRITON_INTERPRET
-  DEVICE=cuda MODEL=dummy-llama3-8b REQUESTS=64 RATES=(4 16) DTYPES=(bf16 fp16)
-  KV_BUDGET=0.8  # of the memory left after the weights: calibration must run before it
-  KERNEL_TESTS=(tests/test_kernels_paged_attention.py tests/test_attention_entry.py
+  DEVICE=cuda MODEL=dummy-llama3-8b REQUESTS=64 RATE=16 DTYPE=bf16 KV_BUDGET=0.8 SLOW=1
+  PROFILE=(workload.num_requests=32 profile.first_step=12 profile.num_steps=4)
+  KERNEL_TESTS=(-n 8 tests/test_kernels_paged_attention.py tests/test_attention_entry.py
     tests/test_int4_kernels.py)
   ATTENTION=(--dtype bf16 --batches 32 64 --contexts 512 2048)
-  INT4=(--device cuda --dtypes bf16 fp16 --batches 1 32)
-  REFRESH=(--refresh)
-else  # the same steps, small: the kernel tests' Triton cases run in the test suite already
+  INT4=(--device cuda --dtypes bf16 --batches 1 32)
+else  # the same steps, small: the kernel tests' cases run in the test suite already
   export TRITON_INTERPRET=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-  DEVICE=cpu MODEL=dummy-tiny REQUESTS=8 RATES=(40) DTYPES=(fp32) KV_BUDGET=16MiB
-  KERNEL_TESTS=(tests/test_attention_entry.py)
+  DEVICE=cpu MODEL=dummy-tiny REQUESTS=8 RATE=40 DTYPE=fp32 KV_BUDGET=16MiB SLOW=3
+  PROFILE=(workload.num_requests=8 profile.first_step=6 profile.num_steps=3)
+  KERNEL_TESTS=(tests/test_attention_entry.py -k "triton and decode")
   ATTENTION=(--device cpu --dtype fp32 --batches 2 --contexts 64 --iters 2)
   INT4=(--device cpu --dtypes fp32 --batches 1 --layers 1 --iters 2)
-  REFRESH=()
 fi
+# the model and engine every run and the server share; the check's own cache (peaks measured
+# afresh on this machine, nothing downloaded where the recipe brings the tokenizer)
+ENGINE=("model=$MODEL" "${TOKENIZER[@]}" "engine.device=$DEVICE" "engine.dtype=$DTYPE"
+  "engine.kv_budget=$KV_BUDGET" "engine.cache_dir=$OUT/cache")
+WORKLOAD=(workload=sharegpt_like workload.length_scale=0.25)
 
 step() {  # step NAME LIMIT_S COMMAND...: run it, keep its log, record its status and time
-  local name=$1 limit=$2
+  local name=$1 limit=$(($2 * SLOW))
   shift 2
   echo "== $name =="
   local start=$SECONDS
@@ -63,23 +72,25 @@ step() {  # step NAME LIMIT_S COMMAND...: run it, keep its log, record its statu
   echo "-- $name: exit $rc in $((SECONDS - start)) s"
 }
 
-step machine 60 "$PYTHON" -m scripts.gpu_check_machine "$DEVICE"
-step kernel-tests 240 "$PYTHON" -m pytest -q -p no:cacheprovider \
-  --junitxml="$OUT/kernel-tests.xml" "${KERNEL_TESTS[@]}"
-step bench-attention 60 "$PYTHON" -m benchmarks.bench_attention "${ATTENTION[@]}"
-step bench-int4 60 "$PYTHON" -m benchmarks.bench_int4 "${INT4[@]}"
-for dtype in "${DTYPES[@]}"; do
-  step "calibrate-$dtype" 60 "${SERVELAB[@]}" calibrate "${REFRESH[@]}" "engine.device=$DEVICE" \
-    "engine.dtype=$dtype"
-done
+step machine 20 "$PYTHON" -m scripts.gpu_check_machine "$DEVICE"
 for strategy in vllm orca fastertransformer; do
-  for rate in "${RATES[@]}"; do
-    step "run-$strategy-$rate" 120 "${SERVELAB[@]}" "strategy=$strategy" "model=$MODEL" \
-      "${TOKENIZER[@]}" \
-      "engine.device=$DEVICE" "engine.kv_budget=$KV_BUDGET" workload=sharegpt_like \
-      workload.length_scale=0.25 \
-      "workload.num_requests=$REQUESTS" "workload.arrival.rate=$rate" \
-      "hydra.run.dir=$OUT/runs/$strategy-$rate"
-  done
+  step "run-$strategy-$RATE" 55 "${SERVELAB[@]}" "strategy=$strategy" "${ENGINE[@]}" \
+    "${WORKLOAD[@]}" "workload.num_requests=$REQUESTS" "workload.arrival.rate=$RATE" \
+    "hydra.run.dir=$OUT/runs/$strategy-$RATE"
 done
-"$PYTHON" -m scripts.gpu_check_summary "$OUT" | tee "$OUT/summary.md"
+step profile-vllm 50 "${SERVELAB[@]}" strategy=vllm "${ENGINE[@]}" "${WORKLOAD[@]}" \
+  workload.arrival.rate=1000 profile.enabled=true "${PROFILE[@]}" \
+  "hydra.run.dir=$OUT/profile-vllm"
+step kernel-tests 100 "$PYTHON" -m pytest -q -p no:cacheprovider \
+  --junitxml="$OUT/kernel-tests.xml" "${KERNEL_TESTS[@]}"
+step bench-attention 30 "$PYTHON" -m benchmarks.bench_attention "${ATTENTION[@]}"
+step bench-int4 30 "$PYTHON" -m benchmarks.bench_int4 "${INT4[@]}"
+step "calibrate-$DTYPE" 20 "${SERVELAB[@]}" calibrate "engine.device=$DEVICE" \
+  "engine.dtype=$DTYPE" "engine.cache_dir=$OUT/cache"
+step serve-openai 75 "$PYTHON" -m scripts.gpu_check_serve "$OUT/runs/serve-openai" "$((40 * SLOW))" \
+  -- strategy=vllm "${ENGINE[@]}" \
+  -- "${ENGINE[@]}" "${WORKLOAD[@]}" workload.num_requests=16 "workload.arrival.rate=$RATE"
+"$PYTHON" -m scripts.gpu_check_summary "$OUT" > "$OUT/summary.md"
+status=$?
+cat "$OUT/summary.md"
+exit $status

@@ -1,7 +1,8 @@
-"""The GPU check's summary (`scripts/gpu_check.sh`, its last step): each step's status and time,
-the kernel tests' counts and failures, the timing tables, the calibrated peaks, and for each
-end-to-end run its outcome, throughput, latencies, telemetry and its decode steps against
-their memory floor. Markdown on stdout; exits 1 when any step failed.
+"""The GPU check's summary (`scripts/gpu_check.sh`, its last step): the verdict first, then each
+step's status and time, for each end-to-end run its outcome, throughput, latencies, telemetry
+and its decode steps against their memory floor, the profile window's launches per decode step
+and the GPU's busy share, the kernel tests' counts and failures, the timing tables and the
+calibrated peaks. Markdown on stdout; exits 1 when any step failed.
 
 The floor of a decode step is the bytes it must read (weights and the KV it attends, the
 roofline counters of `steps.jsonl`) over the device's peak bandwidth: the published figure
@@ -20,7 +21,11 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import yaml
+
+from servelab.harness.measure.profiling import SUMMARY_NAME
 from servelab.harness.measure.rundir import read_steps
+from servelab.harness.models.dummy import DUMMY_SHAPES
 from servelab.harness.simulate.hardware import PRESETS
 
 TIMED_OUT = 124  # timeout(1)'s status
@@ -105,6 +110,8 @@ def run_rows(out: Path) -> list[str]:
 def decode_floor(run_dir: Path, meta: dict) -> str:
     """Median decode step against the time its bytes take at the peak bandwidth."""
     bandwidth = device_bandwidth(meta)
+    if not (run_dir / "steps.jsonl").exists():  # a run through an endpoint sees no steps
+        return "-"
     steps = [
         s
         for s in read_steps(run_dir)
@@ -123,7 +130,50 @@ def decode_floor(run_dir: Path, meta: dict) -> str:
 
 def calibrated(out: Path) -> list[str]:
     return [
-        line for log in sorted(out.glob("calibrate-*.log")) for line in log_tail(out, log.stem, 9)
+        line for log in sorted(out.glob("calibrate-*.log")) for line in log_tail(out, log.stem, 8)
+    ]
+
+
+def model_layers(run_dir: Path) -> int | None:
+    """The layers of the run's model, where it is a named dummy shape."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    shape = DUMMY_SHAPES.get(str((config.get("model") or {}).get("shape")))
+    return None if shape is None else shape.num_layers
+
+
+def profile_window(run_dir: Path) -> list[str]:
+    """Each profiled step: its batch, wall time, what it launched, the GPU's busy share; and
+    the median decode step's launches per layer."""
+    path = run_dir / SUMMARY_NAME
+    if not path.exists():
+        return [f"no {SUMMARY_NAME}: the profile window did not run to its end"]
+    steps = json.loads(path.read_text())["steps"]
+    layers = model_layers(run_dir)
+    lines = [
+        "| step | kind | batch | wall ms | kernels | copies | host operators | GPU busy |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for step in steps:
+        cells = [
+            step["step"], step.get("kind", "?"), step.get("num_seqs", "?"),
+            f"{step['wall_s'] * 1e3:.2f}", step["kernels"], step["copies"], step["host_ops"],
+            f"{step['gpu_busy_share']:.0%}",
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    decode = [step for step in steps if step.get("kind") == "decode"]
+    if not decode:
+        return [*lines, "", "no decode step in the window"]
+    kernels = statistics.median(step["kernels"] for step in decode)
+    host_ops = statistics.median(step["host_ops"] for step in decode)
+    busy = statistics.median(step["gpu_busy_share"] for step in decode)
+    per_layer = "" if layers is None else (
+        f" ({kernels / layers:.1f} kernels, {host_ops / layers:.1f} operators a layer of {layers})"
+    )  # fmt: skip
+    return [
+        *lines,
+        "",
+        f"median decode step: {kernels:g} kernels, {host_ops:g} host operators{per_layer}; "
+        f"the GPU busy {busy:.0%} of it ({len(decode)} decode steps)",
     ]
 
 
@@ -137,10 +187,18 @@ def main() -> None:
     sections = [
         "# GPU check",
         "",
+        "every step passed" if not failed else "SOME STEPS FAILED: see their logs",
+        "",
         *table,
         "",
         "## Machine",
         *log_tail(out, "machine", 40),
+        "",
+        "## End-to-end runs",
+        *run_rows(out),
+        "",
+        "## Profile window (vllm)",
+        *profile_window(out / "profile-vllm"),
         "",
         "## Kernel tests (Triton compiled where CUDA runs)",
         *kernel_tests(out),
@@ -152,16 +210,7 @@ def main() -> None:
         *log_tail(out, "bench-int4", 16),
         "",
         "## Calibrated peaks",
-        *[
-            line
-            for log in sorted(out.glob("calibrate-*.log"))
-            for line in log_tail(out, log.stem, 8)
-        ],
-        "",
-        "## End-to-end runs",
-        *run_rows(out),
-        "",
-        "every step passed" if not failed else "SOME STEPS FAILED: see their logs",
+        *calibrated(out),
     ]
     print("\n".join(sections))
     sys.exit(1 if failed else 0)

@@ -4,34 +4,49 @@ says what failed."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from scripts.gpu_check_summary import steps_table
+from servelab.harness.commands.config import compose
+from servelab.harness.models.load import dummy_tokenizer_path
+from servelab.harness.runner.settings import cache_dir_of
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = [
-    "machine", "kernel-tests", "bench-attention", "bench-int4", "calibrate-fp32",
-    "run-vllm-40", "run-orca-40", "run-fastertransformer-40",
+    "machine", "run-vllm-40", "run-orca-40", "run-fastertransformer-40", "profile-vllm",
+    "kernel-tests", "bench-attention", "bench-int4", "calibrate-fp32", "serve-openai",
 ]  # fmt: skip
 
 
 def test_the_check_runs_every_step_on_the_cpu_and_summarises_them(tmp_path: Path) -> None:
+    """With a recipe that brings the tokenizer (as `make gpu-wheels` writes it) and the package
+    index unreachable: the check's own cache starts empty, and nothing is downloaded."""
+    recipe = tmp_path / "recipe"
+    cfg = compose(["model=dummy-tiny"])
+    shutil.copytree(dummy_tokenizer_path(cfg.model, cache_dir_of(cfg)), recipe / "tokenizer")
     out = tmp_path / "check"
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": str(Path.home())}
+    env = {
+        "PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": str(Path.home()),
+        "RECIPE": str(recipe), "PIP_INDEX_URL": "http://127.0.0.1:9/", "PIP_NO_INDEX": "1",
+    }  # fmt: skip
     done = subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--cpu", str(out)],
-        env=env, capture_output=True, text=True, check=False, timeout=600,
+        env=env, capture_output=True, text=True, check=False, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()]
     assert [row[0] for row in rows] == STEPS and all(row[1] == "0" for row in rows)
     summary = (out / "summary.md").read_text()
-    assert summary.rstrip().endswith("every step passed")
+    assert summary.splitlines()[:3] == ["# GPU check", "", "every step passed"]
     for strategy in ("vllm", "orca", "fastertransformer"):
         assert f"| {strategy}-40 | complete | 8/0 |" in summary
+    assert "| serve-openai | complete | 16/0 |" in summary
+    assert "median decode step: 0 kernels" in summary  # a CPU launches none; it counts operators
     assert (out / "kernel-tests.xml").exists() and " 0 failures, 0 errors" in summary
+    assert not (out / "cache" / "models").exists()  # the tokenizer came with the recipe
 
 
 def test_a_failed_or_timed_out_step_is_said(tmp_path: Path) -> None:
