@@ -1,0 +1,163 @@
+"""What a piece of model code launches, counted exactly on any machine (`count_launches`).
+
+A GPU decode step that launches thousands of kernels from Python spends most of its time in
+the host, not the GPU. On a GPU a profile window counts the kernels (`trace_steps.py`); this
+counts, on any device, what the same code asks of the device, from inside torch's dispatch:
+
+- `operators`: aten operators dispatched from Python that produce data, each a kernel launch
+  (or more) on a GPU: an in-place operator, or one whose output owns new storage;
+- `views`: operators whose output only aliases an input (view, as_strided, t): no launch;
+- `syncs`: values read back to the host (`item`, an operator answering a number): on a GPU
+  each waits for the device;
+- `transfers`: tensors moved or created onto a device by name (`.to(device)`, `.cuda()`,
+  `torch.tensor(..., device=)`): on a GPU each is a host-to-device copy when the data is on
+  the host; on a CPU, where host and device are one, every such request counts;
+- `triton`: Triton kernel launches (counted under the interpreter, `TRITON_INTERPRET=1`;
+  what the interpreter does inside a launch is not counted as operators).
+
+A count does not depend on the machine's speed, so a test can bound it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+SYNCS = ("aten::item", "aten::_local_scalar_dense")
+METADATA = ("aten::detach_", "aten::lift_fresh")  # in place, but on the tensor's metadata only
+TRANSFER_FACTORIES = ("tensor", "as_tensor")
+
+
+@dataclass
+class Launches:
+    """Counts of one stretch of code, by kind; `names` the operators by name."""
+
+    operators: int = 0
+    views: int = 0
+    syncs: int = 0
+    transfers: int = 0
+    triton: int = 0
+    names: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def kernels(self) -> int:
+        """What a GPU would launch: operators and Triton kernels."""
+        return self.operators + self.triton
+
+    def plus(self, other: Launches) -> Launches:
+        return self._combined(other, 1)
+
+    def minus(self, other: Launches) -> Launches:
+        return self._combined(other, -1)
+
+    def _combined(self, other: Launches, sign: int) -> Launches:
+        names = Counter(self.names)
+        for name, count in other.names.items():
+            names[name] += sign * count
+        return Launches(
+            *(getattr(self, f) + sign * getattr(other, f) for f in COUNTS),
+            names=+names,
+        )
+
+
+COUNTS = ("operators", "views", "syncs", "transfers", "triton")
+
+
+class _Dispatched(TorchDispatchMode):
+    def __init__(self, counts: Launches) -> None:
+        super().__init__()
+        self.counts = counts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        name = func._schema.name
+        produced = _storages(out)
+        if name in SYNCS or (not produced and isinstance(out, bool | int | float)):
+            self.counts.syncs += 1
+        elif name in METADATA:
+            self.counts.views += 1
+        elif func._schema.is_mutable or produced - _storages((args, kwargs)):
+            self.counts.operators += 1
+            self.counts.names[name] += 1
+        else:
+            self.counts.views += 1
+        return out
+
+
+class _Named(TorchFunctionMode):
+    def __init__(self, counts: Launches) -> None:
+        super().__init__()
+        self.counts = counts
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if _is_transfer(name, args, kwargs):
+            self.counts.transfers += 1
+        return func(*args, **kwargs)
+
+
+def _is_transfer(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    if name in TRANSFER_FACTORIES:
+        return kwargs.get("device") is not None
+    if name == "cuda":
+        return True
+    named = kwargs.get("device") is not None or any(
+        isinstance(a, torch.device | str) for a in args[1:]
+    )
+    return name == "to" and named
+
+
+def _storages(tree: Any) -> set[int]:
+    return {
+        t.untyped_storage().data_ptr()
+        for t in tree_leaves(tree)
+        if isinstance(t, torch.Tensor) and t.device.type != "meta"
+    }
+
+
+@contextlib.contextmanager
+def count_launches() -> Iterator[Launches]:
+    """Count what the code inside launches (see the module's docstring); the counts fill in
+    as it runs."""
+    counts = Launches()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_triton_launches_counted(counts))
+        stack.enter_context(_Named(counts))
+        stack.enter_context(_Dispatched(counts))
+        yield counts
+
+
+@contextlib.contextmanager
+def _triton_launches_counted(counts: Launches) -> Iterator[None]:
+    """Under the interpreter, each launch counted once and run with the counting off."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    launch = InterpretedFunction.run
+
+    def counted(self: InterpretedFunction, *args: Any, **kwargs: Any) -> Any:
+        counts.triton += 1
+        with _modes_off():
+            return launch(self, *args, **kwargs)
+
+    InterpretedFunction.run = counted
+    try:
+        yield
+    finally:
+        InterpretedFunction.run = launch
+
+
+@contextlib.contextmanager
+def _modes_off() -> Iterator[None]:
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
+        yield

@@ -1,0 +1,52 @@
+"""Launch counts (`harness/measure/launches.py`): exact on any machine, so a test can bound
+what one decode step of the GPU code path launches (`benchmarks/bench_launches.py`)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from benchmarks.bench_launches import step_launches  # noqa: E402
+from servelab.harness.measure.launches import count_launches  # noqa: E402
+from servelab.harness.models.dummy import DUMMY_SHAPES  # noqa: E402
+
+CPU = torch.device("cpu")
+# What the GPU code path launches today, per decode step of the tiny shape (fp16, Triton
+# attention): the ceiling a change may lower, never raise.
+LAYER_KERNELS, STEP_TRANSFERS, STEP_SYNCS = 48, 8, 1
+
+
+def test_each_kind_is_counted_as_what_it_asks_of_the_device() -> None:
+    x, w = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8, 8, dtype=torch.bfloat16)
+    with torch.inference_mode(), count_launches() as counts:
+        y = (x @ w.t()).relu()  # t: a view; matmul and relu: two kernels
+        y.view(-1).sum().item()  # view: none; sum: one; item: a sync
+        y.add_(1)  # in place: one
+        y.float()  # a conversion: one
+        y.to(CPU)  # a transfer asked for by name (no data moves on the CPU)
+        torch.tensor([1, 2], device=CPU)  # a tensor made on a device from host data
+    assert (counts.operators, counts.syncs, counts.transfers, counts.triton) == (5, 1, 2, 0)
+    assert counts.names["aten::matmul"] == 1 and counts.views >= 2
+
+
+def test_a_triton_launch_counts_once_and_not_its_interpreted_insides() -> None:
+    from servelab.kernels.int4_matmul_triton import int4_matmul_triton
+    from tests.test_int4_kernels import random_int4
+
+    qweight, qzeros, scales, _ = random_int4(64, 32, 32, seed=0)
+    x = torch.randn(2, 64)
+    with torch.inference_mode(), count_launches() as counts:
+        int4_matmul_triton(x, qweight, qzeros, scales, 32)
+    assert counts.triton == 1 and counts.operators <= 2  # the output's allocation, at most
+
+
+def test_a_decode_step_of_the_gpu_path_launches_at_most_todays_count() -> None:
+    counted = step_launches(DUMMY_SHAPES["tiny"], 4, torch.float16, CPU, "triton")
+    assert counted.per_layer.triton == 2  # decode attention: split, then merge
+    assert counted.per_layer.kernels <= LAYER_KERNELS
+    assert counted.step.transfers <= STEP_TRANSFERS and counted.step.syncs <= STEP_SYNCS
+    assert counted.step.kernels == counted.fixed.kernels + 2 * counted.per_layer.kernels
