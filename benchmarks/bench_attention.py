@@ -8,6 +8,7 @@ runs, timed with the wall clock. Every sequence has the full context length.
 
     python -m benchmarks.bench_attention                      # CUDA: batch 32/64 x context 512/2048
     python -m benchmarks.bench_attention --device cpu --batches 8 32 --contexts 256
+    python -m benchmarks.bench_attention --q-heads 32 --kv-heads 8 --head-dim 128  # llama3-8b
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ def run(config: BenchConfig) -> Iterator[str]:
         raise ConfigError("dtype", f"unknown {config.dtype!r}; use one of {sorted(DTYPES)}")
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", "no CUDA device here; use --device cpu for the torch path")
+    if config.q_heads % config.kv_heads:
+        raise ConfigError(
+            "kv_heads", f"{config.kv_heads} does not divide {config.q_heads} query heads"
+        )
     elem = torch.finfo(DTYPES[config.dtype]).bits // 8
     yield (
         f"decode attention, {'paged' if config.paged else 'contiguous'} KV, {config.dtype}, "
@@ -119,6 +124,8 @@ def main() -> None:
     defaults = BenchConfig()
     parser.add_argument("--batches", type=int, nargs="+", default=list(defaults.batches))
     parser.add_argument("--contexts", type=int, nargs="+", default=list(defaults.contexts))
+    parser.add_argument("--q-heads", type=int, default=defaults.q_heads)
+    parser.add_argument("--kv-heads", type=int, default=defaults.kv_heads)
     parser.add_argument("--head-dim", type=int, default=defaults.head_dim)
     parser.add_argument("--contiguous", action="store_true", help="slabs instead of blocks")
     parser.add_argument("--dtype", default=defaults.dtype, choices=sorted(DTYPES))
@@ -128,6 +135,8 @@ def main() -> None:
     config = BenchConfig(
         batches=tuple(args.batches),
         contexts=tuple(args.contexts),
+        q_heads=args.q_heads,
+        kv_heads=args.kv_heads,
         head_dim=args.head_dim,
         paged=not args.contiguous,
         dtype=args.dtype,

@@ -44,7 +44,8 @@ if [[ $MODE == cuda ]]; then
   PROFILE=(workload.num_requests=32 profile.first_step=12 profile.num_steps=4)
   KERNEL_TESTS=(-n 8 tests/test_kernels_paged_attention.py tests/test_attention_entry.py
     tests/test_int4_kernels.py)
-  ATTENTION=(--dtype bf16 --batches 32 64 --contexts 512 2048)
+  ATTENTION=(--dtype bf16 --batches 32 64 --contexts 512 2048 --q-heads 32 --kv-heads 8
+    --head-dim 128)  # llama3-8b's layout
   INT4=(--device cuda --dtypes bf16 --batches 1 32)
 else  # the same steps, small: the kernel tests' cases run in the test suite already
   export TRITON_INTERPRET=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
