@@ -1,13 +1,14 @@
 """Count what one decode step of the GPU code path launches, per layer and per step.
 
-The GPU code path is the model's modules (no fused CPU decode layer) with the Triton attention
-kernels, as `engine.device=cuda` runs it. A `strategy=vllm` engine serves `--batches` requests
-until every one of them decodes, then one more decode step is counted (`count_launches`:
-operators that launch kernels, views, syncs, host-to-device transfers, Triton launches). The
-count does not depend on sizes or speed, so on a CPU it runs the Triton kernels under the
-interpreter and the shape's layers at full width; the model is built with one layer and with
-two, so that the difference is one layer's launches and the rest is the step's own, and the
-step of the shape's full depth is their sum.
+The GPU code path is the one `engine.device=cuda` runs: the Triton attention and, where they
+apply, the fused layers (`kernels/gpu_layers.py`). A `strategy=vllm` engine serves
+`--batches` requests until every one of them decodes, then one more decode step is counted
+(`count_launches`: operators that launch kernels, views, syncs, host-to-device transfers,
+Triton launches). The count does not depend on sizes or speed, so on a CPU it runs the Triton
+kernels under the interpreter and the shape's layers at full width; the model is built with
+one layer and with two, so that the difference is one layer's launches and the rest is the
+step's own, and the step of the shape's full depth is their sum. On a CPU the rest counts the
+host's own work on the batch too, which a GPU runs without a launch.
 
     python -m benchmarks.bench_launches                          # llama3-8b, batches 1 and 32
     python -m benchmarks.bench_launches --shape tiny --attention torch
@@ -72,7 +73,7 @@ def decode_engine(
         kv_budget_bytes=2 * batch * (PROMPT + OUTPUT + 16) * layout.bytes_per_token,
         kv_budget_fraction=None, max_batch_size=batch,
         max_num_batched_tokens=max(batch * PROMPT, 256), attention=attention,
-        fused_decode=False, seed=0, warmup=False,
+        fused_decode=True, seed=0, warmup=False,
     )  # fmt: skip
     strategy = strategy_settings(compose(["strategy=vllm"]).strategy)
     engine = build_engine(model, settings, strategy, time.monotonic)

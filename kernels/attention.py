@@ -87,6 +87,22 @@ class Attention:
         write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         if isinstance(plan, CpuPlan):
             return run_cpu(plan, q, k, v, k_cache, v_cache, scale)
+        return self.attend(q, k_cache, v_cache, batch, scale)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        batch: ForwardBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        """Attention over caches that already hold the new tokens' keys and values (written by
+        the caller: the fused path writes them with the rotary embedding); not the CPU
+        operator, which reads the new keys and values beside the cache."""
+        plan = self._plan_for(q, k_cache, batch)
+        if isinstance(plan, CpuPlan):
+            raise ConfigError("attention.impl", "the CPU operator attends with the new tokens")
         if isinstance(plan, AttentionPlan):
             return run_plan(plan, q, k_cache, v_cache, scale)
         if plan.decode is not None:
@@ -167,14 +183,20 @@ def _triton_plan(q: torch.Tensor, k_cache: torch.Tensor, batch: ForwardBatch) ->
         decode = tri.decode_launch(
             batch.num_seqs, k_cache.shape[2], int(batch.seq_lens.max()), q.shape[2], device
         )
+    seq_lens, query_start_loc = batch.device_lens or (batch.seq_lens, batch.query_start_loc)
     return _TritonPlan(
         paged=paged,
-        kv_index=kv_index.to(device, torch.int32 if paged else torch.int64),
-        seq_lens=batch.seq_lens.to(device, torch.int32),
-        query_start_loc=batch.query_start_loc.to(device, torch.int32),
+        kv_index=_on(kv_index, device, torch.int32 if paged else torch.int64),
+        seq_lens=_on(seq_lens, device, torch.int32),
+        query_start_loc=_on(query_start_loc, device, torch.int32),
         max_query_len=max(batch.query_lens),
         decode=decode,
     )
+
+
+def _on(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """`t` as the kernels read it: where the batch's one copy already put it, as it is."""
+    return t if t.device == device and t.dtype == dtype else t.to(device, dtype)
 
 
 def _check_batch(q: torch.Tensor, k_cache: torch.Tensor, batch: ForwardBatch) -> None:

@@ -32,7 +32,7 @@ class RunKernels:
     device: torch.device
     dtype: torch.dtype
     attention_impl: str  # resolved: "torch", "cpu" or "triton"
-    fused_layer: bool  # the engine installed the fused decoder layer
+    fused_layer: bool  # the engine installed a fused decoder stack (CPU or Triton)
     fused_setting: bool  # engine.fused_decode=auto
     int4_kernels: tuple[str, ...]  # the int4 kernels the model's layers chose; () when dense
 
@@ -110,14 +110,21 @@ def dense_linear(run: RunKernels, caps: Capabilities) -> Path:
 
 
 def fused_layer(run: RunKernels) -> Path:
+    if run.fused_layer and run.attention_impl == "triton":
+        return Path(
+            "fused layers: concatenated qkv and gate-up products, Triton add-RMSNorm, rotary "
+            "with the cache write, SiLU-and-multiply (kernels/gpu_layers.py)",
+            "the Triton attention, plain linear layers",
+        )
     if run.fused_layer:
         return Path("compiled decode_layer", "bfloat16 decode steps on the CPU operator")
     if not run.fused_setting:
         return Path("layer modules", "engine.fused_decode=off")
     return Path(
         "layer modules",
-        f"the fused layer needs bfloat16 on the CPU attention operator "
-        f"({_dtype(run)}, attention {run.attention_impl}, {run.device.type})",
+        f"the fused layer needs bfloat16 on the CPU attention operator, or the Triton attention "
+        f"with plain linear layers ({_dtype(run)}, attention {run.attention_impl}, "
+        f"{run.device.type})",
     )
 
 

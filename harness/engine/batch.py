@@ -41,6 +41,8 @@ class ForwardBatch:
     slab_starts: torch.Tensor | None = None  # [B] int64, contiguous KV: first slot of each slab
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32, paged KV
     block_size: int = 1
+    # seq_lens and query_start_loc on the model's device too (set by `to`), for the kernels
+    device_lens: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @staticmethod
     def single(tokens: torch.Tensor, logits_rows: torch.Tensor | None = None) -> ForwardBatch:
@@ -71,19 +73,47 @@ class ForwardBatch:
         return all(n == 1 for n in self.query_lens)
 
     def to(self, device: torch.device) -> ForwardBatch:
-        """Move the tensors the model reads on-device; host-side lists stay on the host."""
+        """The tensors the model and the kernels read, on `device` in one host-to-device copy
+        (`moved`); host-side lists and lengths stay on the host."""
+        ids, positions, slots, logits, starts, tables, lens, query_starts = moved(
+            [self.input_ids, self.positions, self.slot_mapping, self.logits_indices,
+             self.slab_starts, self.block_tables, self.seq_lens, self.query_start_loc],
+            device,
+        )  # fmt: skip
+        assert lens is not None and query_starts is not None
         return ForwardBatch(
-            input_ids=self.input_ids.to(device, non_blocking=True),
-            positions=self.positions.to(device, non_blocking=True),
+            input_ids=ids,
+            positions=positions,
             query_start_loc=self.query_start_loc,
             seq_lens=self.seq_lens,
             query_lens=self.query_lens,
-            slot_mapping=self.slot_mapping.to(device, non_blocking=True),
-            logits_indices=self.logits_indices.to(device, non_blocking=True),
-            slab_starts=self.slab_starts,
-            block_tables=None if self.block_tables is None else self.block_tables.to(device),
+            slot_mapping=slots,
+            logits_indices=logits,
+            slab_starts=starts,
+            block_tables=tables,
             block_size=self.block_size,
+            device_lens=(lens, query_starts),
         )
+
+
+def moved(tensors: list[torch.Tensor | None], device: torch.device) -> list[torch.Tensor | None]:
+    """The tensors on `device`, each its own dtype and shape, in one copy: their bytes packed
+    into one host buffer (the widest elements first, so that each lands aligned), moved at
+    once, and viewed back. A step's metadata moved tensor by tensor took a copy each."""
+    present = sorted(
+        (i for i, t in enumerate(tensors) if t is not None),
+        key=lambda i: -tensors[i].element_size(),  # type: ignore[union-attr]
+    )
+    parts = [tensors[i].contiguous().view(-1).view(torch.uint8) for i in present]  # type: ignore[union-attr]
+    buffer = torch.cat(parts).to(device, non_blocking=True) if parts else None
+    out = list(tensors)
+    offset = 0
+    for i, part in zip(present, parts, strict=True):
+        source = tensors[i]
+        assert source is not None and buffer is not None
+        out[i] = buffer[offset : offset + part.numel()].view(source.dtype).view(source.shape)
+        offset += part.numel()
+    return out
 
 
 class AttentionFn(Protocol):

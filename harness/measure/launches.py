@@ -6,7 +6,8 @@ counts, on any device, what the same code asks of the device, from inside torch'
 
 - `operators`: aten operators dispatched from Python that produce data, each a kernel launch
   (or more) on a GPU: an in-place operator, or one whose output owns new storage;
-- `views`: operators whose output only aliases an input (view, as_strided, t): no launch;
+- `views`: operators whose output only aliases an input (view, as_strided, t), or that only
+  take memory (empty): no launch;
 - `syncs`: values read back to the host (`item`, an operator answering a number): on a GPU
   each waits for the device;
 - `transfers`: tensors moved or created onto a device by name (`.to(device)`, `.cuda()`,
@@ -32,7 +33,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 SYNCS = ("aten::item", "aten::_local_scalar_dense")
-METADATA = ("aten::detach_", "aten::lift_fresh")  # in place, but on the tensor's metadata only
+# no kernel: in place on the tensor's metadata only, or memory taken from the allocator
+METADATA = ("aten::detach_", "aten::lift_fresh")
+ALLOCATIONS = ("aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty")
 TRANSFER_FACTORIES = ("tensor", "as_tensor")
 
 
@@ -82,7 +85,7 @@ class _Dispatched(TorchDispatchMode):
         produced = _storages(out)
         if name in SYNCS or (not produced and isinstance(out, bool | int | float)):
             self.counts.syncs += 1
-        elif name in METADATA:
+        elif name in METADATA or name in ALLOCATIONS:
             self.counts.views += 1
         elif func._schema.is_mutable or produced - _storages((args, kwargs)):
             self.counts.operators += 1

@@ -31,6 +31,7 @@ from servelab.harness.models.weights_format import CalibrationText, WeightsConte
 from servelab.harness.runner.settings import EngineSettings, cache_dir_of
 from servelab.kernels.attention import Attention, AttentionConfig
 from servelab.kernels.fused_decode import fused_decode_layers
+from servelab.kernels.gpu_layers import gpu_layers
 from servelab.kernels.linear import pack_ahead
 from servelab.strategies.decoding.context import DecoderContext
 from servelab.strategies.factories import HeadsChoice, WeightsChoice
@@ -141,6 +142,7 @@ def build_engine(
     attention = Attention(AttentionConfig(impl=settings.attention), settings.device)
     model.layer_runner = (
         fused_decode_layers(model, settings.dtype, settings.device, attention.impl)
+        or gpu_layers(model, attention)
         if settings.fused_decode
         else None
     )

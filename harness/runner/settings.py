@@ -45,7 +45,7 @@ class EngineSettings:
     max_batch_size: int
     max_num_batched_tokens: int
     attention: str
-    fused_decode: bool  # decode batches through the fused CPU layer where it applies
+    fused_decode: bool  # the fused layers where they apply (kernels/fused_decode.py, gpu_layers.py)
     seed: int
     warmup: bool  # each step-shape bucket run once before the measured window
 

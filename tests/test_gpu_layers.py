@@ -1,0 +1,73 @@
+"""The fused GPU layers (`kernels/gpu_layers.py`) serve the same tokens as the layer modules,
+on the Triton attention (interpreted on a CPU), for prefill, chunked and decode steps, paged
+and contiguous; where they cannot apply the modules run."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from servelab.harness.engine.kv_cache import KVLayout  # noqa: E402
+from servelab.harness.runner.build import build_engine  # noqa: E402
+from servelab.kernels.attention import Attention, AttentionConfig  # noqa: E402
+from servelab.kernels.gpu_layers import GpuLayers, gpu_layers  # noqa: E402
+from tests.tiny import (  # noqa: E402
+    engine_settings,
+    make_requests,
+    random_prompts,
+    serve,
+    strategy,
+    tiny_model,
+)
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def served(fused: bool, kv: str, chunked: bool) -> tuple[list[list[int]], bool]:
+    model = tiny_model(seed=3).to(DEVICE)
+    config = model.config
+    layout = KVLayout(config.num_layers, model.kv_heads_stored, config.head_dim, torch.float32)
+    settings = replace(
+        engine_settings(400 * layout.bytes_per_token, 4, 24, attention="triton"),
+        device=DEVICE, fused_decode=fused,
+    )  # fmt: skip
+    batching = strategy("iteration", kv, chunked_prefill=chunked)
+    engine = build_engine(model, settings, batching, lambda: 0.0)
+    requests = make_requests(random_prompts(6, 3, 30, seed=5), [12, 5, 9, 16, 7, 11])
+    serve(engine, requests)
+    return [r.output_ids for r in requests], isinstance(model.layer_runner, GpuLayers)
+
+
+@pytest.mark.parametrize("kv", ["paged", "contiguous"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
+def test_the_fused_layers_serve_the_modules_tokens(kv: str, chunked: bool) -> None:
+    fused, used = served(True, kv, chunked)
+    plain, unused = served(False, kv, chunked)
+    assert used and not unused
+    assert fused == plain
+
+
+def test_the_modules_run_where_the_fused_layers_cannot() -> None:
+    model = tiny_model()
+    assert gpu_layers(model, Attention(AttentionConfig("torch"), DEVICE)) is None
+    model.layers[0].self_attn.kv_repeat = 2  # the mha layout stores every KV head twice
+    assert gpu_layers(model, Attention(AttentionConfig("triton"), DEVICE)) is None
+
+
+def test_the_concatenated_weights_are_the_modules_own_memory() -> None:
+    model = tiny_model()
+    attn = model.layers[0].self_attn
+    q_before = attn.q_proj.weight.clone()
+    runner = gpu_layers(model, Attention(AttentionConfig("triton"), DEVICE))
+    assert runner is not None
+    qkv = runner.layers[0].qkv
+    assert attn.q_proj.weight.data_ptr() == qkv.data_ptr() and torch.equal(
+        attn.q_proj.weight, q_before
+    )
+    assert attn.v_proj.weight.untyped_storage().data_ptr() == qkv.untyped_storage().data_ptr()
