@@ -68,3 +68,26 @@ def test_a_ttft_limit_that_grows_with_the_prompt_judges_each_request_by_its_own(
     assert SLO(ttft_s=0.3).ttft_limit(1000) == 0.3
     with pytest.raises(ConfigError, match="slo.ttft_per_prompt_token_s"):
         SLO.from_config({"ttft_per_prompt_token_s": -1})
+
+
+@pytest.mark.parametrize(
+    ("ttft", "tpot", "e2e", "tokens", "ratio"),
+    [
+        (0.25, 0.05, 1.0, 10, 0.5),  # every metric at half its limit
+        (0.5, 0.02, 0.7, 10, 1.0),  # exactly at the TTFT limit: met
+        (0.1, 0.15, 1.5, 10, 1.5),  # TPOT decides
+        (0.1, None, 0.1, 1, 0.5),  # one token: no TPOT; normalized 0.1 / 0.2
+        (0.5000001, 0.02, 0.7, 10, 1.0000002),  # a hair over the TTFT limit: missed
+    ],
+)
+def test_the_ratio_is_the_largest_metric_over_its_limit_and_decides_meeting(
+    ttft: float, tpot: float | None, e2e: float, tokens: int, ratio: float
+) -> None:
+    slo = SLO(ttft_s=0.5, tpot_s=0.1, normalized_latency_s=0.2)
+    measured = RequestLatency(ttft=ttft, e2e=e2e, tpot=tpot, normalized_latency=e2e / tokens,
+                              output_tokens=tokens, prompt_tokens=16)  # fmt: skip
+    assert slo.ratio(measured) == pytest.approx(ratio, rel=1e-9)
+    assert slo.meets(measured) is (slo.ratio(measured) <= 1) is (ratio <= 1)
+    assert slo.ratio(None) == float("inf") and not slo.meets(None)
+    growing = SLO(ttft_s=0.1, ttft_per_prompt_token_s=0.01)  # 0.26 s allowed for 16 tokens
+    assert growing.ratio(measured) == pytest.approx(ttft / 0.26)

@@ -3,19 +3,22 @@ its load. The summary, `servelab search`, the sweep report and the gates all use
 
 A request meets the SLO when it succeeded and every configured limit holds: TTFT, TPOT (a
 one-token response has no TPOT to miss), E2E and normalized latency, each measured from the
-request's arrival. The TTFT limit may grow with the prompt (`ttft_per_prompt_token_s`: the
-limit is `ttft_s` plus that much per prompt token), since a prompt's prefill alone grows with
-it: a fixed limit set for short prompts is one a long prompt misses at any load. SLO
-attainment is the share of counted requests (warm-up and cool-down left out) that meet it;
-failed and rejected requests count, as misses. Goodput is the number that meet it per second
-of the run. A run sustains its load when its attainment is
-at least `slo.attainment` (0.9 by default); with no limit configured there is nothing to
-sustain, and the answer is None. With `slo.stop_early` set (a confidence), an in-process
-run ends once its verdict can only be a failure at that confidence (`harness.runner.early_stop`).
+request's arrival; that is, when its SLO ratio, the largest of metric / limit, is at most 1
+(`SLO.ratio`, which the knee estimator reads with every request's margin). The TTFT limit
+may grow with the prompt (`ttft_per_prompt_token_s`: the limit is `ttft_s` plus that much
+per prompt token), since a prompt's prefill alone grows with it: a fixed limit set for short
+prompts is one a long prompt misses at any load. SLO attainment is the share of counted
+requests (warm-up and cool-down left out) that meet it; failed and rejected requests count,
+as misses. Goodput is the number that meet it per second of the run. A run sustains its load
+when its attainment is at least `slo.attainment` (0.9 by default); with no limit configured
+there is nothing to sustain, and the answer is None. With `slo.stop_early` set (a
+confidence), an in-process run ends once its verdict can only be a failure at that
+confidence (`harness.runner.early_stop`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -98,17 +101,25 @@ class SLO:
             return self.ttft_s
         return (self.ttft_s or 0.0) + self.ttft_per_prompt_token_s * prompt_tokens
 
-    def meets(self, latency: RequestLatency | None) -> bool:
-        """Does a request meet every limit? None (a failed request) never does."""
+    def ratio(self, latency: RequestLatency | None) -> float:
+        """The request's SLO ratio: the largest of metric / limit over the limits that apply
+        (TPOT none for one token); at most 1 exactly when it meets the SLO (`meets`), so the
+        summary's attainment and a knee read off the ratios never disagree. inf for a failed
+        request; 0 with no limit that applies."""
         if latency is None:
-            return False
+            return math.inf
         checks = (
             (self.ttft_limit(latency.prompt_tokens), latency.ttft),
             (self.tpot_s, latency.tpot),
             (self.e2e_s, latency.e2e),
             (self.normalized_latency_s, latency.normalized_latency),
         )
-        return all(limit is None or value is None or value <= limit for limit, value in checks)
+        return max((value / limit for limit, value in checks if limit and value is not None),
+                   default=0.0)  # fmt: skip
+
+    def meets(self, latency: RequestLatency | None) -> bool:
+        """Does a request meet every limit? None (a failed request) never does."""
+        return self.ratio(latency) <= 1
 
     def attained(self, latencies: Sequence[RequestLatency | None]) -> float | None:
         """Share of counted requests (None = failed) that meet the SLO; None for none."""
