@@ -1,0 +1,382 @@
+"""The knee from the latencies: each probed rate's quantile of its requests' SLO ratios,
+fitted monotone against the rate; the knee is the rate where the fit crosses 1.
+
+A request's SLO ratio is the largest of metric / limit over the SLO's limits (`SLO.ratio`):
+at most 1, it met the SLO. A run attains `a` exactly when the a-quantile of its ratios is at
+most 1, so the knee of "attainment >= a" is where that quantile, a continuous function of the
+load, crosses 1, and every request's margin counts, not only whether it met. A request not
+served to the end (stopped over saturation) has a ratio known only from below: it is censored
+at that bound, and a quantile is known while the censored requests lie above it.
+
+Per probe, the first `warmup_share` of the requests (in arrival order) are left out, and the
+rest are tested for a trend: a probe over capacity has a queue growing through it, so its
+ratios rise with arrival order whatever their quantile (the slope test GuideLLM uses for
+over-saturation); such a probe counts as far above 1. Probes at one rate are one sample.
+Across rates, the log quantile is fitted non-decreasing in log rate (isotonic regression,
+weighted by requests) and the crossing interpolated between the two rates around it; where
+the rate above it is over capacity, or the fit jumps by more than `CLIFF` between them, the
+curve has a cliff there: no interpolation is trusted, the knee lies in that bracket, and the
+fit says so.
+
+The interval: each rate's quantile has a distribution-free interval from order statistics
+(the binomial count of its requests below the quantile, as MLPerf LoadGen bounds a latency
+percentile); the fit through every rate's upper bounds crosses 1 at the interval's low end,
+through the lower bounds at its high end (at a cliff in either, the rate beside it). The
+caller widens it by the machine's measured speed drift. A percentile bootstrap over requests
+under-covers here: a resampled 0.9-quantile of 48 requests varies less than the quantile
+does, since the resamples of the top order statistics repeat the few largest ratios.
+
+Two knees give a ratio (`knee_ratio`) whose interval joins their intervals' ends; and a knee
+says where one more probe narrows its interval most (`next_rate`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import cache
+from statistics import NormalDist
+
+import numpy as np
+
+from servelab.harness.measure.metrics import request_latency
+from servelab.harness.measure.slo import SLO, RequestLatency
+from servelab.harness.records import RequestRecord
+
+FAR_ABOVE = 10.0  # the ratio a probe over capacity counts as (a bound, not a measurement)
+# a jump of the fitted ratio by more than this between adjacent probes is a cliff even with no
+# queue seen growing; a steep but smooth rise is not one (a ratio growing as the cube of the
+# rate jumps 8x between probes a factor 2 apart, and interpolates well in log-log)
+CLIFF = 30.0
+TREND_CONFIDENCE = 0.99  # one-sided, of the rising trend that marks a probe over capacity
+
+
+@dataclass(frozen=True)
+class ProbeRatios:
+    """One rate probe's requests: each one's SLO ratio in arrival order, and whether it is
+    censored (known only to be at least that value)."""
+
+    rate: float | None  # req/s; None for a probe that is no Poisson rate (floor, ceiling)
+    ratios: tuple[float, ...]
+    censored: tuple[bool, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.ratios) != len(self.censored):
+            raise ValueError("one censored flag per ratio")
+
+    @property
+    def met(self) -> int:
+        """Requests that met the SLO (ratio at most 1, served to the end)."""
+        return sum(v <= 1 and not c for v, c in zip(self.ratios, self.censored, strict=True))
+
+
+@dataclass(frozen=True)
+class ProbeQuantile:
+    """What one probe says of the curve: its steady requests' ratio quantile (a lower bound
+    where censored requests reach it), and whether it is over capacity."""
+
+    rate: float | None
+    quantile: float
+    known: bool  # no censored request lies at or below the quantile
+    over_capacity: bool  # its ratios rise through the probe
+    requests: int  # steady requests (the warm-up share left out)
+    low: float  # the quantile's distribution-free interval (`quantile_bounds`)
+    high: float
+
+    @property
+    def level(self) -> float:
+        """The log ratio the fit takes from this probe."""
+        if self.over_capacity:
+            return math.log(FAR_ABOVE)
+        return math.log(min(max(self.quantile, 1e-6), FAR_ABOVE))
+
+
+@dataclass(frozen=True)
+class RatioKnee:
+    """The fitted knee (req/s) and its interval; None on a side no probe bounds."""
+
+    estimate: float | None  # None where the fit does not cross 1 smoothly (or at all)
+    low: float | None
+    high: float | None
+    cliff: bool  # the fit jumps across the crossing: the knee is the bracket of two probes
+    probes: tuple[ProbeQuantile, ...]  # one per probed rate (`rate_quantiles`)
+    widened_by: float = 1.0  # the speed drift's factor its interval was widened by
+    below: float | None = None  # the highest probed rate whose fitted ratio is at most 1
+    above: float | None = None  # the lowest probed rate whose fitted ratio is above 1
+
+    @property
+    def width(self) -> float:
+        """high / low; inf where a side is unbounded."""
+        if self.low is None or self.high is None:
+            return math.inf
+        return self.high / self.low
+
+    @property
+    def certainly_above(self) -> bool:
+        """Whether some probe's quantile is certainly above 1 (its interval's low end)."""
+        return any(q.low > 1 or q.over_capacity for q in self.probes)
+
+    def widened(self, factor: float) -> RatioKnee:
+        """The interval moved out by `factor` on each bounded side (the speed drift)."""
+        return replace(
+            self,
+            low=None if self.low is None else self.low / factor,
+            high=None if self.high is None else self.high * factor,
+            widened_by=self.widened_by * factor,
+        )
+
+
+def request_ratio(record: RequestRecord, slo: SLO) -> tuple[float, bool] | None:
+    """A request's SLO ratio and whether it is censored: a request the run stopped before
+    serving it to the end has only a lower bound, what it had waited by then against each
+    limit; a failed or rejected one never meets the SLO (inf). None for one that had not
+    arrived when the run stopped: it tells nothing of the load."""
+    if record.succeeded:
+        return slo.ratio(request_latency(record)), False
+    if record.finish_reason != "stopped":
+        return math.inf, False
+    waited = record.delivered_at - record.t_scheduled
+    if waited <= 0:
+        return None
+    times, planned = record.token_times, max(record.output_len, 1)
+    first = times[0] - record.t_scheduled if times else waited
+    pace = (record.delivered_at - times[0]) / (planned - 1) if times and planned > 1 else None
+    so_far = RequestLatency(first, waited, pace, waited / planned, planned, record.prompt_len)
+    return slo.ratio(so_far), True
+
+
+def probe_ratios(rate: float, records: Sequence[RequestRecord], slo: SLO) -> ProbeRatios:
+    """A rate probe's counted requests (warm-up and cool-down left out) in arrival order."""
+    counted = sorted((r for r in records if not r.excluded), key=lambda r: r.t_scheduled)
+    known = [ratio for ratio in (request_ratio(r, slo) for r in counted) if ratio is not None]
+    return ProbeRatios(rate, tuple(v for v, _ in known), tuple(c for _, c in known))
+
+
+def ratio_quantile(ratios: np.ndarray, censored: np.ndarray, share: float) -> tuple[float, bool]:
+    """The `share`-quantile (numpy's linear interpolation) of the ratios, censored ones at
+    their bound, and whether it is known: no censored ratio lies at or below it."""
+    if ratios.size == 0:
+        return math.inf, False
+    value = float(np.quantile(np.minimum(ratios, 1e300), share, method="linear"))
+    return value, not np.any(censored & (ratios <= value)).item()
+
+
+def rising(ratios: np.ndarray, confidence: float = TREND_CONFIDENCE) -> bool:
+    """Whether the log ratios rise with arrival order (least squares slope > 0 at
+    `confidence`, one-sided) up to above 1 by the last arrival: a queue growing through it."""
+    count = ratios.size
+    if count < 8:
+        return False
+    y = np.log(np.clip(ratios, 1e-6, FAR_ABOVE))
+    x = np.arange(count, dtype=np.float64)
+    slope, intercept = np.polyfit(x, y, 1)
+    residual = y - (slope * x + intercept)
+    spread = math.sqrt(
+        float(residual @ residual) / (count - 2) / float(((x - x.mean()) ** 2).sum())
+    )
+    z = NormalDist().inv_cdf(confidence)
+    return bool(slope > z * spread and slope * (count - 1) + intercept > 0)
+
+
+def probe_quantile(
+    probe: ProbeRatios, share: float, confidence: float, warmup_share: float = 0.0
+) -> ProbeQuantile:
+    """A probe's steady requests (the first `warmup_share` left out): their quantile, its
+    `confidence` interval, their trend."""
+    ratios, censored = _steady_arrays(probe, warmup_share)
+    quantile, known = ratio_quantile(ratios, censored, share)
+    low, high = quantile_bounds(ratios, censored, share, confidence)
+    return ProbeQuantile(probe.rate, quantile, known, rising(ratios), int(ratios.size), low, high)
+
+
+def isotonic(levels: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The weighted least-squares non-decreasing fit (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [weighted mean, weight, count]
+    for level, weight in zip(levels, weights, strict=True):
+        blocks.append([float(level), float(weight), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, weight_, count = blocks.pop()
+            previous = blocks[-1]
+            total = previous[1] + weight_
+            previous[0] = (previous[0] * previous[1] + mean * weight_) / total
+            previous[1], previous[2] = total, previous[2] + count
+    return np.concatenate([np.full(int(count), mean) for mean, _, count in blocks])
+
+
+@dataclass(frozen=True)
+class Crossing:
+    rate: float | None  # None: the fit does not cross 1 within the probed rates
+    below: float | None  # the highest probed rate whose fitted ratio is at most 1
+    above: float | None  # the lowest whose fitted ratio is above 1
+    cliff: bool
+
+
+def crossing(
+    rates: np.ndarray, levels: np.ndarray, weights: np.ndarray, over: np.ndarray | None = None
+) -> Crossing:
+    """Where the non-decreasing fit of log ratio against log rate crosses 0 (ratio 1); a cliff
+    where the rate above the crossing is over capacity (`over`) or the fit jumps by more than
+    `CLIFF` to it."""
+    order = np.argsort(rates, kind="stable")
+    x, fitted = np.log(rates[order]), isotonic(levels[order], weights[order])
+    at_or_below = np.flatnonzero(fitted <= 0.0)
+    if at_or_below.size == 0:
+        return Crossing(None, None, float(rates[order][0]), False)
+    last = int(at_or_below[-1])
+    if last == x.size - 1:
+        return Crossing(None, float(rates[order][-1]), None, False)
+    x0, x1, y0, y1 = x[last], x[last + 1], fitted[last], fitted[last + 1]
+    below, above = float(math.exp(x0)), float(math.exp(x1))
+    saturated = over is not None and bool(over[order][last + 1])
+    cliff = saturated or bool(y1 - y0 > math.log(CLIFF))
+    if x1 == x0:
+        return Crossing(below, below, above, cliff)
+    return Crossing(float(math.exp(x0 + (x1 - x0) * (0 - y0) / (y1 - y0))), below, above, cliff)
+
+
+def binomial_cdf(n: int, p: float) -> np.ndarray:
+    """P(X <= k) for k = 0..n, X ~ Binomial(n, p) (each term in logs: n reaches thousands)."""
+    k = np.arange(n + 1)
+    log_pmf = (
+        np.array(
+            [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in range(n + 1)]
+        )
+        + k * math.log(p)
+        + (n - k) * math.log1p(-p)
+    )
+    return np.cumsum(np.exp(log_pmf))
+
+
+@cache
+def order_statistic_bounds(count: int, share: float, confidence: float) -> tuple[int, int]:
+    """0-based ranks (l, u) of the sorted sample such that [x_l, x_u] holds the population's
+    `share`-quantile with probability at least `confidence` (the distribution-free interval
+    from the binomial count of requests below it); -1 or `count`: unbounded on that side."""
+    tail = (1 - confidence) / 2
+    cdf = binomial_cdf(count, share)
+    low = int(np.count_nonzero(cdf[:count] <= tail)) - 1  # the cdf rises: a prefix passes
+    high = count - int(np.count_nonzero(1 - cdf[:count][::-1] <= tail))
+    return low, high
+
+
+def quantile_bounds(
+    ratios: np.ndarray, censored: np.ndarray, share: float, confidence: float
+) -> tuple[float, float]:
+    """The interval of the population's `share`-quantile of the ratios: order statistics, a
+    censored ratio's bound standing for it below and infinity above."""
+    low, high = order_statistic_bounds(ratios.size, share, confidence)
+    below = np.sort(ratios)
+    above = np.sort(np.where(censored, math.inf, ratios))
+    return (
+        0.0 if low < 0 else float(below[low]),
+        math.inf if high >= ratios.size else float(above[high]),
+    )
+
+
+def rate_quantiles(
+    probes: Sequence[ProbeRatios], share: float, confidence: float, warmup_share: float = 0.0
+) -> list[ProbeQuantile]:
+    """One quantile per probed rate, in rate order: the steady requests of every probe at that
+    rate taken as one sample (they are draws of one load), over capacity where any was."""
+    by_rate: dict[float, list[ProbeRatios]] = {}
+    for probe in probes:
+        if probe.rate is not None:
+            by_rate.setdefault(probe.rate, []).append(probe)
+    points = []
+    for rate, group in sorted(by_rate.items()):
+        steady = [_steady_arrays(p, warmup_share) for p in group]
+        merged = ProbeRatios(
+            rate,
+            tuple(np.concatenate([r for r, _ in steady]).tolist()),
+            tuple(np.concatenate([c for _, c in steady]).tolist()),
+        )
+        over = any(probe_quantile(p, share, confidence, warmup_share).over_capacity for p in group)
+        points.append(replace(probe_quantile(merged, share, confidence), over_capacity=over))
+    return [q for q in points if q.requests]
+
+
+def fit_ratio_knee(
+    probes: Sequence[ProbeRatios],
+    share: float,
+    confidence: float,
+    warmup_share: float = 0.0,
+    ceiling: float | None = None,
+) -> RatioKnee:
+    """The knee where the `share`-quantile of the SLO ratios crosses 1, from every rate probe,
+    with its `confidence` interval: its low end where the fit through each rate's upper
+    quantile bound crosses 1, its high end where the fit through the lower bounds does (at a
+    cliff in either, the rate on that side of it). `ceiling` (the most the system serves,
+    every request at once) bounds it from above where no probe does."""
+    points = tuple(rate_quantiles(probes, share, confidence, warmup_share))
+    if not points:
+        return RatioKnee(None, None, None, False, points)
+    rates = np.array([q.rate for q in points])
+    weights = np.array([q.requests for q in points], dtype=np.float64)
+
+    def fitted(side: str | None) -> Crossing:
+        sided = points if side is None else [replace(q, quantile=getattr(q, side)) for q in points]
+        over = np.array([q.over_capacity for q in sided])
+        return crossing(rates, np.array([q.level for q in sided]), weights, over)
+
+    found, earliest, latest = fitted(None), fitted("high"), fitted("low")
+    smooth = found.rate is not None and not found.cliff
+    low = earliest.rate if earliest.rate is not None and not earliest.cliff else earliest.below
+    high = latest.rate if latest.rate is not None and not latest.cliff else latest.above
+    return RatioKnee(
+        found.rate if smooth else None,
+        low,
+        high or ceiling,
+        found.cliff,
+        points,
+        below=found.below,
+        above=found.above,
+    )
+
+
+def _steady_arrays(probe: ProbeRatios, warmup_share: float) -> tuple[np.ndarray, np.ndarray]:
+    """A probe's ratios and censored flags without its first `warmup_share` of requests."""
+    ratios = np.asarray(probe.ratios, dtype=np.float64)
+    censored = np.asarray(probe.censored, dtype=bool)
+    skip = int(math.floor(warmup_share * ratios.size))
+    return ratios[skip:], censored[skip:]
+
+
+@dataclass(frozen=True)
+class KneeRatio:
+    """One knee over another: the estimate and the interval (None on an unbounded side)."""
+
+    estimate: float | None
+    low: float | None
+    high: float | None
+
+
+def knee_ratio(top: RatioKnee, bottom: RatioKnee) -> KneeRatio:
+    """`top`'s knee over `bottom`'s; its interval from the two intervals' far ends, so it
+    holds whenever both hold (two 95% intervals: at least 90%)."""
+    estimate = (
+        top.estimate / bottom.estimate
+        if top.estimate is not None and bottom.estimate is not None
+        else None
+    )
+    low = top.low / bottom.high if top.low is not None and bottom.high is not None else None
+    high = top.high / bottom.low if top.high is not None and bottom.low else None
+    return KneeRatio(estimate, low, high)
+
+
+def next_rate(knee: RatioKnee, step: float = 2.0) -> float | None:
+    """Where one more probe narrows the knee's interval most: below every probe (by `step`)
+    while no rate's ratio is at most 1 or the interval has no low end, above every probe
+    while none is above 1 or it has no high end; in a cliff's bracket, its middle (in log
+    rate); else at the estimate, where every request added tightens the quantile bounds that
+    place both ends. None with no probe."""
+    rates = [q.rate for q in knee.probes if q.rate is not None]
+    if not rates:
+        return None
+    if knee.below is None or knee.low is None:
+        return min(rates) / step
+    if knee.above is None or knee.high is None:
+        return max(rates) * step
+    if knee.estimate is None:
+        return math.sqrt(knee.below * knee.above)
+    return knee.estimate

@@ -1,0 +1,211 @@
+"""The knee from the latencies: SLO ratios, their quantile with censoring, the trend test, the
+monotone fit's crossing, cliffs, and an interval that covers a made-up system's true knee."""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import numpy as np
+import pytest
+
+from servelab.harness.measure.slo import SLO
+from servelab.harness.records import RequestRecord
+from servelab.harness.search.ratio_knee import (
+    FAR_ABOVE,
+    ProbeRatios,
+    binomial_cdf,
+    crossing,
+    fit_ratio_knee,
+    isotonic,
+    knee_ratio,
+    next_rate,
+    order_statistic_bounds,
+    probe_quantile,
+    probe_ratios,
+    quantile_bounds,
+    ratio_quantile,
+    request_ratio,
+    rising,
+)
+
+SLO_LIMITS = SLO(ttft_s=0.5, tpot_s=0.1, normalized_latency_s=0.2)
+Z90 = NormalDist().inv_cdf(0.9)
+
+
+def record(**fields: object) -> RequestRecord:
+    base: dict = {
+        "id": "r",
+        "prompt_len": 16,
+        "output_len": 10,
+        "t_scheduled": 1.0,
+        "token_times": [],
+        "output_ids": [],
+        "finish_reason": "length",
+    }
+    return RequestRecord(**{**base, **fields})
+
+
+def test_a_request_the_run_stopped_is_censored_at_what_it_had_waited() -> None:
+    served = record(token_times=[1.25, *np.linspace(1.3, 1.7, 9).tolist()], t_done=1.7)
+    assert request_ratio(served, SLO_LIMITS) == (pytest.approx(0.5), False)
+    waiting = record(finish_reason="stopped", t_done=2.0)  # no token after 1 s: ttft >= 1 s
+    assert request_ratio(waiting, SLO_LIMITS) == (pytest.approx(2.0), True)
+    decoding = record(finish_reason="stopped", token_times=[1.1, 1.2], t_done=2.0)
+    value, censored = request_ratio(decoding, SLO_LIMITS)  # tpot >= 0.9 s / 9 at the least
+    assert (value, censored) == (pytest.approx(1.0), True)
+    unsent = record(finish_reason="stopped", t_scheduled=3.0, t_done=2.0)
+    assert request_ratio(unsent, SLO_LIMITS) is None
+    assert request_ratio(record(finish_reason="rejected", t_done=1.0), SLO_LIMITS) == (
+        math.inf,
+        False,
+    )
+
+
+def test_a_probe_counts_its_arrived_requests_in_arrival_order() -> None:
+    late = record(t_scheduled=1.5, token_times=[1.75, 1.8], t_done=1.8, output_len=2)
+    early = record(t_scheduled=1.0, token_times=[1.1, 1.2], t_done=1.2, output_len=2)
+    warmup = record(t_scheduled=0.5, token_times=[0.6, 0.7], t_done=0.7, excluded=True)
+    unsent = record(finish_reason="stopped", t_scheduled=9.0, t_done=2.0)
+    probe = probe_ratios(3.0, [late, unsent, warmup, early], SLO_LIMITS)
+    assert probe.rate == 3.0
+    assert probe.ratios == pytest.approx((1.0, 0.75))  # early: tpot 0.1 / 0.1; late: normalized
+    assert probe.censored == (False, False)
+
+
+def test_order_statistic_bounds_hold_the_quantile_at_their_confidence() -> None:
+    assert order_statistic_bounds(48, 0.9, 0.95) == (38, 47)
+    for count in (20, 48, 96, 200, 5000):  # thousands: a rate probed several times
+        low, high = order_statistic_bounds(count, 0.9, 0.95)
+        cdf = binomial_cdf(count, 0.9)
+        below = cdf[low] if low >= 0 else 0.0
+        above = 1 - cdf[high] if high < count else 0.0
+        assert below <= 0.025 and above <= 0.025
+        assert low + 1 >= count or cdf[low + 1] > 0.025  # the tightest on each side
+        assert high - 1 < 0 or 1 - cdf[high - 1] > 0.025
+    assert binomial_cdf(3, 0.5).tolist() == pytest.approx([0.125, 0.5, 0.875, 1.0])
+
+
+def test_a_censored_ratio_bounds_the_quantile_from_below_only() -> None:
+    ratios = np.array([0.1 * i for i in range(1, 11)])
+    censored = np.zeros(10, dtype=bool)
+    assert ratio_quantile(ratios, censored, 0.5) == (pytest.approx(0.55), True)
+    censored[2] = True  # 0.3 or more: it could lie above the median
+    assert ratio_quantile(ratios, censored, 0.5) == (pytest.approx(0.55), False)
+    censored[2], censored[9] = False, True  # the largest: the median is known
+    assert ratio_quantile(ratios, censored, 0.5) == (pytest.approx(0.55), True)
+    many = np.linspace(0.5, 1.5, 48)
+    high_censored = many > 1.2
+    low, high = quantile_bounds(many, high_censored, 0.9, 0.95)
+    assert low == pytest.approx(many[38]) and high == math.inf
+
+
+def test_a_rising_probe_is_over_capacity_and_a_steady_one_is_not() -> None:
+    rng = np.random.default_rng(1)
+    steady = np.exp(rng.normal(-0.5, 0.3, 96))
+    queueing = np.exp(np.linspace(-1.0, 1.5, 96) + rng.normal(0, 0.3, 96))
+    assert not rising(steady)
+    assert rising(queueing)
+    below_one = np.exp(np.linspace(-3.0, -1.0, 96))  # rises, but never misses: not over it
+    assert not rising(below_one)
+    over = probe_quantile(ProbeRatios(2.0, tuple(queueing), (False,) * 96), 0.9, 0.95, 0.25)
+    assert over.over_capacity and over.requests == 72 and over.level == math.log(FAR_ABOVE)
+
+
+def test_isotonic_pools_adjacent_violators() -> None:
+    fitted = isotonic(np.array([1.0, 3.0, 2.0, 4.0]), np.array([1.0, 1.0, 1.0, 1.0]))
+    assert fitted.tolist() == [1.0, 2.5, 2.5, 4.0]
+    weighted = isotonic(np.array([2.0, 0.0]), np.array([1.0, 3.0]))
+    assert weighted.tolist() == [0.5, 0.5]
+
+
+def test_the_crossing_interpolates_in_log_rate_and_says_a_cliff() -> None:
+    rates = np.array([1.0, 2.0, 4.0])
+    found = crossing(rates, np.array([-1.0, -0.2, 0.2]), np.ones(3))
+    assert found.rate == pytest.approx(2.0 * math.sqrt(2.0))
+    assert (found.below, found.above, found.cliff) == (2.0, 4.0, False)
+    cliff = crossing(rates, np.array([-1.0, -0.5, math.log(40.0)]), np.ones(3))
+    assert cliff.cliff and (cliff.below, cliff.above) == (2.0, 4.0)
+    steep = crossing(rates, np.array([-1.0, -0.5, math.log(5.0)]), np.ones(3))
+    assert not steep.cliff and steep.rate is not None
+    queueing = crossing(rates, np.array([-1.0, -0.5, 0.5]), np.ones(3), np.array([0, 0, 1]))
+    assert queueing.cliff and queueing.above == 4.0
+    everywhere_below = crossing(rates, np.array([-3.0, -2.0, -1.0]), np.ones(3))
+    assert (everywhere_below.rate, everywhere_below.below) == (None, 4.0)
+    everywhere_above = crossing(rates, np.array([1.0, 2.0, 3.0]), np.ones(3))
+    assert (everywhere_above.rate, everywhere_above.above) == (None, 1.0)
+
+
+def made_up(rate: float, requests: int, rng: np.random.Generator, knee: float = 2.0) -> ProbeRatios:
+    """A system whose 0.9-quantile of ratios is (rate / knee)^3: its knee is `knee` req/s."""
+    logs = 3 * math.log(rate / knee) + 0.4 * (rng.standard_normal(requests) - Z90)
+    return ProbeRatios(rate, tuple(np.exp(logs)), (False,) * requests)
+
+
+def searched(knee: float, rng: np.random.Generator, requests: int = 48) -> tuple:
+    """Probes at 0.7x, 1x and 1.3x of a guess off by up to ~2x, then where `next_rate` says
+    until the fit crosses; the knee and the probes it took."""
+    guess = knee * math.exp(rng.normal(0.0, 0.3))
+    probes = [made_up(share * guess, requests, rng, knee) for share in (0.7, 1.0, 1.3)]
+    fitted = fit_ratio_knee(probes, 0.9, 0.95)
+    while (fitted.estimate is None and not fitted.cliff or fitted.width == math.inf) and len(
+        probes
+    ) < 8:
+        probes.append(made_up(next_rate(fitted), requests, rng, knee))
+        fitted = fit_ratio_knee(probes, 0.9, 0.95)
+    return fitted, len(probes)
+
+
+def test_the_interval_covers_a_made_up_knee_in_90_of_100_seeded_trials() -> None:
+    """Probes of 48 requests placed as a search places them (`searched`): the 95% interval
+    holds the true knee in at least 90 trials of 100, bounded on both sides."""
+    covered = bounded = 0
+    for seed in range(100):
+        knee, _ = searched(2.0, np.random.default_rng(seed))
+        covered += (knee.low is None or knee.low <= 2.0) and (knee.high is None or knee.high >= 2.0)
+        bounded += knee.width < math.inf
+    assert covered >= 90 and bounded >= 90
+
+
+def test_a_strategy_slowed_by_k_has_its_knee_moved_down_by_about_k() -> None:
+    """The same made-up system, and one 1.5x slower (every latency 1.5x at the same load: its
+    knee at 2 / 1.5): the ratio of the two knees holds 1.5 in at least 90 trials of 100, and
+    its estimate is within 10% of it in at least 90."""
+    covered = close = 0
+    for seed in range(100):
+        rng = np.random.default_rng(1000 + seed)
+        fast, _ = searched(2.0, rng)
+        slow, _ = searched(2.0 / 1.5, rng)
+        ratio = knee_ratio(fast, slow)
+        covered += (ratio.low or 0.0) <= 1.5 <= (ratio.high or math.inf)
+        close += ratio.estimate is not None and abs(ratio.estimate / 1.5 - 1) < 0.1
+    assert covered >= 90 and close >= 90
+
+
+def test_the_next_probe_goes_where_the_fit_lacks_a_side_else_to_the_knee() -> None:
+    rng = np.random.default_rng(5)
+    below_all = fit_ratio_knee([made_up(r, 48, rng) for r in (0.5, 0.7)], 0.9, 0.95)
+    assert next_rate(below_all) == pytest.approx(1.4)  # no rate above the knee yet: higher
+    above_all = fit_ratio_knee([made_up(r, 48, rng) for r in (4.0, 6.0)], 0.9, 0.95)
+    assert next_rate(above_all) == pytest.approx(2.0)  # none below it: lower
+    crossed = fit_ratio_knee([made_up(r, 96, rng) for r in (1.4, 2.0, 2.6)], 0.9, 0.95)
+    assert crossed.estimate is not None and next_rate(crossed) == crossed.estimate
+
+
+def test_a_knee_above_every_probe_is_bounded_by_the_ceiling() -> None:
+    rng = np.random.default_rng(3)
+    probes = [made_up(rate, 48, rng) for rate in (0.5, 0.7, 0.9)]  # all well below the knee
+    knee = fit_ratio_knee(probes, 0.9, 0.95, ceiling=3.5)
+    assert (knee.estimate, knee.low, knee.high, knee.cliff) == (None, 0.9, 3.5, False)
+    assert fit_ratio_knee(probes, 0.9, 0.95).high is None
+
+
+def test_speed_drift_widens_both_ends() -> None:
+    rng = np.random.default_rng(7)
+    probes = [made_up(rate, 96, rng) for rate in (1.4, 2.0, 2.6)]
+    plain = fit_ratio_knee(probes, 0.9, 0.95)
+    widened = plain.widened(1.1)
+    assert widened.estimate == plain.estimate
+    assert widened.low == pytest.approx(plain.low / 1.1)
+    assert widened.high == pytest.approx(plain.high * 1.1)
+    assert widened.widened_by == 1.1
