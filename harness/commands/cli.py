@@ -32,6 +32,7 @@ VERBS = {
     "fit-steps": "servelab.harness.commands.fit_steps",
     "profile-steps": "servelab.harness.commands.profile_steps",
     "plan": "servelab.harness.commands.plan",
+    "knee": "servelab.harness.commands.knee",
 }
 HELP_FLAGS = ("-h", "--help")
 
