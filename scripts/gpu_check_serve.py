@@ -9,47 +9,12 @@ status, or 1 when the server did not start or did not stop.
 
 from __future__ import annotations
 
-import queue
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
-BANNER = "servelab: serving "  # the line `servelab serve` prints once it listens
-
-
-def start(overrides: list[str], log: Path, start_s: float) -> tuple[subprocess.Popen, str]:
-    """The server, and its URL once its banner is printed (every line copied to `log`)."""
-    server = subprocess.Popen(
-        [sys.executable, "-m", "servelab", "serve", "serve.port=0", *overrides],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-
-    def copy() -> None:
-        assert server.stdout is not None
-        with log.open("w") as out:
-            for line in server.stdout:
-                out.write(line)
-                out.flush()
-                lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=copy, daemon=True).start()
-    deadline = time.monotonic() + start_s
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=1.0)
-        except queue.Empty:
-            continue
-        if line is None:
-            break
-        if line.startswith(BANNER):
-            return server, line.rsplit(" at ", 1)[1].strip()
-    server.kill()
-    raise SystemExit(f"servelab serve did not start within {start_s:.0f} s: see {log}")
+from servelab.harness.serving.process import start_server
 
 
 def main() -> None:
@@ -60,21 +25,16 @@ def main() -> None:
     split = rest.index("--", 1)
     serve_overrides, run_overrides = rest[1:split], rest[split + 1 :]
     run_dir.mkdir(parents=True, exist_ok=True)
-    server, url = start(serve_overrides, run_dir / "server.log", start_s)
-    print(f"server at {url}")
+    server = start_server(serve_overrides, start_s=start_s, log=run_dir / "server.log")
+    print(f"server at {server.url}")
     try:
         client = subprocess.run(
-            [sys.executable, "-m", "servelab", "backend=openai", f"endpoint.url={url}",
+            [sys.executable, "-m", "servelab", "backend=openai", f"endpoint.url={server.url}",
              *run_overrides, f"hydra.run.dir={run_dir}"],
             check=False,
         )  # fmt: skip
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            stopped = server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            stopped = server.wait()
+        stopped = server.stop()
     print(f"client run: exit {client.returncode}; server: exit {stopped}")
     sys.exit(client.returncode or (1 if stopped not in (0, -signal.SIGTERM) else 0))
 

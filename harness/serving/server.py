@@ -34,6 +34,8 @@ from servelab.harness.serving.intake import Intake, ModelCard
 MIN_BODY_BYTES = 1024  # the smallest body bound that still takes an ordinary request
 CUT_AFTER_S = 5.0  # after the grace: how long ended responses may flush before a cut
 
+BANNER = "servelab: serving "  # the start of the line printed once it listens
+
 
 @dataclass(frozen=True)
 class ServeSettings:
@@ -168,7 +170,7 @@ def serve(cfg: DictConfig, progress: bool = True) -> None:
             access_log=False,
             timeout_graceful_shutdown=options.shutdown_grace_s + CUT_AFTER_S,
         ),
-        banner=f"servelab: serving {card.name} ({strategy.name}) at http://{host}:{port}",
+        banner=f"{BANNER}{card.name} ({strategy.name}) at http://{host}:{port}",
         engine_loop=engine_loop,
         grace_s=options.shutdown_grace_s,
     )
