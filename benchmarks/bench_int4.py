@@ -1,8 +1,10 @@
 """Time the linear layers of a decode step: dense weights against the int4 kernels.
 
-One call multiplies a batch of `M` rows through every linear of the model (SmolLM2-135M: 30
-layers x q, k, v, o, gate, up, down; distinct weights per layer, so that they stream from
-memory as in a real step rather than sit in cache). Candidates, each in its own dtype:
+One call multiplies a batch of `M` rows through every linear of a model of a named shape
+(`--shape`, SmolLM2-135M's by default; llama3-8b's and the other dummy shapes too): its
+layers (`--layers`, the shape's by default) x q, k, v, o, gate, up, down, with distinct
+weights per layer, so that they stream from memory as in a real step rather than sit in
+cache. Candidates, each in its own dtype:
 
 - `dense`: `x @ W.T` with float weights (the `dense` weights option);
 - `torch-packed`: torch's CPU int4 kernel after repacking (what `auto` serves on a CPU in
@@ -15,12 +17,14 @@ memory as in a real step rather than sit in cache). Candidates, each in its own 
 - `triton` (CUDA only): the Triton int4 GEMM.
 
 The table gives the median milliseconds per call, the weight bytes one call reads, the rate
-at which it reads them, and the speed-up over dense weights in the first dtype listed (bf16
-by default) at the same batch.
+at which it reads them and that rate's share of this machine's calibrated copy peak
+(`servelab calibrate`, measured once and cached), and the speed-up over dense weights in the
+first dtype listed (bf16 by default) at the same batch.
 
     python -m benchmarks.bench_int4                        # CPU: batches 1 and 32, bf16 and fp32
     python -m benchmarks.bench_int4 --batches 1 8 32 --dtypes bf16 --threads 1
     python -m benchmarks.bench_int4 --device cuda --dtypes fp16
+    python -m benchmarks.bench_int4 --device cuda --shape llama3-8b --batches 1 16 64
 """
 
 from __future__ import annotations
@@ -28,30 +32,41 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from benchmarks.timing import time_call
 from servelab.harness.errors import ConfigError
+from servelab.harness.measure.calibrate import measure_peaks
+from servelab.harness.models.dummy import DUMMY_SHAPES
+from servelab.harness.models.model import ModelConfig
 from servelab.kernels.int4_layout import num_groups, pack_int4
 from servelab.kernels.int4_matmul import choose_kernel
 from servelab.strategies.weights.int4_linear import Int4Linear
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-# (in, out) of SmolLM2-135M's seven linears per layer
-LAYER_SHAPES = ((576, 576), (576, 192), (576, 192), (576, 576), (576, 1536), (576, 1536),
-                (1536, 576))  # fmt: skip
+
+
+def layer_shapes(shape: ModelConfig) -> tuple[tuple[int, int], ...]:
+    """(in, out) of a layer's seven linears: q, k, v, o, gate, up, down."""
+    hidden, inner = shape.hidden_size, shape.intermediate_size
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    return (hidden, q), (hidden, kv), (hidden, kv), (q, hidden), (hidden, inner), \
+        (hidden, inner), (inner, hidden)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     batches: tuple[int, ...] = (1, 32)
     dtypes: tuple[str, ...] = ("bf16", "fp32")
-    layers: int = 30
+    shape: str = "smollm2-135m"  # a named shape (`harness.models.dummy`): its layers' linears
+    layers: int | None = None  # None: the shape's own
     group_size: int = 128
     device: str = "cpu"
     iters: int = 20
     threads: int | None = None
+    cache_dir: str = "~/.cache/servelab"  # where the calibrated peaks are cached
 
 
 def int4_layer(in_features: int, out_features: int, kernel: str, config: BenchConfig, dtype):
@@ -72,7 +87,7 @@ def int4_layer(in_features: int, out_features: int, kernel: str, config: BenchCo
 def candidates(config: BenchConfig, dtype: torch.dtype) -> dict[str, list[torch.nn.Module]]:
     """Every candidate's linears for the whole model (distinct per layer)."""
     device = torch.device(config.device)
-    shapes = [shape for _ in range(config.layers) for shape in LAYER_SHAPES]
+    shapes = [shape for _ in range(layer_count(config)) for shape in model_linears(config)]
 
     def dense(shape: tuple[int, int]) -> torch.nn.Module:
         return torch.nn.Linear(*shape, bias=False).to(device, dtype)
@@ -87,6 +102,16 @@ def candidates(config: BenchConfig, dtype: torch.dtype) -> dict[str, list[torch.
     return out
 
 
+def model_linears(config: BenchConfig) -> tuple[tuple[int, int], ...]:
+    if config.shape not in DUMMY_SHAPES:
+        raise ConfigError("shape", f"unknown {config.shape!r}; known: {', '.join(DUMMY_SHAPES)}")
+    return layer_shapes(DUMMY_SHAPES[config.shape])
+
+
+def layer_count(config: BenchConfig) -> int:
+    return config.layers or DUMMY_SHAPES[config.shape].num_layers
+
+
 def weight_bytes(layers: list[torch.nn.Module]) -> int:
     return sum(
         t.numel() * t.element_size() for layer in layers for t in layer.state_dict().values()
@@ -97,16 +122,23 @@ def bench(config: BenchConfig) -> Iterator[str]:
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", "no CUDA device here; use --device cpu")
+    widths = sorted({in_features for in_features, _ in model_linears(config)})
     if config.threads:
         torch.set_num_threads(config.threads)
     yield (
-        f"linear layers of one decode step: {config.layers} layers x 7 linears, int4 group "
-        f"{config.group_size}, {device.type}, {torch.get_num_threads()} threads"
+        f"linear layers of one decode step: {config.shape}, {layer_count(config)} layers x 7 "
+        f"linears, int4 group {config.group_size}, {device.type}, "
+        f"{torch.get_num_threads()} threads"
     )
     yardstick = config.dtypes[0]
+    peak = measure_peaks(device, DTYPES[yardstick], Path(config.cache_dir).expanduser())
+    yield (
+        f"copy peak {peak.copy_bytes_per_s / 1e9:.1f} GB/s ({yardstick}, calibrated on "
+        f"{peak.host}; `servelab calibrate --refresh` measures it again)"
+    )
     yield (
         f"{'dtype':>5} {'batch':>5} {'candidate':>13} {'ms':>8} {'MiB read':>9} {'GB/s':>6} "
-        f"{'vs dense ' + yardstick:>13}"
+        f"{'of peak':>7} {'vs dense ' + yardstick:>13}"
     )
     dense_ms: dict[int, float] = {}
     for name in config.dtypes:
@@ -114,7 +146,7 @@ def bench(config: BenchConfig) -> Iterator[str]:
         layers = candidates(config, dtype)
         for batch in config.batches:
             inputs = {width: torch.randn(batch, width, device=device, dtype=dtype)
-                      for width in (576, 1536)}  # fmt: skip
+                      for width in widths}  # fmt: skip
             for candidate, modules in layers.items():
                 if candidate == "cached-dense" and name == "fp32":
                     continue
@@ -134,6 +166,7 @@ def bench(config: BenchConfig) -> Iterator[str]:
                 yield (
                     f"{name:>5} {batch:5d} {candidate:>13} {seconds * 1e3:8.2f} "
                     f"{size / 2**20:9.1f} {size / seconds / 1e9:6.1f} "
+                    f"{size / seconds / peak.copy_bytes_per_s:7.0%} "
                     f"{dense_ms[batch] / seconds:13.2f}"
                 )
 
@@ -143,7 +176,8 @@ def main() -> None:
     defaults = BenchConfig()
     parser.add_argument("--batches", type=int, nargs="+", default=list(defaults.batches))
     parser.add_argument("--dtypes", nargs="+", default=list(defaults.dtypes), choices=DTYPES)
-    parser.add_argument("--layers", type=int, default=defaults.layers)
+    parser.add_argument("--shape", default=defaults.shape, choices=sorted(DUMMY_SHAPES))
+    parser.add_argument("--layers", type=int, default=None, help="default: the shape's")
     parser.add_argument("--group-size", type=int, default=defaults.group_size)
     parser.add_argument("--device", default=defaults.device)
     parser.add_argument("--iters", type=int, default=defaults.iters)
@@ -152,6 +186,7 @@ def main() -> None:
     config = BenchConfig(
         batches=tuple(args.batches),
         dtypes=tuple(args.dtypes),
+        shape=args.shape,
         layers=args.layers,
         group_size=args.group_size,
         device=args.device,

@@ -46,7 +46,7 @@ if [[ $MODE == cuda ]]; then
     tests/test_int4_kernels.py)
   ATTENTION=(--dtype bf16 --batches 32 64 --contexts 512 2048 --q-heads 32 --kv-heads 8
     --head-dim 128)  # llama3-8b's layout
-  INT4=(--device cuda --dtypes bf16 --batches 1 32)
+  INT4=(--device cuda --dtypes bf16 --shape llama3-8b --layers 4 --batches 1 16 64)
 else  # the same steps, small: the kernel tests' cases run in the test suite already
   export TRITON_INTERPRET=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
   DEVICE=cpu MODEL=dummy-tiny REQUESTS=8 RATE=40 DTYPE=fp32 KV_BUDGET=16MiB SLOW=3
