@@ -1,12 +1,21 @@
-"""Triton int4 GEMM for CUDA: dequantise AutoAWQ-packed weights in registers and multiply.
+"""Triton int4 products for CUDA: dequantise AutoAWQ-packed weights in registers and multiply.
 
-Each program computes one `[BLOCK_M, BLOCK_N]` tile of `y = x @ W`. Along the input
-dimension it loads a `[BLOCK_K, BLOCK_N]` tile of packed words (each int32 word holds eight
-output channels, in AutoAWQ's nibble order), shifts and masks out each channel's nibble,
-subtracts the group's zero point, multiplies by the group's scale and accumulates
-`tl.dot(x_tile, w_tile)` in float32. The weights cross memory as 4-bit values: a quarter of
-the bytes of a float16 weight, which is what makes small-batch decoding faster. Any `M`, `N`
-(a multiple of 8) and `in` work, including a short last group; edges are masked.
+Up to `GEMV_ROWS` rows (decode batches) a split-K GEMV runs (`_int4_gemv_kernel`): a layer of
+576 outputs has only nine column tiles, so without a split along the input dimension a
+handful of programs would stream the weights on a GPU of over a hundred multiprocessors.
+Each program takes one column tile and one slice of the input dimension, loads the packed
+words once each (eight channels a word, unpacked in registers), dequantises in registers,
+accumulates `x * w` in float32, and writes its partial sums; one reduction kernel adds the
+slices and casts. The number of slices fills the GPU (`_splits`).
+
+Beyond that the tiled GEMM runs: each program computes one `[BLOCK_M, BLOCK_N]` tile of
+`y = x @ W`. Along the input dimension it loads a `[BLOCK_K, BLOCK_N]` tile of packed words
+(each int32 word holds eight output channels, in AutoAWQ's nibble order), shifts and masks
+out each channel's nibble, subtracts the group's zero point, multiplies by the group's scale
+and accumulates `tl.dot(x_tile, w_tile)` in float32. The weights cross memory as 4-bit
+values: a quarter of the bytes of a float16 weight, which is what makes small-batch decoding
+faster. Any `M`, `N` (a multiple of 8) and `in` work, including a short last group; edges
+are masked.
 
 The PyTorch reference is `kernels.int4_matmul_ref.int4_matmul_ref` (same arguments). On a
 CPU this runs only under `TRITON_INTERPRET=1`, which is how the tests run it.
@@ -20,6 +29,9 @@ import triton.language as tl
 
 BLOCK_N = 64
 BLOCK_K = 64
+GEMV_ROWS = 8  # rows up to which the split-K GEMV runs
+GEMV_BLOCK_K = 32  # input rows of one GEMV step (x: [rows, 32], packed words: [32, 8])
+PROGRAMS_PER_SM = 4  # the GEMV's split fills about this many programs per multiprocessor
 
 
 @triton.jit(do_not_specialize=["M"])  # the batch's rows: one compile for every batch size
@@ -83,6 +95,103 @@ def _int4_matmul_kernel(
     )
 
 
+@triton.jit(do_not_specialize=["M", "split_len"])
+def _int4_gemv_kernel(
+    x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, partial_ptr,
+    M, N, K, group_size, split_len,
+    stride_xm, stride_wk, stride_zg, stride_sg,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    words = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
+    mask_w = words < N // 8
+    channel = tl.arange(0, 8)
+    # channel c of each eight sits in nibble (c // 2) + 4 * (c % 2): AWQ order 0 2 4 6 1 3 5 7
+    shifts = ((channel // 2) + (channel % 2) * 4) * 4
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_start = split * split_len
+    for k0 in range(k_start, tl.minimum(k_start + split_len, K), BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # fmt: skip
+        mask_kw = mask_k[:, None] & mask_w[None, :]
+        packed = tl.load(qweight_ptr + offs_k[:, None] * stride_wk + words[None, :],
+                         mask=mask_kw, other=0)  # fmt: skip
+        groups = offs_k // group_size
+        zeros = tl.load(qzeros_ptr + groups[:, None] * stride_zg + words[None, :],
+                        mask=mask_kw, other=0)  # fmt: skip
+        q = tl.reshape((packed[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_K, BLOCK_N))
+        z = tl.reshape((zeros[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_K, BLOCK_N))
+        scales = tl.load(scales_ptr + groups[:, None] * stride_sg + offs_n[None, :],
+                         mask=mask_k[:, None] & mask_n[None, :], other=0.0)  # fmt: skip
+        w = ((q - z).to(tl.float32) * scales.to(tl.float32)).to(x.dtype).to(tl.float32)
+        acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
+    tl.store(partial_ptr + (split * M + offs_m[:, None]) * N + offs_n[None, :], acc,
+             mask=mask_m[:, None] & mask_n[None, :])  # fmt: skip
+
+
+@triton.jit
+def _sum_splits_kernel(partial_ptr, y_ptr, splits, MN, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for split in range(0, splits):
+        total += tl.load(partial_ptr + split * MN + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def int4_gemv_triton(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    splits: int | None = None,
+) -> torch.Tensor:
+    """`x` `[M <= GEMV_ROWS, in]` times the int4 weight `[in, out]` -> `[M, out]` in `x`'s
+    dtype, split `splits` ways along `in` (None: enough to fill the GPU)."""
+    rows, in_features = x.shape
+    out_features = scales.shape[1]
+    y = torch.empty(rows, out_features, dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return y
+    x = x.contiguous()
+    tiles = triton.cdiv(out_features, BLOCK_N)
+    steps = triton.cdiv(in_features, GEMV_BLOCK_K)
+    splits = min(splits or _splits(tiles, steps, x.device), steps)
+    split_len = triton.cdiv(steps, splits) * GEMV_BLOCK_K
+    splits = triton.cdiv(in_features, split_len)
+    partial = torch.empty(splits, rows, out_features, dtype=torch.float32, device=x.device)
+    _int4_gemv_kernel[(tiles, splits)](
+        x, qweight, qzeros, scales, partial,
+        rows, out_features, in_features, group_size, split_len,
+        x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0),
+        BLOCK_M=max(1, triton.next_power_of_2(rows)), BLOCK_N=BLOCK_N, BLOCK_K=GEMV_BLOCK_K,
+    )  # fmt: skip
+    block = 256
+    _sum_splits_kernel[(triton.cdiv(rows * out_features, block),)](
+        partial, y, splits, rows * out_features, BLOCK=block
+    )
+    return y
+
+
+def _splits(tiles: int, steps: int, device: torch.device) -> int:
+    """Slices of the input dimension that give the GPU about `PROGRAMS_PER_SM` programs per
+    multiprocessor, at most one a step of `GEMV_BLOCK_K`."""
+    processors = (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device.type == "cuda"
+        else 4
+    )
+    return max(1, min(steps, triton.cdiv(PROGRAMS_PER_SM * processors, tiles)))
+
+
 def interpreted() -> bool:
     """Whether the kernel was built for the Triton interpreter (TRITON_INTERPRET=1 at import)."""
     return not isinstance(_int4_matmul_kernel, triton.runtime.JITFunction)
@@ -100,8 +209,11 @@ def int4_matmul_triton(
     scales: torch.Tensor,
     group_size: int,
 ) -> torch.Tensor:
-    """`x` `[M, in]` times the int4 weight `[in, out]` -> `[M, out]` in `x`'s dtype."""
+    """`x` `[M, in]` times the int4 weight `[in, out]` -> `[M, out]` in `x`'s dtype: the
+    split-K GEMV up to `GEMV_ROWS` rows, the tiled GEMM beyond."""
     rows, in_features = x.shape
+    if 0 < rows <= GEMV_ROWS:
+        return int4_gemv_triton(x, qweight, qzeros, scales, group_size)
     out_features = scales.shape[1]
     y = torch.empty(rows, out_features, dtype=x.dtype, device=x.device)
     if rows == 0:

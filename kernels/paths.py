@@ -17,6 +17,7 @@ from servelab.kernels.capabilities import Capabilities, capabilities
 from servelab.kernels.cpu_attention import own_flash_built
 from servelab.kernels.cpu_build import active_build_status, cpu_ops
 from servelab.kernels.int4_matmul_cpu import int4_loop_block
+from servelab.kernels.int4_matmul_triton import GEMV_ROWS
 
 
 @dataclass(frozen=True)
@@ -144,4 +145,6 @@ def int4_matmul(run: RunKernels, caps: Capabilities) -> Path:
             f"torch packs blocks of {caps.torch_int4_block} outputs "
             f"(its CPU capability: {caps.torch_cpu_capability})",
         )
+    if "triton" in run.int4_kernels:
+        names = f"{names}: split-K GEMV up to {GEMV_ROWS} rows, the tiled GEMM beyond"
     return Path(names, f"{_dtype(run)} on {run.device.type}")

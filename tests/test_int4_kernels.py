@@ -17,7 +17,12 @@ from servelab.kernels.int4_matmul_cpu import (
     to_cpu_panels,
 )
 from servelab.kernels.int4_matmul_ref import int4_matmul_ref
-from servelab.kernels.int4_matmul_triton import int4_matmul_triton, interpreted
+from servelab.kernels.int4_matmul_triton import (
+    GEMV_ROWS,
+    int4_gemv_triton,
+    int4_matmul_triton,
+    interpreted,
+)
 
 CPU = torch.device("cpu")
 # the Triton kernel runs compiled where CUDA is (scripts/gpu_check.sh), else interpreted
@@ -70,6 +75,37 @@ def test_triton_matches_reference(rows, in_features, out_features, group, dtype)
     assert got.dtype == dtype and got.shape == (rows, out_features)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize(
+    ("rows", "in_features", "out_features", "group", "splits"),
+    [
+        (1, 576, 576, 128, None),  # as many slices as fill the GPU
+        (2, 200, 72, 64, 1),  # one slice; a short last group; columns not a multiple of 64
+        (5, 130, 24, 32, 3),  # inputs not a multiple of the 32-row step
+        (8, 1536, 192, 128, 48),  # one slice per step
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_split_k_gemv_matches_reference(rows, in_features, out_features, group, splits, dtype):
+    qweight, qzeros, scales, _ = random_int4(in_features, out_features, group, seed=rows)
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(5)).to(dtype)
+    expected = int4_matmul_ref(x.float(), qweight, qzeros, scales, group)
+    on = [t.to(KERNEL_DEVICE) for t in (x, qweight, qzeros, scales)]
+    got = int4_gemv_triton(*on, group, splits).cpu()
+    assert got.dtype == dtype and got.shape == (rows, out_features)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_decode_batches_take_the_gemv_and_larger_ones_the_tiled_gemm():
+    qweight, qzeros, scales, _ = random_int4(256, 64, 64, seed=2)
+    on = [t.to(KERNEL_DEVICE) for t in (qweight, qzeros, scales)]
+    for rows in (1, GEMV_ROWS, GEMV_ROWS + 1):
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).to(KERNEL_DEVICE)
+        gemv = int4_gemv_triton(x, *on, 64)
+        same = torch.equal(int4_matmul_triton(x, *on, 64), gemv)
+        assert same == (rows <= GEMV_ROWS), rows  # the GEMM sums in another order
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
