@@ -182,6 +182,7 @@ def main() -> None:
     parser.add_argument("--device", default=defaults.device)
     parser.add_argument("--iters", type=int, default=defaults.iters)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--cache-dir", default=defaults.cache_dir, help="the calibrated peaks")
     args = parser.parse_args()
     config = BenchConfig(
         batches=tuple(args.batches),
@@ -192,6 +193,7 @@ def main() -> None:
         device=args.device,
         iters=args.iters,
         threads=args.threads,
+        cache_dir=args.cache_dir,
     )
     try:
         for line in bench(config):

@@ -85,7 +85,7 @@ step profile-vllm 50 "${SERVELAB[@]}" strategy=vllm "${ENGINE[@]}" "${WORKLOAD[@
 step kernel-tests 100 "$PYTHON" -m pytest -q -p no:cacheprovider \
   --junitxml="$OUT/kernel-tests.xml" "${KERNEL_TESTS[@]}"
 step bench-attention 30 "$PYTHON" -m benchmarks.bench_attention "${ATTENTION[@]}"
-step bench-int4 30 "$PYTHON" -m benchmarks.bench_int4 "${INT4[@]}"
+step bench-int4 30 "$PYTHON" -m benchmarks.bench_int4 "${INT4[@]}" --cache-dir "$OUT/cache"
 step "calibrate-$DTYPE" 20 "${SERVELAB[@]}" calibrate "engine.device=$DEVICE" \
   "engine.dtype=$DTYPE" "engine.cache_dir=$OUT/cache"
 step serve-openai 75 "$PYTHON" -m scripts.gpu_check_serve "$OUT/runs/serve-openai" "$((40 * SLOW))" \
