@@ -171,7 +171,7 @@ def describe(
     ratios = []
     for top, bottom in itertools.permutations(knees, 2):
         ratio = knee_ratio(knees[top], knees[bottom])
-        if ratio.estimate is not None and ratio.estimate >= 1:
+        if _center(knees[top]) >= _center(knees[bottom]):  # each pair once, the larger on top
             lines.append(f"{top} / {bottom}: {_rate(ratio.estimate)} "
                          f"[{_rate(ratio.low)}, {_rate(ratio.high)}]")  # fmt: skip
         ratios.append({"top": top, "bottom": bottom, "estimate": ratio.estimate,
@@ -192,6 +192,14 @@ def _knee_text(knee: RatioKnee) -> str:
         side = "above every probed rate" if knee.above is None else "below every probed rate"
         return f"not crossed: the knee lies {side}, {where}"
     return f"{_rate(knee.estimate)} req/s {where} (high / low {knee.width:.2f})"
+
+
+def _center(knee: RatioKnee) -> float:
+    """The estimate, else the middle (in log rate) of whatever bounds the knee."""
+    if knee.estimate is not None:
+        return knee.estimate
+    ends = [end for end in (knee.low, knee.high) if end]
+    return math.prod(ends) ** (1 / len(ends)) if ends else 0.0
 
 
 def _rate(value: float | None) -> str:
