@@ -35,6 +35,7 @@ from servelab.harness.measure.flags import (
     summary_flags,
     telemetry_dropouts,
 )
+from servelab.harness.measure.load_generator import load_generator
 from servelab.harness.measure.meta import collect_meta
 from servelab.harness.measure.metrics import summarize
 from servelab.harness.measure.profiling import StepProfiler
@@ -62,6 +63,7 @@ from servelab.harness.runner.warmup import Warmup, warm_up, warmup_shapes
 from servelab.kernels.int4_matmul import Int4Kernel
 from servelab.kernels.paths import RunKernels, kernel_record
 from servelab.reports.run_report import build_run_report
+from servelab.workloads.arrivals import parse_arrival_spec
 from servelab.workloads.build import build_workload
 from servelab.workloads.spec import Workload
 
@@ -386,6 +388,9 @@ def summary_for(
         "samples": telemetry.samples,
         "note": telemetry.note,
     }
+    if backend_of(cfg) == "openai":  # a client sent the requests: was it on time?
+        spec = parse_arrival_spec(cfg.workload.get("arrival"), "workload.arrival")
+        summary["load_generator"] = load_generator(requests, spec).as_dict()
     summary["energy_j"] = telemetry.energy_j
     tokens = summary["output_tokens"]
     summary["j_per_token"] = telemetry.energy_j / tokens if telemetry.energy_j and tokens else None

@@ -1,0 +1,92 @@
+"""The load generator checked on every endpoint run: did the client send the arrivals the
+workload configured, or did it fall behind (and report its own limit as the server's)?
+
+From the requests' send times (`t_send`) against their scheduled times: the configured and
+the achieved rate (requests sent, less one, over the span of their sends), the send lag's
+p50, p99 and max, the share sent more than `LATE_S` late, and a Kolmogorov-Smirnov test of
+the gaps between consecutive sends against the configured process's gaps (exponential for
+Poisson, gamma for gamma arrivals): a small p-value says the server saw another process than
+the one configured. A run whose send lag's p99 passes the flag's bound is flagged
+(`flags.SEND_LAG`), which gates refuse.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from servelab.harness.records import RequestRecord
+from servelab.workloads.arrivals import ArrivalSpec
+
+LATE_S = 0.010
+
+
+@dataclass(frozen=True)
+class LoadGenerator:
+    process: str
+    configured_rate: float | None
+    achieved_rate: float | None
+    sent: int
+    lag_p50_s: float | None
+    lag_p99_s: float | None
+    lag_max_s: float | None
+    late_share: float | None  # sent more than LATE_S after their scheduled time
+    ks_statistic: float | None  # the sent gaps against the configured process's
+    ks_p_value: float | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {**asdict(self), "late_s": LATE_S}
+
+
+def load_generator(records: Sequence[RequestRecord], spec: ArrivalSpec) -> LoadGenerator:
+    sent = sorted((r for r in records if r.t_send is not None), key=lambda r: r.t_send or 0.0)
+    times = np.array([r.t_send for r in sent], dtype=np.float64)
+    lags = np.array([(r.t_send or 0.0) - r.t_scheduled for r in sent], dtype=np.float64)
+    span = float(times[-1] - times[0]) if times.size > 1 else 0.0
+    statistic, p_value = gaps_fit(np.diff(times), spec)
+    return LoadGenerator(
+        process=spec.process,
+        configured_rate=spec.rate,
+        achieved_rate=(times.size - 1) / span if span > 0 else None,
+        sent=int(times.size),
+        lag_p50_s=_percentile(lags, 50),
+        lag_p99_s=_percentile(lags, 99),
+        lag_max_s=float(lags.max()) if lags.size else None,
+        late_share=float((lags > LATE_S).mean()) if lags.size else None,
+        ks_statistic=statistic,
+        ks_p_value=p_value,
+    )
+
+
+def gaps_fit(gaps: np.ndarray, spec: ArrivalSpec) -> tuple[float | None, float | None]:
+    """The one-sample KS statistic and its asymptotic p-value of `gaps` against the process's
+    gap distribution; (None, None) for a process without one, or fewer than 8 gaps."""
+    if spec.process not in ("poisson", "gamma") or spec.rate is None or gaps.size < 8:
+        return None, None
+    ordered = np.sort(gaps)
+    shape = spec.burstiness if spec.process == "gamma" else 1.0
+    scaled = torch.as_tensor(ordered * spec.rate * shape, dtype=torch.float64)
+    cdf = torch.special.gammainc(torch.tensor(shape, dtype=torch.float64), scaled).numpy()
+    n = ordered.size
+    above = np.arange(1, n + 1) / n - cdf
+    below = cdf - np.arange(n) / n
+    statistic = float(max(above.max(), below.max()))
+    return statistic, kolmogorov_p(statistic, n)
+
+
+def kolmogorov_p(statistic: float, n: int) -> float:
+    """P(D_n >= statistic) by the Kolmogorov distribution, with Stephens' small-n correction."""
+    root = math.sqrt(n)
+    x = (root + 0.12 + 0.11 / root) * statistic
+    if x < 0.2:
+        return 1.0
+    total = sum((-1) ** (k - 1) * math.exp(-2 * k * k * x * x) for k in range(1, 101))
+    return float(min(max(2 * total, 0.0), 1.0))
+
+
+def _percentile(values: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(values, q, method="linear")) if values.size else None
