@@ -87,7 +87,7 @@ class Attention:
         write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         if isinstance(plan, CpuPlan):
             return run_cpu(plan, q, k, v, k_cache, v_cache, scale)
-        return self.attend(q, k_cache, v_cache, batch, scale)
+        return _attend(plan, q, k_cache, v_cache, scale)
 
     def attend(
         self,
@@ -103,23 +103,7 @@ class Attention:
         plan = self._plan_for(q, k_cache, batch)
         if isinstance(plan, CpuPlan):
             raise ConfigError("attention.impl", "the CPU operator attends with the new tokens")
-        if isinstance(plan, AttentionPlan):
-            return run_plan(plan, q, k_cache, v_cache, scale)
-        if plan.decode is not None:
-            return tri.decode_with_launch(
-                q, k_cache, v_cache, plan.kv_index, plan.paged, plan.seq_lens, scale, plan.decode
-            )
-        return tri.extend_on_device(
-            q,
-            k_cache,
-            v_cache,
-            plan.kv_index,
-            plan.paged,
-            plan.seq_lens,
-            plan.query_start_loc,
-            scale,
-            plan.max_query_len,
-        )
+        return _attend(plan, q, k_cache, v_cache, scale)
 
     def _plan_for(
         self, q: torch.Tensor, k_cache: torch.Tensor, batch: ForwardBatch
@@ -144,6 +128,33 @@ class Attention:
             )
         self._batch, self._key, self._plan = batch, key, plan
         return plan
+
+
+def _attend(
+    plan: AttentionPlan | _TritonPlan,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Attention by a batch's plan over caches holding every key and value it reads."""
+    if isinstance(plan, AttentionPlan):
+        return run_plan(plan, q, k_cache, v_cache, scale)
+    if plan.decode is not None:
+        return tri.decode_with_launch(
+            q, k_cache, v_cache, plan.kv_index, plan.paged, plan.seq_lens, scale, plan.decode
+        )
+    return tri.extend_on_device(
+        q,
+        k_cache,
+        v_cache,
+        plan.kv_index,
+        plan.paged,
+        plan.seq_lens,
+        plan.query_start_loc,
+        scale,
+        plan.max_query_len,
+    )
 
 
 def _cpu_or_torch() -> str:

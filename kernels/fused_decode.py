@@ -34,7 +34,7 @@ from servelab.kernels.int4_matmul_cpu import int4_loop_block
 from servelab.kernels.linear import PackedLinear
 
 if TYPE_CHECKING:
-    from servelab.harness.models.model import DecoderLayer, LlamaModel
+    from servelab.harness.models.model import DecoderLayer, LlamaModel, RotaryEmbedding
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -124,13 +124,13 @@ class FusedDecodeLayers:
     def __call__(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rotary: RotaryEmbedding,
         batch: ForwardBatch,
         k_caches: list[torch.Tensor],
         v_caches: list[torch.Tensor],
     ) -> torch.Tensor:
         plan = plan_cpu(batch, k_caches[0].shape[1])
-        cos, sin = (part.contiguous() for part in rope)
+        cos, sin = (part.contiguous() for part in rotary(batch.positions, x.dtype))
         slots = batch.slot_mapping.contiguous()
         for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
             x = self.ops.decode_layer(

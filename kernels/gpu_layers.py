@@ -29,7 +29,7 @@ from servelab.kernels.attention import Attention
 from servelab.kernels.layer_triton import add_rmsnorm, rotary_write_kv, silu_mul
 
 if TYPE_CHECKING:
-    from servelab.harness.models.model import DecoderLayer, LlamaModel
+    from servelab.harness.models.model import DecoderLayer, LlamaModel, RotaryEmbedding
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,6 @@ class GpuLayers:
     def __init__(self, model: LlamaModel, layers: list[LayerWeights], attention: Attention) -> None:
         self.layers = layers
         self.attention = attention
-        self.rotary = model.rotary
         self.num_heads = model.config.num_heads
         self.eps = model.config.rms_norm_eps
         self.scale = model.config.head_dim**-0.5
@@ -61,13 +60,13 @@ class GpuLayers:
     def __call__(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rotary: RotaryEmbedding,
         batch: ForwardBatch,
         k_caches: list[torch.Tensor],
         v_caches: list[torch.Tensor],
     ) -> torch.Tensor:
         residual, out = x, None
-        cos, sin = self.rotary.cos, self.rotary.sin
+        cos, sin = rotary.cos, rotary.sin  # fp32 tables; the kernel gathers each token's row
         for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
             h = add_rmsnorm(x if out is None else out, None if out is None else residual,
                             layer.input_norm, self.eps)  # fmt: skip

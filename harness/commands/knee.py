@@ -17,7 +17,6 @@ from servelab.harness.errors import ConfigError
 from servelab.harness.measure.rundir import REQUESTS, read_requests
 from servelab.harness.measure.slo import SLO
 from servelab.harness.search.ratio_knee import (
-    ProbeRatios,
     RatioKnee,
     fit_ratio_knee,
     knee_ratio,
@@ -64,13 +63,13 @@ def main(args: list[str]) -> None:
     for group, members in itertools.groupby(
         sorted(runs, key=lambda r: r.group), key=lambda r: r.group
     ):
-        probes = [load_probe(run, slo) for run in members]
+        probes = [probe_ratios(run.rate, read_requests(run.path), slo) for run in members]
         knees["/".join(group)] = fit_ratio_knee(probes, share, options.confidence, options.warmup)
-    result = describe(knees, slo, share, options.confidence)
-    for line in result["lines"]:
+    lines, payload = describe(knees, slo, share, options.confidence)
+    for line in lines:
         print(line)
     if options.json:
-        Path(options.json).write_text(json.dumps(result["json"], indent=1) + "\n")
+        Path(options.json).write_text(json.dumps(payload, indent=1) + "\n")
 
 
 def parse(args: list[str]) -> argparse.Namespace:
@@ -141,13 +140,9 @@ def options_slo(given: list[str], runs: list[RateRun]) -> SLO:
     return slo
 
 
-def load_probe(run: RateRun, slo: SLO) -> ProbeRatios:
-    return probe_ratios(run.rate, read_requests(run.path), slo)
-
-
 def describe(
     knees: dict[str, RatioKnee], slo: SLO, share: float, confidence: float
-) -> dict[str, object]:
+) -> tuple[list[str], dict[str, object]]:
     """The lines printed and the JSON written."""
     lines = [slo.describe(), f"knee: where the {share:g}-quantile of the requests' SLO ratios "
              f"(the largest of metric / limit) crosses 1; {confidence:.0%} intervals"]  # fmt: skip
@@ -181,7 +176,7 @@ def describe(
                                                     "tpot_s", "e2e_s", "normalized_latency_s")},
         "share": share, "confidence": confidence, "knees": entries, "ratios": ratios,
     }  # fmt: skip
-    return {"lines": lines, "json": payload}
+    return lines, payload
 
 
 def _knee_text(knee: RatioKnee) -> str:

@@ -101,18 +101,19 @@ def moved(tensors: list[torch.Tensor | None], device: torch.device) -> list[torc
     into one host buffer (the widest elements first, so that each lands aligned), moved at
     once, and viewed back. A step's metadata moved tensor by tensor took a copy each."""
     present = sorted(
-        (i for i, t in enumerate(tensors) if t is not None),
-        key=lambda i: -tensors[i].element_size(),  # type: ignore[union-attr]
+        ((i, t) for i, t in enumerate(tensors) if t is not None),
+        key=lambda pair: -pair[1].element_size(),
     )
-    parts = [tensors[i].contiguous().view(-1).view(torch.uint8) for i in present]  # type: ignore[union-attr]
-    buffer = torch.cat(parts).to(device, non_blocking=True) if parts else None
     out = list(tensors)
+    if not present:
+        return out
+    buffer = torch.cat([t.contiguous().view(-1).view(torch.uint8) for _, t in present])
+    buffer = buffer.to(device, non_blocking=True)
     offset = 0
-    for i, part in zip(present, parts, strict=True):
-        source = tensors[i]
-        assert source is not None and buffer is not None
-        out[i] = buffer[offset : offset + part.numel()].view(source.dtype).view(source.shape)
-        offset += part.numel()
+    for i, t in present:
+        size = t.numel() * t.element_size()
+        out[i] = buffer[offset : offset + size].view(t.dtype).view(t.shape)
+        offset += size
     return out
 
 

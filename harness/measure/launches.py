@@ -34,9 +34,10 @@ from torch.utils._pytree import tree_leaves
 
 SYNCS = ("aten::item", "aten::_local_scalar_dense")
 # no kernel: in place on the tensor's metadata only, or memory taken from the allocator
-METADATA = ("aten::detach_", "aten::lift_fresh")
-ALLOCATIONS = ("aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty")
+NO_LAUNCH = ("aten::detach_", "aten::lift_fresh", "aten::empty", "aten::empty_like",
+             "aten::empty_strided", "aten::new_empty")  # fmt: skip
 TRANSFER_FACTORIES = ("tensor", "as_tensor")
+COUNTS = ("operators", "views", "syncs", "transfers", "triton")
 
 
 @dataclass
@@ -71,9 +72,6 @@ class Launches:
         )
 
 
-COUNTS = ("operators", "views", "syncs", "transfers", "triton")
-
-
 class _Dispatched(TorchDispatchMode):
     def __init__(self, counts: Launches) -> None:
         super().__init__()
@@ -85,7 +83,7 @@ class _Dispatched(TorchDispatchMode):
         produced = _storages(out)
         if name in SYNCS or (not produced and isinstance(out, bool | int | float)):
             self.counts.syncs += 1
-        elif name in METADATA or name in ALLOCATIONS:
+        elif name in NO_LAUNCH:
             self.counts.views += 1
         elif func._schema.is_mutable or produced - _storages((args, kwargs)):
             self.counts.operators += 1

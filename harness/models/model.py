@@ -159,14 +159,16 @@ class DecoderLayer(nn.Module):
 
 class LayerRunner(Protocol):
     """Runs the whole decoder stack for the batches it accepts, in place of the modules (the
-    fused CPU decode path, `kernels.fused_decode`); the same function, computed faster."""
+    fused CPU decode path, `kernels.fused_decode`; the fused GPU layers, `kernels.gpu_layers`);
+    the same function, computed faster. It takes the rotary tables whole and reads them as it
+    needs (the GPU layers gather them in their kernel)."""
 
     def accepts(self, batch: ForwardBatch, x: torch.Tensor) -> bool: ...
 
     def __call__(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rotary: RotaryEmbedding,
         batch: ForwardBatch,
         k_caches: list[torch.Tensor],
         v_caches: list[torch.Tensor],
@@ -215,11 +217,11 @@ class LlamaModel(nn.Module):
         attention: AttentionFn,
     ) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)
-        rope = self.rotary(batch.positions, x.dtype)
         runner = self.layer_runner
         if runner is not None and runner.accepts(batch, x):
-            x = runner(x, rope, batch, k_caches, v_caches)
+            x = runner(x, self.rotary, batch, k_caches, v_caches)
         else:
+            rope = self.rotary(batch.positions, x.dtype)
             for layer, k_cache, v_cache in zip(self.layers, k_caches, v_caches, strict=True):
                 x = layer(x, rope, batch, k_cache, v_cache, attention)
         last = self.norm(x.index_select(0, batch.logits_indices))
