@@ -71,22 +71,17 @@ test-latest:
 	touch $(LATEST_VENV)/.servelab-installed  # installed: `make test` must not reinstall the lock
 	$(MAKE) --no-print-directory test VENV=$(LATEST_VENV)
 
-# The default comparison: each strategy's knee found on this machine (`servelab search`): a
-# floor probe (one request at a time), a ceiling probe (every request at once), then Poisson
-# rates below the ceiling bisected until the knee is known within search.resolution, within
-# search.budget_s shared by all (a knee with no passing rate probed first); one KV budget for all, small enough that memory decides capacity (32 MiB of
-# fp32 KV: 728 tokens on every machine, the dtype pinned because the budget is in bytes).
-# The SLO moves with the machine: each request's TTFT within 8x of its prompt's prefill alone
-# (a line in prompt length) and normalized latency within 2x of the median, one request at a
-# time (fastertransformer's reference floor run), the same limits for every strategy. A probe
-# skips the spans with nothing in flight (replay.skip_idle): at the low rates of static
-# batching's knee, most of a probe is waiting for the next arrival. Then one report over every probe. RUN_ARGS adds overrides
-# (search.budget_s=3600; search.slo_from=runs/comparison/DATE/TIME judges against an earlier
-# run's SLO, so that a repeat compares knees and not two scalings).
+# The default comparison: each strategy's knee found on this machine (`servelab search`,
+# docs/search.md) under one SLO scaled from one request at a time here, within
+# search.budget_s of rate probes shared by all; one KV budget for all, small enough that
+# memory decides capacity (32 MiB of fp32 KV: 728 tokens on every machine, the dtype pinned
+# because the budget is in bytes); probes skip the spans with nothing in flight
+# (replay.skip_idle). Then one report over every probe. RUN_ARGS adds overrides
+# (search.slo_from=runs/comparison/DATE/TIME judges against an earlier run's SLO).
 COMPARISON_DIR ?= runs/comparison/$(NOW)
 NOW := $(shell date +%Y-%m-%d/%H-%M-%S)
 COMPARISON := workload=comparison engine.dtype=fp32 engine.kv_budget=32MiB \
-  search.slo_scale.ttft_s=8 search.slo_scale.normalized_latency_s=2 search.budget_s=2400 \
+  search.slo_scale.ttft_s=8 search.slo_scale.normalized_latency_s=2 search.budget_s=600 \
   replay.skip_idle=true
 run: $(STAMP)
 	$(VENV)/bin/servelab search $(COMPARISON) search.out_dir=$(COMPARISON_DIR) $(RUN_ARGS)

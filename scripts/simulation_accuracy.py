@@ -12,7 +12,7 @@ as `backend=simulated` from its own `config.yaml`, and its TTFT p50/p99, TPOT p5
 output throughput are set beside the measured ones; each held-out rate probe is also
 simulated as it was probed (stopping early as it did) and its SLO outcome set beside the
 measured one. `--knees` also runs the whole search simulated, under the real search's
-absolute SLO limits, and sets each strategy's simulated knee (bracket and fitted estimate)
+absolute SLO limits, and sets each strategy's simulated knee (estimate and interval)
 beside the measured one. Writes accuracy.json (and the simulated runs) under --out; prints
 the tables and the median absolute error of each metric.
 """
@@ -29,8 +29,8 @@ from omegaconf import OmegaConf
 
 from servelab.harness.commands.config import compose
 from servelab.harness.commands.fit_steps import main as fit_steps
-from servelab.harness.commands.search import search
 from servelab.harness.runner.run import run
+from servelab.harness.search.profile import search
 
 METRICS = {
     "ttft p50": ("ttft", "p50"),
@@ -157,37 +157,43 @@ def simulated_knees(search_dir: Path, record: dict, cost: Path, out: Path) -> li
     limits = [
         f"slo.{k}={v}" for k, v in floor_cfg.slo.items() if k.endswith("_s") and v is not None
     ]
-    settings = record["settings"]["knee"]
+    settings = record["settings"]
     overrides = [
-        "workload=comparison", f"engine.dtype={floor_cfg.engine.dtype}",
-        f"engine.kv_budget={floor_cfg.engine.kv_budget}", "backend=simulated",
-        f"simulate.cost_model={cost}", f"search.strategies=[{','.join(strategies)}]",
-        f"search.requests={settings['requests']}",
-        f"search.max_requests={settings['max_requests']}",
-        f"search.floor_requests={settings['floor_requests']}",
-        f"search.ceiling_requests={settings['ceiling_requests']}",
-        f"search.resolution={settings['resolution']}",
-        f"search.budget_s={record['settings']['budget_s']}",  # simulated seconds, as it had
+        "workload=comparison",
+        f"engine.dtype={floor_cfg.engine.dtype}",
+        f"engine.kv_budget={floor_cfg.engine.kv_budget}",
+        "backend=simulated",
+        f"simulate.cost_model={cost}",
+        f"search.strategies=[{','.join(strategies)}]",
+        *(
+            f"search.{key}={settings[key]}"
+            for key in (
+                "requests",
+                "max_requests",
+                "floor_requests",
+                "ceiling_requests",
+                "resolution",
+                "confidence",
+                "budget_s",
+            )
+        ),
         f"search.out_dir={out / 'search'}",
-        f"replay.skip_idle={floor_cfg.get('replay', {}).get('skip_idle', False)}", *limits,
-    ]  # fmt: skip
-    knees, _ = search(overrides, compose, lambda cfg, d: run(cfg, d, progress=False))
+        f"replay.skip_idle={floor_cfg.get('replay', {}).get('skip_idle', False)}",
+        *limits,
+    ]  # fmt: skip  (budget_s: simulated seconds, as it had)
+    result = search(overrides, compose, lambda cfg, d: run(cfg, d, progress=False))
     measured = {k["strategy"]: k for k in record["knees"]}
-    result = []
-    for knee in knees:
+    rows = []
+    for knee in result.knees:
         real = measured[knee.strategy]
-        fitted = (real.get("fit") or {}).get("estimate")
-        result.append({
+        rows.append({
             "strategy": knee.strategy,
-            "measured": [real["passed"], real["failed"] or real["ceiling"]],
-            "simulated": [knee.passed, knee.upper],
-            "measured_fit": fitted,
-            "simulated_fit": None if knee.fit is None else knee.fit.estimate,
+            "measured": [real["estimate"], real["low"], real["high"]],
+            "simulated": [knee.estimate, knee.low, knee.high],
         })  # fmt: skip
-        print(f"{knee.strategy}: knee measured in {result[-1]['measured']} (fitted {fitted}), "
-              f"simulated in {result[-1]['simulated']} (fitted "
-              f"{result[-1]['simulated_fit']})")  # fmt: skip
-    return result
+        print(f"{knee.strategy}: knee measured {rows[-1]['measured']} (estimate, low, high), "
+              f"simulated {rows[-1]['simulated']}")  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":

@@ -56,13 +56,11 @@ PAPERS = (
 
 
 def _search_dir(root: Path) -> Path:
-    """A knee search's record with vllm fitted at 2 [1.8, 2.2] and orca at 1 [0.9, 1.1]."""
+    """A knee search's record with vllm at 2 [1.8, 2.2] and orca at 1 [0.9, 1.1]."""
 
     def knee(strategy: str, rate: float) -> dict:
-        fit = {"estimate": rate, "low": 0.9 * rate, "high": 1.1 * rate, "slope": 4.0,
-               "dispersion": 1.0, "probes": 3, "requests": 144}  # fmt: skip
-        return {"strategy": strategy, "ceiling": 4 * rate, "passed": rate / 2,
-                "failed": rate * 2, "note": "", "fit": fit}  # fmt: skip
+        return {"strategy": strategy, "ceiling": 4 * rate, "estimate": rate,
+                "low": 0.9 * rate, "high": 1.1 * rate, "note": ""}  # fmt: skip
 
     root.mkdir()
     record = {"settings": {}, "knees": [knee("vllm", 2.0), knee("orca", 1.0)]}
@@ -159,7 +157,7 @@ def test_claims_get_their_measurements_and_verdicts_and_a_rerun_reads_them(
     sustained = again["claims"][4]["measured"][0]
     assert sustained["estimate"] == pytest.approx(2.0)
     assert (sustained["low"], sustained["high"]) == pytest.approx((1.8 / 1.1, 2.2 / 0.9))
-    assert sustained["notes"] == ["interval from the fitted knees"]
+    assert sustained["notes"] == ["interval from the two knees' intervals"]
 
 
 def test_the_shipped_claims_file_names_the_five_papers_and_measurements_that_exist() -> None:
@@ -175,16 +173,16 @@ def test_the_shipped_claims_file_names_the_five_papers_and_measurements_that_exi
     assert [c.name for c in claims.claims if c.not_testable] == ["gqa"]
 
 
-def test_a_knee_without_a_fit_is_read_from_its_brackets_and_an_open_side_is_inconclusive(
+def test_a_knee_ratio_joins_the_intervals_far_ends_and_an_open_side_is_inconclusive(
     tmp_path: Path,
 ) -> None:
     from servelab.harness.claims.knees import KneeClaim, knee_measurement, read_knees
 
     record = {
         "knees": [
-            {"strategy": "vllm", "ceiling": 4.0, "passed": 1.0, "failed": 2.0, "fit": None},
-            {"strategy": "ft", "ceiling": 1.0, "passed": None, "failed": 0.2, "fit": None},
-            {"strategy": "orca", "ceiling": 3.0, "passed": 0.5, "failed": 1.0, "fit": None},
+            {"strategy": "vllm", "ceiling": 4.0, "estimate": 1.5, "low": 1.0, "high": 2.0},
+            {"strategy": "ft", "ceiling": 1.0, "estimate": None, "low": None, "high": 0.2},
+            {"strategy": "orca", "ceiling": 3.0, "estimate": 0.75, "low": 0.5, "high": 1.0},
         ]
     }
     (tmp_path / "search.json").write_text(json.dumps(record))
@@ -193,7 +191,7 @@ def test_a_knee_without_a_fit_is_read_from_its_brackets_and_an_open_side_is_inco
     assert (over_orca["low"], over_orca["high"]) == (1.0, 4.0)  # 1 / 1, 2 / 0.5
     assert over_orca["outcome"] == "pass" and over_orca["estimate"] == pytest.approx(2.0)
     over_ft = knee_measurement(KneeClaim("y", "vllm", "ft", "at_least", 2.0), knees, tmp_path)
-    assert (over_ft["low"], over_ft["high"]) == (5.0, None)  # ft passed nothing: no upper end
+    assert (over_ft["low"], over_ft["high"]) == (5.0, None)  # ft has no low end: no upper end
     assert over_ft["outcome"] == "pass" and over_ft["estimate"] is None
     below = knee_measurement(KneeClaim("z", "vllm", "ft", "at_most", 2.0), knees, tmp_path)
     assert below["outcome"] == "fail"

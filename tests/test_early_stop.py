@@ -15,8 +15,7 @@ from servelab.harness.engine.request import Request, SamplingParams
 from servelab.harness.errors import ConfigError
 from servelab.harness.measure.rundir import read_requests
 from servelab.harness.measure.slo import SLO
-from servelab.harness.measure.verdict import Verdict, attainment, verdict
-from servelab.harness.runner.early_stop import EarlyStop
+from servelab.harness.runner.early_stop import EarlyStop, wilson
 
 ARRIVAL = 10.0
 
@@ -73,19 +72,19 @@ def test_a_request_not_yet_sent_or_left_out_is_never_a_miss() -> None:
 
 def test_it_stops_at_the_first_count_of_misses_that_makes_failure_certain() -> None:
     """20 counted requests, target 0.9 at 95%: 16 met of 20 could still be read as the knee
-    (the interval reaches 0.9), 15 of 20 cannot."""
+    (the Wilson interval reaches 0.9), 15 of 20 cannot."""
     requests = [_sent(name=f"r{i}") for i in range(20)]
     stop = EarlyStop(SLO(ttft_s=1.0, attainment=0.9), 0.95, requests)
     for done in requests[:4]:
         done.close("error", ARRIVAL + 0.5, "failed")  # delivered and missed
     assert stop.check(ARRIVAL + 0.6) is None
-    assert verdict(attainment(16, 20, 0.95), 0.9) is Verdict.KNEE
+    assert wilson(16, 20, 0.95)[1] >= 0.9  # 16 of 20 could still reach the target
     requests[4].close("error", ARRIVAL + 0.7, "failed")
     stopped = stop.check(ARRIVAL + 0.8)
     assert stopped is not None
     assert (stopped.counted, stopped.missed, stopped.delivered) == (20, 5, 5)
     assert stopped.best_attainment == 0.75 and stopped.best_high < 0.9
-    assert verdict(attainment(15, 20, 0.95), 0.9) is Verdict.FAIL
+    assert wilson(15, 20, 0.95)[1] < 0.9
 
 
 def test_a_delivered_request_that_met_the_slo_is_no_miss() -> None:
@@ -130,11 +129,10 @@ def test_a_run_over_saturation_stops_with_the_verdict_the_whole_run_gets(tmp_pat
     assert evidence["delivered"] < 24 and stopped["not_recorded"] == 0
     reasons = [r.finish_reason for r in read_requests(tmp_path / "1")]
     assert len(reasons) == 24 and reasons.count("stopped") == 24 - evidence["delivered"]
-    best = attainment(24 - evidence["missed"], 24, 0.95)
-    assert verdict(best, 0.9) is Verdict.FAIL
+    assert wilson(24 - evidence["missed"], 24, 0.95)[1] < 0.9
 
     whole = summary()
     assert whole["status"] == "complete"
     met = round(whole["slo_attainment"] * 24)
     assert met <= 24 - evidence["missed"]
-    assert verdict(attainment(met, 24, 0.95), 0.9) is Verdict.FAIL
+    assert wilson(met, 24, 0.95)[1] < 0.9

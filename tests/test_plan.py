@@ -53,7 +53,7 @@ def test_plan_tells_devices_memory_and_cost_for_a_13b_shape(tmp_path, capsys) ->
         "workload.output_len.value=32",
         "slo.ttft_s=2", "slo.tpot_s=0.1", "plan.hardware=[a100-40gb,l4]",
         "plan.strategies=[vllm]", "plan.rate=20", "plan.price_per_hour=3",
-        "plan.requests=32", f"plan.out_dir={tmp_path}",
+        "plan.requests=48", f"plan.out_dir={tmp_path}",
     ])  # fmt: skip
     record = json.loads((tmp_path / "plan.json").read_text())
     a100, l4 = record["rows"]

@@ -182,14 +182,25 @@ def test_a_strategy_slowed_by_k_has_its_knee_moved_down_by_about_k() -> None:
     assert covered >= 90 and close >= 90
 
 
-def test_the_next_probe_goes_where_the_fit_lacks_a_side_else_to_the_knee() -> None:
+def test_the_next_probe_goes_where_the_fit_lacks_a_side_else_to_its_wider_side() -> None:
     rng = np.random.default_rng(5)
     below_all = fit_ratio_knee([made_up(r, 48, rng) for r in (0.5, 0.7)], 0.9, 0.95)
     assert next_rate(below_all) == pytest.approx(1.4)  # no rate above the knee yet: higher
     above_all = fit_ratio_knee([made_up(r, 48, rng) for r in (4.0, 6.0)], 0.9, 0.95)
     assert next_rate(above_all) == pytest.approx(2.0)  # none below it: lower
     crossed = fit_ratio_knee([made_up(r, 96, rng) for r in (1.4, 2.0, 2.6)], 0.9, 0.95)
-    assert crossed.estimate is not None and next_rate(crossed) == crossed.estimate
+    estimate, low, high = crossed.estimate, crossed.low, crossed.high
+    assert estimate is not None and low is not None and high is not None
+    far = low if estimate / low >= high / estimate else high  # the interval's wider side
+    assert next_rate(crossed) == pytest.approx(math.sqrt(estimate * far))
+    assert min(estimate, far) < next_rate(crossed) < max(estimate, far)
+    # at 1 req/s the 0.9-quantile is 0.5 but 3 of 48 requests at 3x their limit put its upper
+    # bound above 1: no low end, so a little lower (where a longer probe can bound it)
+    tail = ProbeRatios(1.0, (0.5,) * 45 + (3.0,) * 3, (False,) * 48)
+    over = ProbeRatios(2.0, (5.0,) * 48, (False,) * 48)
+    straddled = fit_ratio_knee([tail, over], 0.9, 0.95)
+    assert straddled.below == 1.0 and straddled.low is None
+    assert next_rate(straddled) == pytest.approx(1 / math.sqrt(2))
 
 
 def test_a_knee_above_every_probe_is_bounded_by_the_ceiling() -> None:

@@ -1,107 +1,85 @@
-"""The knee search on made-up systems (no model runs), and the verdict's interval."""
+"""The knee search on made-up systems (no model runs): where it probes, what it reports, how
+the strategies share the budget; and on the tiny model, a strategy slowed on purpose."""
 
 from __future__ import annotations
 
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
 import pytest
 
-from servelab.harness.measure.verdict import Verdict, attainment, verdict, wilson
-from servelab.harness.search.knee import Knee, KneeSettings, Outcome, Probe, find_knees
+from servelab.harness.search.knee import (
+    Knee,
+    KneeSearch,
+    KneeSettings,
+    Outcome,
+    Probe,
+    ProbeSpec,
+    find_knees,
+)
+from servelab.harness.search.ratio_knee import ProbeRatios, fit_ratio_knee, probe_quantile
 
 SETTINGS = KneeSettings(
     target=0.9,
-    resolution=0.1,
+    resolution=0.2,
     requests=48,
-    max_requests=96,
+    max_requests=192,
     floor_requests=8,
     ceiling_requests=16,
     confidence=0.95,
 )
+Z90 = 1.2815515655446004  # the standard normal's 0.9-quantile
 
 
 class System:
-    """A made-up strategy: every request meets the SLO below `knee` req/s, none above;
-    `straddle` rates give a share near the target; every probe costs its requests / rate."""
+    """A made-up strategy: the 0.9-quantile of its SLO ratios is (rate / knee)^slope, each
+    request's ratio log-normal about it; a probe costs its requests / rate; the floor's
+    requests meet the SLO with half their allowance to spare (or miss it 3x, knee 0)."""
 
-    def __init__(self, knee: float, ceiling: float, straddle: tuple[float, float] = (0, 0)):
-        self.knee, self.top, self.straddle = knee, ceiling, straddle
-        self.calls: list[tuple[str, float | None, int]] = []
-        self.now = 0.0
+    def __init__(self, knee: float, ceiling: float, slope: float = 4.0, clock: Clock | None = None):
+        self.knee, self.top, self.slope = knee, ceiling, slope
+        self.clock = clock or Clock()
+        self.calls: list[tuple[str, float | None, int, int]] = []
 
-    def clock(self) -> float:
-        return self.now
+    def ratios(self, rate: float, requests: int, rng: np.random.Generator) -> np.ndarray:
+        median = self.slope * math.log(rate / self.knee) - 0.3 * Z90
+        return np.exp(median + 0.3 * rng.standard_normal(requests))
 
-    def _outcome(self, met: int, requests: int, seconds: float) -> Outcome:
-        self.now += seconds
-        return Outcome("dir", attainment(met, requests, 0.95), self.top, seconds, seconds)
+    def _outcome(self, rate: float | None, ratios: np.ndarray, seconds: float) -> Outcome:
+        self.clock.now += seconds
+        values = ProbeRatios(rate, tuple(ratios.tolist()), (False,) * ratios.size)
+        return Outcome("dir", values, self.top, seconds, seconds)
 
     def floor(self, requests: int) -> Outcome:
-        self.calls.append(("floor", None, requests))
-        return self._outcome(requests if self.knee > 0 else 0, requests, 1.0)
+        self.calls.append(("floor", None, requests, 0))
+        return self._outcome(None, np.full(requests, 0.5 if self.knee else 3.0), 1.0)
 
     def ceiling(self, requests: int) -> Outcome:
-        self.calls.append(("ceiling", None, requests))
-        return self._outcome(0, requests, 2.0)
+        self.calls.append(("ceiling", None, requests, 0))
+        return self._outcome(None, np.full(requests, 5.0), 2.0)
 
     def at(self, rate: float, requests: int, repeat: int = 0) -> Outcome:
-        self.calls.append(("rate", rate, requests))
-        low, high = self.straddle
-        if low <= rate <= high:
-            met = round(requests * 0.88)  # straddles 0.9 at 48 and at 96 requests
-        else:
-            met = requests if rate <= self.knee else 0
-        return self._outcome(met, requests, requests / rate)
+        self.calls.append(("rate", rate, requests, repeat))
+        rng = np.random.default_rng([round(rate * 1e4), requests, repeat])
+        return self._outcome(rate, self.ratios(rate, requests, rng), requests / rate)
+
+    def run(self, spec: ProbeSpec) -> Outcome:
+        if spec.kind == "floor":
+            return self.floor(spec.requests)
+        if spec.kind == "ceiling":
+            return self.ceiling(spec.requests)
+        assert spec.rate is not None
+        return self.at(spec.rate, spec.requests, spec.repeat)
+
+    def rates(self) -> list[float]:
+        return [rate for kind, rate, _, _ in self.calls if kind == "rate" and rate is not None]
 
 
-def _search(system: System, budget_s: float = 1e6) -> Knee:
-    return find_knees({"s": system}, SETTINGS, budget_s, clock=system.clock)[0]
-
-
-def test_the_knee_is_bracketed_within_the_resolution() -> None:
-    system = System(knee=3.0, ceiling=10.0)
-    knee = _search(system)
-    assert knee.resolved and knee.ceiling == 10.0
-    assert knee.passed is not None and knee.failed is not None
-    assert knee.passed <= 3.0 < knee.failed and knee.failed / knee.passed <= 1.1
-    rates = [rate for kind, rate, _ in system.calls if kind == "rate"]
-    assert rates[:2] == [5.0, 2.5]  # from half the ceiling down by halves, then bisection
-    assert [kind for kind, _, _ in system.calls[:2]] == ["floor", "ceiling"]
-
-
-def test_a_slo_missed_one_request_at_a_time_sustains_no_rate() -> None:
-    knee = _search(System(knee=0.0, ceiling=10.0))
-    assert knee.resolved and knee.passed is None and "no rate is sustained" in knee.note
-    assert [p.kind for p in knee.probes] == ["floor"]
-
-
-def test_a_slo_that_never_binds_puts_the_knee_at_the_ceiling() -> None:
-    knee = _search(System(knee=100.0, ceiling=10.0))
-    assert knee.resolved and knee.failed is None and knee.upper == 10.0
-    assert knee.passed is not None and 10.0 / knee.passed <= 1.1 and "near it" in knee.note
-
-
-def test_a_probe_at_the_knee_is_lengthened_and_steers_by_its_estimate() -> None:
-    system = System(knee=3.0, ceiling=10.0, straddle=(2.4, 2.6))
-    seen: list[tuple[str, Probe]] = []
-    (knee,) = find_knees(
-        {"s": system}, SETTINGS, 1e6, system.clock, lambda s, p: seen.append((s, p))
-    )
-    at_knee = [p for p in knee.probes if p.kind == "rate" and p.verdict is Verdict.KNEE]
-    assert [(p.rate, p.requests) for p in at_knee] == [(2.5, 48), (2.5, 96)]  # both evidence
-    assert ("rate", 2.5, 48) in system.calls and ("rate", 2.5, 96) in system.calls
-    assert seen == [("s", p) for p in knee.probes]  # each probe told as it ended, in order
-    assert len(knee.probes) == len(system.calls)
-    assert knee.failed == 5.0 and knee.passed is not None and knee.passed < 2.5  # clear verdicts
-
-
-def test_a_probe_that_does_not_fit_the_budget_is_not_run() -> None:
-    system = System(knee=3.0, ceiling=10.0)
-    knee = _search(system, budget_s=40.0)  # floor 1 s, ceiling 2 s, 5 req/s 9.6 s, 2.5: 19.2
-    assert not knee.resolved and "budget spent" in knee.note
-    assert system.now <= 40.0
-
-
-class SharedClock:
-    """One clock for several made-up systems: each probe advances it by its cost."""
+class Clock:
+    """One clock for one or several made-up systems: each probe advances it by its cost."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -110,96 +88,199 @@ class SharedClock:
         return self.now
 
 
-class Sharing(System):
-    def __init__(self, clock: SharedClock, knee: float, ceiling: float) -> None:
-        super().__init__(knee, ceiling)
-        self.shared = clock
+class Cliff(System):
+    """Every request meets the SLO with half its allowance to spare below `knee`, every one
+    misses it above, by more with each arrival (a queue growing without end): the ratio
+    jumps there."""
 
-    def _outcome(self, met: int, requests: int, seconds: float) -> Outcome:
-        self.shared.now += seconds
-        return super()._outcome(met, requests, seconds)
+    def ratios(self, rate: float, requests: int, rng: np.random.Generator) -> np.ndarray:
+        return np.full(requests, 0.5) if rate <= self.knee else np.linspace(1.5, 40.0, requests)
 
 
-def test_a_shared_budget_brackets_every_knee_before_refining_any() -> None:
-    """Three strategies and a budget too small to resolve all three, large enough that no
-    probe before a pass exceeds its strategy's share: every one's anchors run first, then
-    every knee gets a passing rate before any bracket is narrowed."""
-    clock = SharedClock()
-    systems = {
-        name: Sharing(clock, knee, 10.0) for name, knee in [("a", 3.0), ("b", 1.5), ("c", 4.0)]
-    }
-    order: list[tuple[str, str, float | None]] = []
-    knees = find_knees(
-        systems, SETTINGS, 220.0, clock, lambda s, p: order.append((s, p.kind, p.rate))
-    )
-    assert [kind for _, kind, _ in order[:6]] == ["floor", "ceiling"] * 3
-    assert [s for s, _, _ in order[:6]] == ["a", "a", "b", "b", "c", "c"]
-    assert all(k.passed is not None for k in knees)  # every knee bracketed ...
-    assert not all(k.resolved for k in knees)  # ... though the budget resolves not all
-    rates = [(i, s, rate) for i, (s, kind, rate) in enumerate(order) if kind == "rate"]
-    first_pass = {
-        name: min(i for i, s, rate in rates if s == name and rate <= systems[name].knee)
-        for name in systems
-    }
-    refining = [i for i, s, _ in rates if i > first_pass[s]]  # a bracket narrowed
-    assert refining and min(refining) > max(first_pass.values())  # only once all had a pass
-    assert clock.now <= 220.0
-    assert all("budget spent" in k.note for k in knees if not k.resolved)
+def _search(system: System, budget_s: float = 1e6, **settings: object) -> Knee:
+    chosen = replace(SETTINGS, **settings)  # type: ignore[arg-type]
+    return find_knees({"s": system}, chosen, budget_s, clock=system.clock)[0]
+
+
+def test_a_smooth_knee_is_found_within_the_resolution_and_its_interval_covers_it() -> None:
+    system = System(knee=3.0, ceiling=10.0, slope=2.5)
+    knee = _search(system)
+    assert knee.resolved and knee.note == ""
+    assert knee.low is not None and knee.high is not None
+    assert knee.low <= 3.0 <= knee.high and knee.high / knee.low <= 1.2
+    assert system.rates()[0] == 5.0  # no prediction: half the ceiling first
+    assert len(system.rates()) <= 12
+
+
+def test_a_shallow_knee_is_narrowed_by_longer_probes_near_the_earlier_ones() -> None:
+    """A shallow curve: probes 48 requests long bound its quantile too loosely for 20%; a
+    probe placed by the fit is longer, at most twice the nearest earlier probe (in log rate)
+    and at most max_requests, and the interval still covers the knee."""
+    system = System(knee=3.0, ceiling=10.0, slope=1.5)
+    knee = _search(system)
+    lengths = [n for kind, _, n, _ in system.calls if kind == "rate"]
+    assert max(lengths) > 48 and max(lengths) <= 192
+    seen: list[tuple[float, int]] = []
+    for kind, rate, n, _ in system.calls:
+        if kind != "rate" or rate is None:
+            continue
+        if n > 48:
+            nearest = min(seen, key=lambda probe: abs(math.log(probe[0] / rate)))
+            assert n <= 2 * nearest[1], (rate, n, seen)
+        seen.append((rate, n))
+    assert knee.resolved and knee.low is not None and knee.high is not None
+    assert knee.low <= 3.0 <= knee.high
+
+
+def test_a_cliff_is_said_and_bracketed_within_the_resolution() -> None:
+    knee = _search(Cliff(knee=3.0, ceiling=10.0))
+    assert knee.found is not None and knee.found.cliff and knee.resolved
+    assert knee.low is not None and knee.high is not None
+    assert knee.low <= 3.0 < knee.high and knee.high / knee.low <= 1.2
+    assert "cliff" in knee.note
+
+
+def test_a_slo_missed_one_request_at_a_time_sustains_no_rate() -> None:
+    system = System(knee=0.0, ceiling=10.0)
+    knee = _search(system)
+    assert "no rate is sustained" in knee.note and knee.low is None and knee.found is None
+    assert [kind for kind, *_ in system.calls] == ["floor"]
+
+
+def test_a_slo_that_never_binds_puts_the_knee_at_the_ceiling() -> None:
+    system = System(knee=1e6, ceiling=10.0)
+    knee = _search(system)
+    assert knee.resolved and knee.estimate is None and knee.high == 10.0
+    assert knee.low is not None and 10.0 / knee.low <= 1.2
+
+
+def test_no_rate_down_to_a_64th_of_the_ceiling_is_sustained() -> None:
+    system = System(knee=0.01, ceiling=10.0)
+    knee = _search(system)
+    assert system.rates() == [float(f"{10.0 / 2**k:.4g}") for k in range(1, 7)]
+    assert not knee.resolved and "no rate down to 0.156 req/s is sustained" in knee.note
+
+
+def test_a_predicted_knee_places_the_first_probes_around_it() -> None:
+    system = System(knee=3.0, ceiling=10.0)
+    found = find_knees({"s": system}, SETTINGS, 1e6, system.clock, predicted={"s": 2.5})[0]
+    assert system.rates()[:3] == [1.75, 2.5, 3.25] and found.predicted == 2.5
+    assert found.resolved and found.low is not None and found.high is not None
+    assert found.low <= 3.0 <= found.high
+
+
+def test_a_first_probe_certainly_over_the_knee_drops_the_higher_ones() -> None:
+    system = System(knee=1.0, ceiling=10.0)
+    find_knees({"s": system}, SETTINGS, 1e6, system.clock, predicted={"s": 4.0})
+    assert system.rates()[:2] == [2.8, 1.4]  # 4.0 and 5.2 not run; halving from 2.8
+
+
+def test_a_probe_that_does_not_fit_the_budget_is_not_run() -> None:
+    system = System(knee=3.0, ceiling=10.0)
+    knee = _search(system, budget_s=20.0)  # floor 1 s, ceiling 2 s, 5 req/s: 9.6 s, then 2.5
+    assert not knee.resolved and "budget spent before the probe at" in knee.note
+    assert system.clock.now <= 20.0
+
+
+def test_every_knee_gets_a_lower_end_before_any_bounded_one_is_narrowed() -> None:
+    """Three strategies sharing a budget: every one's anchors run first, then no knee with a
+    lower end is narrowed while another still has none."""
+    clock = Clock()
+    systems = {n: System(k, 10.0, clock=clock) for n, k in [("a", 3.0), ("b", 1.5), ("c", 4.0)]}
+    order: list[tuple[str, str]] = []
+    knees = find_knees(systems, SETTINGS, 400.0, clock, lambda s, p: order.append((s, p.spec.kind)))
+    assert order[:6] == [(n, kind) for n in "abc" for kind in ("floor", "ceiling")]
+    rate_order = [s for s, kind in order[6:]]
+    bounded_at = {}
+    for name, knee in zip(systems, knees, strict=True):
+        probes = knee.rate_probes
+        first = next(i for i in range(len(probes)) if _low_after(knee, probes[: i + 1]))
+        bounded_at[name] = [i for i, s in enumerate(rate_order) if s == name][first]
+    last = max(bounded_at.values())
+    for name in systems:
+        narrowing = [i for i, s in enumerate(rate_order) if s == name and i > bounded_at[name]]
+        assert all(i > last for i in narrowing), (name, bounded_at, rate_order)
+    assert clock.now <= 400.0
+
+
+def _low_after(knee: Knee, probes: list[Probe]) -> float | None:
+    """The knee's low end after these of its probes."""
+    found = fit_ratio_knee([p.outcome.ratios for p in probes], 0.9, 0.95, ceiling=knee.ceiling)
+    return found.low
 
 
 def test_a_knee_far_below_its_ceiling_does_not_starve_the_others() -> None:
-    """ "a" fails at every rate down to a fiftieth of its ceiling, each halving twice the cost
-    of the last; with turns by time spent, "b" and "c" still find a passing rate in a budget
-    that "a" alone would spend (taking turns in order of the strategies, "c" would get none)."""
-    clock = SharedClock()
-    systems = {
-        name: Sharing(clock, knee, 10.0) for name, knee in [("a", 0.2), ("b", 3.0), ("c", 4.0)]
-    }
-    order: list[str] = []
-    knees = find_knees(systems, SETTINGS, 200.0, clock, lambda s, p: order.append(s))
-    a, b, c = knees
-    assert a.passed is None and b.passed is not None and c.passed is not None
-    assert order[6:9] == ["a", "b", "c"]  # after the anchors, one turn each
+    """ "a" misses at every rate down to a 64th of its ceiling, each halving twice the cost of
+    the last; "b" and "c" still get a lower end in a budget that "a" alone would spend."""
+    clock = Clock()
+    systems = {n: System(k, 10.0, clock=clock) for n, k in [("a", 0.01), ("b", 3.0), ("c", 4.0)]}
+    a, b, c = find_knees(systems, SETTINGS, 200.0, clock)
+    assert a.low is None and b.low is not None and c.low is not None
     assert clock.now <= 200.0
 
 
-def test_a_probe_too_long_for_the_budget_gives_way_to_one_that_fits() -> None:
-    """A slow strategy's next probe would overrun the budget; a fast one's still fits, and
-    runs, so the budget is not left idle."""
-    clock = SharedClock()
-    systems = {"slow": Sharing(clock, 0.02, 0.1), "fast": Sharing(clock, 3.0, 10.0)}
-    knees = find_knees(systems, SETTINGS, 150.0, clock)
-    slow, fast = knees
-    assert "budget spent" in slow.note and slow.passed is None  # 48 / 0.05 = 960 s: too long
-    assert fast.passed is not None  # ran after the slow one's probe was refused
-    assert clock.now <= 150.0
+def test_a_knee_with_no_lower_end_alone_goes_first_whatever_its_share() -> None:
+    """ "slow" passes nothing down to a 32nd of its ceiling; once "b" has a lower end, slow's
+    probes go first though they cost more than its share, until one no longer fits."""
+    clock = Clock()
+    systems = {
+        "slow": System(0.02, 1.0, clock=clock),
+        "b": System(3.0, 10.0, slope=2.0, clock=clock),
+    }
+    order: list[tuple[str, float | None]] = []
+    slow, b = find_knees(
+        systems, SETTINGS, 1000.0, clock, lambda s, p: order.append((s, p.spec.rate))
+    )
+    b_bounded = order.index(("b", 2.5))
+    slow_probe = order.index(("slow", 0.125))  # 384 s: over half the budget
+    b_after = [i for i, (s, _) in enumerate(order) if s == "b" and i > b_bounded]
+    assert b_bounded < slow_probe < min(b_after)
+    assert slow.low is None and "0.0625 req/s" in slow.note
+    assert clock.now <= 1000.0
 
 
-@pytest.mark.parametrize(
-    ("met", "counted", "expected"),
-    [(48, 48, Verdict.PASS), (44, 48, Verdict.KNEE), (30, 48, Verdict.FAIL), (0, 0, Verdict.FAIL)],
-)
-def test_a_verdict_is_pass_or_fail_only_when_its_interval_says_so(
-    met: int, counted: int, expected: Verdict
-) -> None:
-    assert verdict(attainment(met, counted, 0.95), 0.9) is expected
+def test_a_probe_line_says_what_ran_and_what_it_showed() -> None:
+    from servelab.harness.commands.search import probe_line
 
-
-def test_the_wilson_interval_matches_its_closed_form() -> None:
-    low, high = wilson(44, 48, 0.95)
-    assert low == pytest.approx(0.8045, abs=1e-4) and high == pytest.approx(0.9671, abs=1e-4)
-    assert wilson(0, 0, 0.95) == (0.0, 1.0)
+    stopped_ratios = ProbeRatios(0.58, (0.5,) * 10 + (3.0,) * 38, (False,) * 10 + (True,) * 38)
+    stopped = Outcome("d", stopped_ratios, 0.9, 41.2, 40.0, stopped=True)
+    line = probe_line(
+        "vllm",
+        Probe(ProbeSpec("rate", 48, 0.58), stopped, probe_quantile(stopped_ratios, 0.9, 0.95)),
+    )
+    assert line == (
+        "  vllm: 0.58 req/s, 48 requests: ratio q >= 3 [3, inf], rising: over capacity, "
+        "10/48 met the SLO (stopped early) (41 s)"
+    )
+    top_ratios = ProbeRatios(None, (2.0,) * 16, (False,) * 16)
+    top = Outcome("d", top_ratios, 1.16, 16.0, 14.0)
+    line = probe_line(
+        "vllm", Probe(ProbeSpec("ceiling", 16), top, probe_quantile(top_ratios, 0.9, 0.95))
+    )
+    assert line == (
+        "  vllm: all at once, 16 requests: ratio q 2 [2, inf], 0/16 met the SLO, "
+        "1.16 req/s served (16 s)"
+    )
+    spread = np.random.default_rng(0).permutation(np.linspace(0.1, 1.0, 48))  # no trend
+    waited_ratios = ProbeRatios(0.0507, tuple(spread.tolist()), (False,) * 48)
+    waited = Outcome("d", waited_ratios, 0.05, 96.3, 950.0, idle_skipped_s=861.52)
+    quantile = probe_quantile(waited_ratios, 0.9, 0.95)
+    line = probe_line("fastertransformer", Probe(ProbeSpec("rate", 48, 0.0507), waited, quantile))
+    assert line == (
+        "  fastertransformer: 0.0507 req/s, 48 requests: ratio q 0.91 [0.828, 1], 48/48 met "
+        "the SLO (96 s, 862 s idle skipped)"
+    )
 
 
 def test_a_strategy_slowed_on_purpose_moves_its_knee_down_by_the_factor(tmp_path) -> None:
     """The same search on the tiny model with every step delayed by d, then by 2d and every
     SLO limit doubled: the whole system runs twice as slow (the delay dwarfs the tiny model's
-    own step), so its knee should about halve: the two brackets hold a ratio near 2. Static
+    own step), so its knee should about halve: the two intervals hold a ratio near 2. Static
     batching, whose waits grow with the load well before its throughput ceiling."""
     from servelab.harness.commands.config import compose
-    from servelab.harness.commands.search import search
     from servelab.harness.runner.run import run
-    from servelab.harness.search.knee import ratio_interval
+    from servelab.harness.search.profile import search
+    from servelab.harness.search.ratio_knee import knee_ratio
 
     def knee_at(delay: float) -> Knee:
         overrides = [
@@ -208,46 +289,30 @@ def test_a_strategy_slowed_on_purpose_moves_its_knee_down_by_the_factor(tmp_path
             "workload.output_len.value=6", "engine.max_batch_size=8",
             f"+engine.test_step_delay_s={delay}", f"slo.e2e_s={16 * delay}",
             "+slo.attainment=0.75", "search.strategies=[fastertransformer]",
-            "search.requests=32", "search.max_requests=32", "search.floor_requests=4",
+            "search.predict=false",
+            "search.requests=32", "search.max_requests=64", "search.floor_requests=4",
             "search.ceiling_requests=32",
             "search.resolution=0.3",
             "search.budget_s=200", f"search.out_dir={tmp_path / str(delay)}",
         ]  # fmt: skip
-        knees, _ = search(overrides, compose, lambda cfg, d: run(cfg, d, progress=False))
-        return knees[0]
+        return search(overrides, compose, lambda cfg, d: run(cfg, d, progress=False)).knees[0]
 
     fast, slow = knee_at(0.04), knee_at(0.08)
+    ratio = knee_ratio(fast, slow)  # the tiny model's own step time keeps it under 2
+    assert ratio.low is not None and ratio.high is not None
+    assert ratio.low <= 2.2 and ratio.high >= 1.6, (ratio.low, ratio.high)
     assert fast.resolved and slow.resolved
-    low, high = ratio_interval(fast, slow)  # the tiny model's own step time keeps it under 2
-    assert low is not None and high is not None and low <= 2.2 and high >= 1.6, (low, high)
-    assert fast.estimate is not None and slow.estimate is not None
-    assert fast.estimate / slow.estimate == pytest.approx(2.0, rel=0.3)
+    centres = [math.sqrt(k.low * k.high) for k in (fast, slow) if k.low and k.high]
+    assert centres[0] / centres[1] == pytest.approx(2.0, rel=0.3)
+    for knee, delay in ((fast, 0.04), (slow, 0.08)):  # as search.json records it
+        recorded = json.loads((tmp_path / str(delay) / "search.json").read_text())["knees"][0]
+        assert (recorded["low"], recorded["high"]) == pytest.approx((knee.low, knee.high))
+        assert [p["run_dir"] for p in recorded["probes"]] == [
+            p.outcome.run_dir for p in knee.probes
+        ]
 
 
-def test_a_probe_line_says_what_ran_and_what_it_showed() -> None:
-    from servelab.harness.commands.search import probe_line
-
-    stopped = Outcome("d", attainment(38, 48, 0.95), 0.9, 41.2, 40.0, stopped=True)
-    line = probe_line("vllm", Probe("rate", 0.58, 48, Verdict.FAIL, stopped))
-    assert line == (
-        "  vllm: 0.58 req/s, 48 requests: fail, at most 38/48 (stopped early) met the SLO "
-        "[0.66, 0.88] (41 s)"
-    )
-    top = Outcome("d", attainment(0, 16, 0.95), 1.16, 16.0, 14.0)
-    line = probe_line("vllm", Probe("ceiling", None, 16, Verdict.FAIL, top))
-    assert line == (
-        "  vllm: all at once, 16 requests: fail, 0/16 met the SLO [0.00, 0.19], "
-        "1.16 req/s served (16 s)"
-    )
-    waited = Outcome("d", attainment(44, 48, 0.95), 0.05, 96.3, 950.0, idle_skipped_s=861.52)
-    line = probe_line("fastertransformer", Probe("rate", 0.0507, 48, Verdict.KNEE, waited))
-    assert line == (
-        "  fastertransformer: 0.0507 req/s, 48 requests: knee, 44/48 met the SLO [0.80, 0.97] "
-        "(96 s, 862 s idle skipped)"
-    )
-
-
-def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path, capsys) -> None:
+def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path) -> None:
     """`search.slo_scale`: one floor run of the first strategy, then every probe of every
     strategy runs under limits that are those multiples of it (one prompt length: TTFT's
     line is its median, with no per-token part; a given per-token part is replaced too). The
@@ -257,25 +322,27 @@ def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path, capsys) ->
     from omegaconf import OmegaConf
 
     from servelab.harness.commands.config import compose
-    from servelab.harness.commands.search import search
     from servelab.harness.runner.run import run
+    from servelab.harness.search.profile import search
 
     overrides = [
         "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
         "workload.input_len.dist=fixed", "workload.input_len.value=8",
         "workload.output_len.value=6", "search.strategies=[fastertransformer,vllm]",
+        "search.predict=false",
         "search.slo_scale.ttft_s=40", "search.slo_scale.normalized_latency_s=20",
         "slo.ttft_s=99", "slo.ttft_per_prompt_token_s=1", "search.floor_requests=3",
         "search.ceiling_requests=4",
         "search.budget_s=0.01", f"search.out_dir={tmp_path}",
     ]  # fmt: skip
-    search(overrides, compose, lambda cfg, d: run(cfg, d, progress=False))
+    said: list[str] = []
+    search(overrides, compose, lambda cfg, d: run(cfg, d, progress=False), say=said.append)
     reference = json.loads(
         (tmp_path / "fastertransformer/reference-floor/summary.json").read_text()
     )
-    ttft = float(f"{40 * reference['ttft']['p50']:.4g}")
-    normalized = float(f"{20 * reference['normalized_latency']['p50']:.4g}")
-    out = capsys.readouterr().out
+    ttft = 40 * reference["ttft"]["p50"]
+    normalized = 20 * reference["normalized_latency"]["p50"]
+    out = "\n".join(said)
     assert "SLO scaled from fastertransformer's requests one at a time" in out
     assert "machine speed: one request at a time, median TPOT" in out
     recorded = json.loads((tmp_path / "search.json").read_text())["drift"]
@@ -284,174 +351,119 @@ def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path, capsys) ->
     assert recorded["before_s"] == reference["tpot"]["p50"]
     for probe in ("fastertransformer/floor", "fastertransformer/ceiling", "vllm/floor"):
         slo = OmegaConf.load(tmp_path / probe / "config.yaml").slo
-        assert (slo.ttft_s, slo.normalized_latency_s) == (ttft, normalized), probe
+        assert (slo.ttft_s, slo.normalized_latency_s) == pytest.approx((ttft, normalized)), probe
         assert slo.ttft_per_prompt_token_s is None, probe
 
 
 def test_a_scaled_limit_must_name_a_limit() -> None:
     from servelab.harness.commands.config import compose
-    from servelab.harness.commands.search import SearchSettings
     from servelab.harness.errors import ConfigError
+    from servelab.harness.search.profile import SearchSettings
 
     with pytest.raises(ConfigError, match=r"search\.slo_scale\.ttft: not a limit"):
         SearchSettings.of(compose(["+search.slo_scale.ttft=4"]))
 
 
-def test_steering_bounds_that_meet_without_a_clear_pass_are_not_resolved() -> None:
-    """Below the knee every probe straddles the target (46 of 48 met: likely, not clearly,
-    passing); above it every probe stops early as a failure, at most 39 of 48. The search
-    halves down to a 64th of the ceiling for a clear pass, finds none, and bisects: the
-    steering bounds meet, but no rate clearly passed and the fit on those bounds is wider
-    than 10%, so the knee is not resolved."""
+def test_a_probe_too_short_to_bound_the_quantile_is_refused_before_any_run() -> None:
+    """The 0.9-quantile of 35 requests has no upper bound at 95% (1 - 0.9^35 < 0.975): no
+    probe that short could show a rate sustained."""
+    from servelab.harness.commands.config import compose
+    from servelab.harness.errors import ConfigError
+    from servelab.harness.search.profile import SearchSettings
 
-    class Straddling(System):
-        def at(self, rate: float, requests: int, repeat: int = 0) -> Outcome:
-            self.calls.append(("rate", rate, requests))
-            if rate <= self.knee:
-                return self._outcome(round(requests * 46 / 48), requests, requests / rate)
-            self.now += 1.0
-            measured = attainment(39, 48, 0.95)
-            return Outcome("dir", measured, self.top, 1.0, 1.0, stopped=True)
-
-    system = Straddling(knee=3.0, ceiling=10.0)
-    knee = _search(system)
-    assert min(rate for kind, rate, _ in system.calls if kind == "rate") == 10.0 / 64
-    assert knee.passed is None and knee.failed is not None
-    assert knee.fit is not None and knee.fit.width > 1.1
-    assert not knee.resolved
-    assert "no rate clearly passed: the knee is below the lowest failure" in knee.note
-
-
-class Shallow(Sharing):
-    """Every request meets the SLO up to 0.7 req/s, 92% of them up to `knee` (likely passing:
-    the interval straddles 0.9 at 48 and at 96 requests), none above."""
-
-    def at(self, rate: float, requests: int, repeat: int = 0) -> Outcome:
-        self.calls.append(("rate", rate, requests))
-        share = 1.0 if rate <= 0.7 else 0.92 if rate <= self.knee else 0.0
-        return self._outcome(round(requests * share), requests, requests / rate)
-
-
-def test_a_shallow_curve_is_halved_below_its_likely_pass_until_one_clearly_passes() -> None:
-    """2.5 and 1.25 likely pass, 0.625 clearly does: the bracket's lower end. The bisection
-    then goes on upward from the highest likely pass, 2.5, not from the clear one."""
-    system = Shallow(SharedClock(), knee=3.0, ceiling=10.0)
-    knee = _search(system)
-    rates = [(rate, n) for kind, rate, n in system.calls if kind == "rate"]
-    assert rates[:6] == [(5.0, 48), (2.5, 48), (2.5, 96), (1.25, 48), (1.25, 96), (0.625, 48)]
-    assert 2.5 < rates[6][0] < 5.0  # bisecting from the highest likely pass
-    assert knee.passed == 0.625 and knee.failed is not None and knee.failed > 3.0
-
-
-def test_a_likely_pass_is_no_lower_end_when_the_budget_chooses() -> None:
-    """ "b" passes clearly at 2.5 req/s; "shallow" only likely passes there. Shallow alone has
-    no lower end, so its halving for a clear pass goes before any probe narrowing b's bracket,
-    though it has spent more on rate probes than b."""
-    clock = SharedClock()
-    systems = {"shallow": Shallow(clock, 3.0, 10.0), "b": Sharing(clock, 3.0, 10.0)}
-    order: list[tuple[str, float | None, Verdict]] = []
-    shallow, _ = find_knees(
-        systems, SETTINGS, 1e6, clock, lambda s, p: order.append((s, p.rate, p.verdict))
-    )
-    b_passed = order.index(("b", 2.5, Verdict.PASS))
-    shallow_passed = order.index(("shallow", 0.625, Verdict.PASS))
-    b_refining = [i for i, (s, _, _) in enumerate(order) if s == "b" and i > b_passed]
-    assert b_passed < shallow_passed < min(b_refining)
-    assert shallow.passed == 0.625
-
-
-def test_a_knee_with_no_lower_end_goes_before_the_bracketed_ones_refine() -> None:
-    """ "slow" passes nothing down to a 32nd of its ceiling, each halving twice the cost of the
-    last. Once "b" has a rate passed, slow's probes go first whatever their share (0.125 req/s
-    takes 384 s, over half the budget), since a knee with no lower end is less known than b's
-    bracket; b refines on what is left once slow's next halving (768 s) no longer fits."""
-    clock = SharedClock()
-    systems = {"slow": Sharing(clock, 0.02, 1.0), "b": Sharing(clock, 3.0, 10.0)}
-    order: list[tuple[str, float | None, Verdict]] = []
-    slow, b = find_knees(
-        systems, SETTINGS, 1000.0, clock, lambda s, p: order.append((s, p.rate, p.verdict))
-    )
-    b_passed = min(i for i, (s, _, v) in enumerate(order) if s == "b" and v is Verdict.PASS)
-    slow_probe = order.index(("slow", 0.125, Verdict.FAIL))
-    b_refining = [i for i, (s, _, _) in enumerate(order) if s == "b" and i > b_passed]
-    assert b_passed < slow_probe < min(b_refining)
-    assert b.resolved and b.passed is not None and b.failed is not None
-    assert b.failed / b.passed <= 1.1
-    assert slow.passed is None and not slow.resolved and "0.0625 req/s" in slow.note
-    assert clock.now <= 1000.0
-
-
-def test_bounds_that_meet_wider_than_the_clear_verdicts_are_refined_on_new_requests() -> None:
-    """Every probe between 2.6 and 3 req/s straddles the target (44 of 48, 88 of 96), 2.5
-    clearly passes and the rates above 3 clearly fail (half met): the steering bounds meet
-    near 2.8 while the clear verdicts say [2.5, 3.1) and the fit is wider than 10%. The
-    search goes on at the fitted knee, each probe on the next workload seed (the same seed
-    would be the same run) and max_requests long: within a short budget it ends unresolved,
-    saying so; given time, the fit comes within 10% and resolves it."""
-
-    class Plateau(System):
-        def __init__(self) -> None:
-            super().__init__(knee=3.0, ceiling=10.0)
-            self.repeats: list[int] = []
-
-        def at(self, rate: float, requests: int, repeat: int = 0) -> Outcome:
-            self.calls.append(("rate", rate, requests))
-            self.repeats.append(repeat)
-            share = 1.0 if rate <= 2.6 else 0.92 if rate <= 3.0 else 0.5
-            return self._outcome(round(requests * share), requests, requests / rate)
-
-    short = Plateau()
-    knee = _search(short, budget_s=400.0)
-    assert knee.passed == 2.5 and knee.failed is not None and knee.failed / knee.passed > 1.1
-    assert not knee.resolved and "budget spent" in knee.note
-    refined = [r for r in short.repeats if r > 0]
-    assert refined == list(range(1, len(refined) + 1)) and len(refined) >= 2
-    rate_calls = [n for kind, _, n in short.calls if kind == "rate"]
-    assert all(
-        n == SETTINGS.max_requests for n, r in zip(rate_calls, short.repeats, strict=True) if r > 0
-    )
-    long = Plateau()
-    knee = _search(long)
-    assert knee.resolved and knee.fit is not None and knee.fit.width <= 1.1
-    assert knee.failed is not None and knee.failed / knee.passed > 1.1  # the fit resolved it
+    with pytest.raises(ConfigError, match=r"search\.requests: 35 requests .* at least 36"):
+        SearchSettings.of(compose(["slo.ttft_s=1", "search.requests=35"]))
+    assert SearchSettings.of(compose(["slo.ttft_s=1", "search.requests=36"])).knee.requests == 36
 
 
 def test_a_repeat_probe_draws_the_workload_with_the_next_seed_in_its_own_directory(
-    tmp_path,
+    tmp_path: Path,
 ) -> None:
     """The prober behind `servelab search`: a repeat at a rate is a new run on other requests
-    (workload seed + repeat, its own directory), never the first probe's run reused."""
+    (workload seed + repeat, its own directory), never the first probe's run reused; its
+    requests come back as their SLO ratios."""
     from servelab.harness.commands.config import compose
-    from servelab.harness.commands.search import RunProber, SearchSettings, SimulatedClock
+    from servelab.harness.search.probes import RunProber, SimulatedClock
 
-    seen: list[tuple[int, str]] = []
+    seen: list[tuple[int, str, str, object]] = []
 
-    def record(cfg, run_dir) -> dict:
-        seen.append((int(cfg.workload.seed), run_dir.name))
-        return {"status": "complete", "completed": 4, "slo_attainment": 1.0, "duration_s": 1.0}
+    def record(cfg, run_dir: Path) -> dict:
+        arrival = cfg.workload.arrival
+        seen.append((int(cfg.workload.seed), run_dir.name, arrival.process, arrival.rate))
+        run_dir.mkdir(parents=True)
+        line = {"id": "a", "prompt_len": 4, "output_len": 2, "t_scheduled": 0.0,
+                "token_times": [0.5, 0.6], "output_ids": [1, 2], "finish_reason": "length",
+                "t_done": 0.6}  # fmt: skip
+        (run_dir / "requests.jsonl").write_text(json.dumps(line) + "\n")
+        return {"status": "complete", "duration_s": 1.0, "request_throughput": 1.0}
 
-    overrides = ["slo.ttft_s=1", f"search.out_dir={tmp_path}"]
-    settings = SearchSettings.of(compose(overrides))
+    cfg = compose(["slo.ttft_s=1", "strategy=vllm"])
     simulated = SimulatedClock()  # over simulated runs the budget counts simulated seconds
-    prober = RunProber(overrides, "vllm", settings, compose, record, simulated)
-    first = prober.at(0.5, 4)
-    prober.at(0.5, 4, repeat=2)
-    assert seen == [(0, "rate-0.5-n4"), (2, "rate-0.5-n4-repeat2")]
-    assert first.seconds == 1.0 and simulated() == 2.0
+    prober = RunProber(cfg, tmp_path / "vllm", 0.95, record, simulated)
+    first = prober.run(ProbeSpec("rate", 4, 0.5))
+    prober.run(ProbeSpec("rate", 4, 0.5, repeat=2))
+    prober.run(ProbeSpec("floor", 3))
+    assert seen == [
+        (0, "rate-0.5-n4", "poisson", 0.5),
+        (2, "rate-0.5-n4-repeat2", "poisson", 0.5),
+        (0, "floor", "closed_loop", cfg.workload.arrival.rate),
+    ]
+    assert cfg.workload.arrival.process == "offline" and cfg.slo.stop_early is None  # untouched
+    assert first.seconds == 1.0 and simulated() == 3.0
+    assert first.ratios == ProbeRatios(0.5, (0.5,), (False,))
 
 
 def test_a_probe_that_skips_its_idle_spans_is_costed_at_its_busy_time() -> None:
     """The floor served 8 requests in 1 s: 0.125 s each alone. At half the ceiling (5 req/s,
     0.2 s apart) a probe's 48 requests span 9.6 s; skipping the idle between them, about
     48 x 0.125 = 6 s. Both add the drain of one request alone (the ceiling loaded nothing)."""
-    from dataclasses import replace
 
-    from servelab.harness.search.knee import KneeSearch
-
-    def first_wanted(settings: KneeSettings) -> float:
+    def first_cost(settings: KneeSettings) -> float:
         search = KneeSearch("s", System(knee=3.0, ceiling=10.0), settings, lambda s, p: None)
         search.anchor()
-        return search.wanted(1e6).cost_s
+        return search.next.cost_s
 
-    assert first_wanted(SETTINGS) == pytest.approx(48 * 0.2 + 0.125)
-    assert first_wanted(replace(SETTINGS, skip_idle=True)) == pytest.approx(48 * 0.125 + 0.125)
+    assert first_cost(SETTINGS) == pytest.approx(48 * 0.2 + 0.125)
+    assert first_cost(replace(SETTINGS, skip_idle=True)) == pytest.approx(48 * 0.125 + 0.125)
+
+
+def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_prediction(
+    tmp_path: Path,
+) -> None:
+    """`search.predict` on the tiny model: one step profile for both strategies (they serve
+    the same model), a simulated search under the same SLO, its knees recorded, and each
+    strategy's first rate probe at 0.7x its predicted knee (below the ceiling)."""
+    from servelab.harness.commands.config import compose
+    from servelab.harness.commands.search import profiled
+    from servelab.harness.runner.run import run
+    from servelab.harness.search.profile import search
+
+    profiles: list[Path] = []
+
+    def profiling(cfg, out_dir: Path) -> Path:
+        profiles.append(profiled(cfg, out_dir))
+        return profiles[-1]
+
+    overrides = [
+        "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
+        "workload.input_len.dist=fixed", "workload.input_len.value=8",
+        "workload.output_len.value=6", "search.strategies=[fastertransformer,vllm]",
+        "slo.e2e_s=0.5", "search.floor_requests=3", "search.ceiling_requests=8",
+        "search.budget_s=20", f"search.out_dir={tmp_path}",
+    ]  # fmt: skip
+    result = search(
+        overrides, compose, lambda cfg, d: run(cfg, d, progress=False), profiler=profiling
+    )
+    assert len(set(profiles)) == 1 and profiles[0].is_file()
+    predicted = result.record["predicted"]
+    assert set(predicted) == {"fastertransformer", "vllm"}
+    placed = 0
+    for knee in result.knees:
+        assert knee.predicted == predicted[knee.strategy] > 0
+        assert (tmp_path / "predicted" / knee.strategy / "floor" / "summary.json").is_file()
+        if knee.rate_probes and 0.7 * knee.predicted < (knee.ceiling or 0):
+            assert knee.rate_probes[0].spec.rate == float(f"{0.7 * knee.predicted:.4g}")
+            placed += 1
+    assert placed >= 1
+    recorded = json.loads((tmp_path / "search.json").read_text())
+    assert [k["predicted"] for k in recorded["knees"]] == [k.predicted for k in result.knees]

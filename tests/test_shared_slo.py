@@ -12,12 +12,13 @@ from omegaconf import OmegaConf
 
 from servelab.harness.errors import ConfigError
 from servelab.harness.measure.slo import SLO
-from servelab.harness.search.shared_slo import SourceSLO, judged_record, read_source
+from servelab.harness.search.shared_slo import SourceSLO, judged_record, read_source, with_slo
 
 TINY = [
     "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
     "workload.input_len.dist=fixed", "workload.input_len.value=8",
     "workload.output_len.value=6", "search.strategies=[fastertransformer,vllm]",
+    "search.predict=false",
     "search.floor_requests=3", "search.ceiling_requests=4", "search.budget_s=0.01",
 ]  # fmt: skip
 
@@ -60,15 +61,10 @@ def test_every_limit_of_this_search_is_replaced_by_the_source_s() -> None:
          "ttft_per_prompt_token_s": 0.0112},
         0.9, "fastertransformer", None,
     )  # fmt: skip
-    given = ["workload=comparison", "slo.tpot_s=0.1", "+slo.e2e_s=9", "slo.ttft_s=2"]
-    assert source.overrides(given) == [
-        "workload=comparison",
-        "slo.ttft_s=0.25",
-        "slo.tpot_s=null",
-        "slo.e2e_s=null",
-        "slo.normalized_latency_s=0.0644",
-        "slo.ttft_per_prompt_token_s=0.0112",
-    ]
+    given = OmegaConf.create({"slo": {"tpot_s": 0.1, "e2e_s": 9.0, "ttft_s": 2.0}})
+    judged = with_slo(given, source.limits)
+    assert OmegaConf.to_container(judged.slo) == source.limits
+    assert given.slo.tpot_s == 0.1  # a copy: the given config is left as it was
     assert source.line() == (
         "SLO from s/search.json: A request meets the SLO when TTFT ≤ 0.25 s + 0.0112 s per "
         "prompt token, normalized latency ≤ 0.0644 s (latencies from arrival); a run sustains "
@@ -109,14 +105,14 @@ def test_a_source_that_cannot_be_repeated_is_refused(
         read_source(str(tmp_path / "none" if record is None else tmp_path), attainment)
 
 
-def test_a_repeat_judges_every_probe_against_the_first_search_s_slo(tmp_path, capsys) -> None:
+def test_a_repeat_judges_every_probe_against_the_first_search_s_slo(tmp_path) -> None:
     """A scaled search, then the same search with `search.slo_from` on it and other limits
     given: every probe of the repeat ran under the first search's limits exactly, both
     record the one SLO, and the repeat sets its reference floor beside the first's and
     measures its own drift."""
     from servelab.harness.commands.config import compose
-    from servelab.harness.commands.search import search
     from servelab.harness.runner.run import run
+    from servelab.harness.search.profile import search
 
     def run_quietly(cfg, d):
         return run(cfg, d, progress=False)
@@ -125,13 +121,13 @@ def test_a_repeat_judges_every_probe_against_the_first_search_s_slo(tmp_path, ca
     scaled = ["search.slo_scale.ttft_s=40", "search.slo_scale.normalized_latency_s=20"]
     search([*TINY, *scaled, f"search.out_dir={first_dir}"], compose, run_quietly)
     first = json.loads((first_dir / "search.json").read_text())
-    capsys.readouterr()
+    said: list[str] = []
     search(
         [*TINY, *scaled, "slo.tpot_s=5", f"search.slo_from={first_dir}",
          f"search.out_dir={repeat_dir}"],
-        compose, run_quietly,
+        compose, run_quietly, say=said.append,
     )  # fmt: skip
-    out = capsys.readouterr().out
+    out = "\n".join(said)
     repeat = json.loads((repeat_dir / "search.json").read_text())
     assert repeat["slo"] == first["slo"]
     assert first["slo"]["ttft_s"] is not None and first["slo"]["tpot_s"] is None
@@ -159,8 +155,8 @@ def test_a_search_whose_machine_slowed_widens_its_fitted_knees_by_the_drift(tmp_
     that slowed while the search ran): the second records a +25% drift and every fitted
     knee's interval is the first's moved out by 1.25 on each side."""
     from servelab.harness.commands.config import compose
-    from servelab.harness.commands.search import search
     from servelab.harness.runner.run import run
+    from servelab.harness.search.profile import search
     from servelab.harness.simulate.cost_model import StepCostModel
 
     per_unit = {"step": 0.004, "seqs": 0.0003, "tokens": 0.0001, "logits_rows": 0.0002}
@@ -172,8 +168,8 @@ def test_a_search_whose_machine_slowed_widens_its_fitted_knees_by_the_drift(tmp_
         "workload.input_len.dist=uniform_range", "workload.input_len.lo=8",
         "workload.input_len.hi=48", "workload.output_len.dist=uniform_range",
         "workload.output_len.lo=4", "workload.output_len.hi=60", "backend=simulated",
-        f"simulate.cost_model={steady}", "search.strategies=[vllm]", "search.requests=32",
-        "search.resolution=0.5", "search.max_requests=64", "search.budget_s=600",
+        f"simulate.cost_model={steady}", "search.strategies=[vllm]", "search.requests=48",
+        "search.resolution=0.5", "search.max_requests=96", "search.budget_s=600",
         "search.slo_scale.ttft_s=3", "search.slo_scale.normalized_latency_s=2",
     ]  # fmt: skip
 
@@ -189,7 +185,7 @@ def test_a_search_whose_machine_slowed_widens_its_fitted_knees_by_the_drift(tmp_
     first, second = searched(tmp_path / "a", steady), searched(tmp_path / "b", slowed)
     assert first["drift"]["change"] == 0.0
     assert second["drift"]["change"] == pytest.approx(0.25)
-    (fit,), (wide,) = ([k["fit"] for k in s["knees"]] for s in (first, second))
+    (fit,), (wide,) = (s["knees"] for s in (first, second))
     assert fit is not None and fit["low"] is not None and fit["high"] is not None
     assert (fit["widened_by"], wide["widened_by"]) == (1.0, pytest.approx(1.25))
     assert wide["estimate"] == fit["estimate"]

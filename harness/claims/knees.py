@@ -4,9 +4,9 @@
 A paper's "N times the throughput at the same latency" is a ratio of sustained rates under one
 SLO, which only a knee search measures; it is too long to run inside `servelab claims`, so a
 claims file names such measurements (`knees:`) and `servelab claims search=DIR` reads them
-from a search already run. The interval is the ratio of the fitted knees' intervals
-(`harness.search.attainment_curve`), or of the clear-verdict brackets where a knee has no
-fit; an interval open on one side cannot pass or fail on that side, so it is inconclusive.
+from a search already run. The interval joins the two knees' intervals' far ends
+(`harness.search.ratio_knee.knee_ratio`); an interval open on one side cannot pass or fail
+on that side, so it is inconclusive.
 Without `search=DIR` these measurements are listed as not measured and left out of verdicts.
 """
 
@@ -21,7 +21,8 @@ from typing import Any
 from servelab.harness.errors import ConfigError
 from servelab.harness.gate.spec import entry_name
 from servelab.harness.measure.bootstrap import DIRECTIONS, Outcome, verdict
-from servelab.harness.search.knee import Knee, fitted_ratio, knee_of_record, ratio_interval
+from servelab.harness.search.knee import Knee, knee_of_record
+from servelab.harness.search.ratio_knee import knee_ratio
 
 KNEE_KEYS = {"name", "of", "over", *DIRECTIONS}
 
@@ -69,22 +70,13 @@ def read_knees(search_dir: Path) -> dict[str, Knee]:
     return {k["strategy"]: knee_of_record(k) for k in record["knees"]}
 
 
-def knee_interval(of: Knee, over: Knee) -> tuple[float | None, float | None, float | None, str]:
-    """(estimate, low, high, what they come from) of `of`'s sustained rate over `over`'s."""
-    if of.fit is not None and over.fit is not None:
-        low, high = fitted_ratio(of, over)
-        return of.fit.estimate / over.fit.estimate, low, high, "fitted knees"
-    low, high = ratio_interval(of, over)
-    estimate = of.estimate / over.estimate if of.estimate and over.estimate else None
-    return estimate, low, high, "clear-verdict brackets"
-
-
 def knee_measurement(claim: KneeClaim, knees: dict[str, Knee], search_dir: Path) -> dict:
     """One knee claim as a measurement record of the gate's form (`harness.gate.record`)."""
     missing = [s for s in (claim.of, claim.over) if s not in knees]
     if missing:
         raise ConfigError(f"knees ({claim.name})", f"{search_dir} has no knee of {missing[0]}")
-    estimate, low, high, source = knee_interval(knees[claim.of], knees[claim.over])
+    ratio = knee_ratio(knees[claim.of], knees[claim.over])
+    estimate, low, high = ratio.estimate, ratio.low, ratio.high
     outcome = verdict(
         low if low is not None else 0.0,
         high if high is not None else math.inf,
@@ -107,5 +99,5 @@ def knee_measurement(claim: KneeClaim, knees: dict[str, Knee], search_dir: Path)
         "inconclusive_counts_as": "fail",
         "counted": Outcome.PASS.value if outcome is Outcome.PASS else Outcome.FAIL.value,
         "sources": [str(search_dir / "search.json")],
-        "notes": [f"interval from the {source}"],
+        "notes": ["interval from the two knees' intervals"],
     }

@@ -18,10 +18,13 @@ from servelab.harness.measure.rundir import REQUESTS, read_requests
 from servelab.harness.measure.slo import SLO
 from servelab.harness.search.ratio_knee import (
     RatioKnee,
+    centre,
     fit_ratio_knee,
     knee_ratio,
+    knee_text,
     next_rate,
     probe_ratios,
+    rate_text,
 )
 
 SUMMARY = "each strategy's knee from rate runs on disk, read off every request's SLO ratio"
@@ -150,9 +153,9 @@ def describe(
     for name, knee in knees.items():
         advice = next_rate(knee)
         lines.append(
-            f"{name}: {_knee_text(knee)}; {len(knee.probes)} rates, "
+            f"{name}: {knee_text(knee)}; {len(knee.probes)} rates, "
             f"{sum(q.requests for q in knee.probes)} requests; next probe at "
-            f"{_rate(advice)} req/s"
+            f"{rate_text(advice)} req/s"
         )
         entries[name] = {
             "estimate": knee.estimate, "low": knee.low, "high": knee.high, "cliff": knee.cliff,
@@ -166,9 +169,9 @@ def describe(
     ratios = []
     for top, bottom in itertools.permutations(knees, 2):
         ratio = knee_ratio(knees[top], knees[bottom])
-        if _center(knees[top]) >= _center(knees[bottom]):  # each pair once, the larger on top
-            lines.append(f"{top} / {bottom}: {_rate(ratio.estimate)} "
-                         f"[{_rate(ratio.low)}, {_rate(ratio.high)}]")  # fmt: skip
+        if (centre(knees[top]) or 0.0) >= (centre(knees[bottom]) or 0.0):  # each pair once
+            lines.append(f"{top} / {bottom}: {rate_text(ratio.estimate)} "
+                         f"[{rate_text(ratio.low)}, {rate_text(ratio.high)}]")  # fmt: skip
         ratios.append({"top": top, "bottom": bottom, "estimate": ratio.estimate,
                        "low": ratio.low, "high": ratio.high})  # fmt: skip
     payload = {
@@ -177,28 +180,6 @@ def describe(
         "share": share, "confidence": confidence, "knees": entries, "ratios": ratios,
     }  # fmt: skip
     return lines, payload
-
-
-def _knee_text(knee: RatioKnee) -> str:
-    where = f"[{_rate(knee.low)}, {_rate(knee.high)}] req/s"
-    if knee.cliff:
-        return f"a cliff between {_rate(knee.below)} and {_rate(knee.above)} req/s, {where}"
-    if knee.estimate is None:
-        side = "above every probed rate" if knee.above is None else "below every probed rate"
-        return f"not crossed: the knee lies {side}, {where}"
-    return f"{_rate(knee.estimate)} req/s {where} (high / low {knee.width:.2f})"
-
-
-def _center(knee: RatioKnee) -> float:
-    """The estimate, else the middle (in log rate) of whatever bounds the knee."""
-    if knee.estimate is not None:
-        return knee.estimate
-    ends = [end for end in (knee.low, knee.high) if end]
-    return math.prod(ends) ** (1 / len(ends)) if ends else 0.0
-
-
-def _rate(value: float | None) -> str:
-    return "-" if value is None or math.isinf(value) else f"{value:.3g}"
 
 
 def _finite(value: float) -> float | None:

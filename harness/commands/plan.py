@@ -63,7 +63,7 @@ class PlanRow:
     weight_gb: float
     kv_gb: float
     requests_held: int  # requests of the workload's mean length the KV memory holds
-    sustained: float | None  # req/s per device: the highest rate that clearly passed
+    sustained: float | None  # req/s per device: the knee interval's low end
     devices: int | None  # for plan.rate
     bound: str  # what bounds a device's batch: its KV memory or the step limit
     cost_per_million: float | None  # output tokens, at plan.price_per_hour
@@ -111,12 +111,12 @@ def predicted_line() -> str:
 
 def plan_row(overrides: list[str], preset: str, strategy: str, settings: PlanSettings) -> PlanRow:
     """One preset and strategy: the memory arithmetic, then the simulated knee search."""
-    from servelab.harness.commands.search import search
     from servelab.harness.runner.backends.base import peer_inputs
     from servelab.harness.runner.backends.simulated import derived_timing, meta_model
     from servelab.harness.runner.build import kv_layout
     from servelab.harness.runner.run import run
     from servelab.harness.runner.settings import engine_settings
+    from servelab.harness.search.profile import search
     from servelab.strategies.settings import strategy_settings
 
     cfg = compose([*overrides, f"strategy={strategy}"])
@@ -139,15 +139,15 @@ def plan_row(overrides: list[str], preset: str, strategy: str, settings: PlanSet
         f"search.requests={settings.requests}", f"search.max_requests={2 * settings.requests}",
         f"search.ceiling_requests={settings.requests}",  # enough at once to fill a device
     ]  # fmt: skip
-    (knee,), _ = search(searched, compose, lambda c, d: run(c, d, progress=False))
+    (knee,) = search(searched, compose, lambda c, d: run(c, d, progress=False)).knees
     bound = f"memory ({held} requests)"
     if held >= engine.max_batch_size:
         bound = f"step limit ({engine.max_batch_size} a batch)"
-    if not knee.passed:
-        return _with(row, bound=bound, note=knee.note or "no rate passed")
-    devices = math.ceil(settings.rate / knee.passed)
+    if not knee.low:
+        return _with(row, bound=bound, note=knee.note or "no rate is sustained")
+    devices = math.ceil(settings.rate / knee.low)
     cost = devices * settings.price_per_hour / (settings.rate * mean_output * 3600) * 1e6
-    return _with(row, sustained=knee.passed, devices=devices, bound=bound,
+    return _with(row, sustained=knee.low, devices=devices, bound=bound,
                  cost_per_million=cost, note=knee.note)  # fmt: skip
 
 

@@ -22,13 +22,26 @@ and the summary's `status` is `stopped`, with the evidence (`stopped_early`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from statistics import NormalDist
 
 from servelab.harness.engine.request import Request
 from servelab.harness.measure.metrics import request_latency
 from servelab.harness.measure.slo import SLO
-from servelab.harness.measure.verdict import wilson
+
+
+def wilson(met: int, counted: int, confidence: float) -> tuple[float, float]:
+    """The Wilson score interval of a share met/counted at `confidence` (two-sided)."""
+    if counted == 0:
+        return 0.0, 1.0
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    share = met / counted
+    centre = (share + z * z / (2 * counted)) / (1 + z * z / counted)
+    spread = z * math.sqrt(share * (1 - share) / counted + z * z / (4 * counted**2))
+    spread /= 1 + z * z / counted
+    return max(0.0, centre - spread), min(1.0, centre + spread)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from statistics import NormalDist
+from typing import Protocol
 
 import numpy as np
 
@@ -146,7 +147,7 @@ def request_ratio(record: RequestRecord, slo: SLO) -> tuple[float, bool] | None:
     return slo.ratio(so_far), True
 
 
-def probe_ratios(rate: float, records: Sequence[RequestRecord], slo: SLO) -> ProbeRatios:
+def probe_ratios(rate: float | None, records: Sequence[RequestRecord], slo: SLO) -> ProbeRatios:
     """A rate probe's counted requests (warm-up and cool-down left out) in arrival order."""
     counted = sorted((r for r in records if not r.excluded), key=lambda r: r.t_scheduled)
     known = [ratio for ratio in (request_ratio(r, slo) for r in counted) if ratio is not None]
@@ -260,6 +261,15 @@ def order_statistic_bounds(count: int, share: float, confidence: float) -> tuple
     return low, high
 
 
+def fewest_requests(share: float, confidence: float) -> int:
+    """The fewest requests whose `share`-quantile has an upper bound at `confidence` (below
+    that, even the largest ratio may lie under it: a probe could not show a rate sustained)."""
+    count = 1
+    while order_statistic_bounds(count, share, confidence)[1] >= count:
+        count += 1
+    return count
+
+
 def quantile_bounds(
     ratios: np.ndarray, censored: np.ndarray, share: float, confidence: float
 ) -> tuple[float, float]:
@@ -351,7 +361,26 @@ class KneeRatio:
     high: float | None
 
 
-def knee_ratio(top: RatioKnee, bottom: RatioKnee) -> KneeRatio:
+class Bounded(Protocol):
+    """A knee as an estimate and an interval (a `RatioKnee`, or a search's knee)."""
+
+    @property
+    def estimate(self) -> float | None: ...
+    @property
+    def low(self) -> float | None: ...
+    @property
+    def high(self) -> float | None: ...
+
+
+def centre(knee: Bounded) -> float | None:
+    """The estimate, else the middle (in log rate) of the interval's bounded ends."""
+    if knee.estimate is not None:
+        return knee.estimate
+    ends = [end for end in (knee.low, knee.high) if end]
+    return math.prod(ends) ** (1 / len(ends)) if ends else None
+
+
+def knee_ratio(top: Bounded, bottom: Bounded) -> KneeRatio:
     """`top`'s knee over `bottom`'s; its interval from the two intervals' far ends, so it
     holds whenever both hold (two 95% intervals: at least 90%)."""
     estimate = (
@@ -366,17 +395,48 @@ def knee_ratio(top: RatioKnee, bottom: RatioKnee) -> KneeRatio:
 
 def next_rate(knee: RatioKnee, step: float = 2.0) -> float | None:
     """Where one more probe narrows the knee's interval most: below every probe (by `step`)
-    while no rate's ratio is at most 1 or the interval has no low end, above every probe
-    while none is above 1 or it has no high end; in a cliff's bracket, its middle (in log
-    rate); else at the estimate, where every request added tightens the quantile bounds that
-    place both ends. None with no probe."""
+    while every rate's fitted ratio is above 1, above every probe while none is; where the
+    interval has no low end though a rate's ratio is at most 1 (its bounds straddle 1: the
+    few largest ratios of a short probe place its upper bound), a little below that rate
+    (by the square root of `step`), where a longer probe can bound it; likewise above the
+    lowest rate above 1 where it has no high end; in a cliff's bracket, its middle (in log
+    rate); else the middle (in log rate) of the interval's wider side of the estimate: a
+    probe there, with its quantile's bounds on that side of 1, moves that end towards the
+    estimate (one at the estimate tightens the bounds beside it, but an end is placed by the
+    bound that crosses 1 between two probes). None with no probe."""
     rates = [q.rate for q in knee.probes if q.rate is not None]
     if not rates:
         return None
-    if knee.below is None or knee.low is None:
+    if knee.below is None:
         return min(rates) / step
-    if knee.above is None or knee.high is None:
+    if knee.above is None:
         return max(rates) * step
+    if knee.low is None:
+        return knee.below / math.sqrt(step)
+    if knee.high is None:
+        return knee.above * math.sqrt(step)
     if knee.estimate is None:
         return math.sqrt(knee.below * knee.above)
-    return knee.estimate
+    far = knee.low if knee.estimate / knee.low >= knee.high / knee.estimate else knee.high
+    return math.sqrt(knee.estimate * far)
+
+
+def rate_text(value: float | None) -> str:
+    """A rate (or ratio) to 3 digits; '-' where there is none."""
+    return "-" if value is None or math.isinf(value) else f"{value:.3g}"
+
+
+def knee_text(knee: RatioKnee) -> str:
+    """The knee in words: "0.73 req/s [0.61, 0.80] req/s (high / low 1.31)", or a cliff's
+    bracket, or the side of every probed rate it lies on; its widening for the speed drift."""
+    where = f"[{rate_text(knee.low)}, {rate_text(knee.high)}] req/s"
+    widened = f", widened x{knee.widened_by:.3g} for the speed drift" if knee.widened_by > 1 else ""
+    if knee.cliff:
+        return (
+            f"a cliff between {rate_text(knee.below)} and {rate_text(knee.above)} req/s, "
+            f"{where}{widened}"
+        )
+    if knee.estimate is None:
+        side = "above every probed rate" if knee.above is None else "below every probed rate"
+        return f"not crossed: the knee lies {side}, {where}{widened}"
+    return f"{rate_text(knee.estimate)} req/s {where} (high / low {knee.width:.2f}{widened})"

@@ -1,6 +1,6 @@
 """The SLO a search scales from this machine (`search.slo_scale`): each limit a multiple of
-what one request at a time takes here, so that the same comparison asks the same of a laptop,
-this VM or a GPU; and whether the machine kept that speed while the search ran
+what one request at a time takes here, so that the same comparison asks the same of a
+laptop, this VM or a GPU; and whether the machine kept that speed while the search ran
 (`SpeedDrift`).
 
 The reference is one floor run of the first strategy (requests one at a time, nothing else
@@ -8,18 +8,19 @@ queued). TPOT, E2E and normalized latency are limited at their multiple of its m
 is limited at its multiple of what each request's own prompt takes alone: one request's TTFT
 at zero load is its prefill, which grows with the prompt, so a limit scaled from the median
 (a prompt of a few dozen tokens) lies below what a prompt several times longer takes with
-nothing else running, and such a request misses it at every load (the search then names it,
-`always_missed`). The floor's TTFTs are fitted as a line in prompt length (least squares,
-neither part negative: `PromptLine`) and the limit is that line times the multiple (the
-"slowdown" form of an SLO, relative to the request served alone): `slo.ttft_s` its fixed
-part, `slo.ttft_per_prompt_token_s` what it grows by per prompt token.
+nothing else running, and such a request misses it at every load. The floor's TTFTs are
+fitted as a line in prompt length (least squares, neither part negative: `PromptLine`) and
+the limit is that line times the multiple (the "slowdown" form of an SLO, relative to the
+request served alone): `slo.ttft_s` its fixed part, `slo.ttft_per_prompt_token_s` what it
+grows by per prompt token.
 
 Scaled limits assume the machine keeps the speed it had when they were scaled. A shared VM
 does not always: one search here scaled its SLO while a decode step took 21.5 ms and ran its
-rate probes while one took 26-32 ms, and every knee read low. So the reference floor runs
-again after the last probe, and the search says how far its median TPOT moved, flagged past
-`DRIFT_LIMIT`, and widens each fitted knee by the move (`KneeFit.widened`). A search on the
-limits of an earlier one (`shared_slo`) measures the same drift.
+rate probes while one took a fifth to a half longer, and every knee read low. So the
+reference floor runs again after the last probe, and the search says how far its median TPOT
+moved, flagged past `DRIFT_LIMIT`, and widens each knee's interval by the move
+(`RatioKnee.widened`). A search on the limits of an earlier one (`shared_slo`) measures the
+same drift.
 """
 
 from __future__ import annotations

@@ -14,9 +14,13 @@ the limits were scaled, which moves every knee by about as much.
 
 from __future__ import annotations
 
+import copy
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from omegaconf import DictConfig, open_dict
 
 from servelab.harness.errors import ConfigError
 from servelab.harness.measure.drift import Drift
@@ -26,12 +30,14 @@ SLO_KEYS = (*LIMITS, PER_PROMPT_TOKEN)
 FIELD = "search.slo_from"
 
 
-def with_slo(overrides: list[str], values: dict[str, str]) -> list[str]:
-    """`overrides` with each `slo.KEY` of `values` set to its value (as written on a command
-    line), whatever the overrides gave it: the one place a search replaces limits."""
-    replaced = {f"slo.{key}" for key in values}
-    kept = [o for o in overrides if o.split("=")[0].lstrip("+") not in replaced]
-    return [*kept, *(f"slo.{key}={value}" for key, value in values.items())]
+def with_slo(cfg: DictConfig, values: Mapping[str, float | None]) -> DictConfig:
+    """A copy of `cfg` with each `slo.KEY` of `values` set (None: no such limit), whatever
+    the command line gave it: the one place a search replaces limits."""
+    changed = copy.deepcopy(cfg)
+    with open_dict(changed.slo):
+        for key, value in values.items():
+            changed.slo[key] = value
+    return changed
 
 
 def judged_record(slo: SLO) -> dict[str, float | None]:
@@ -48,13 +54,6 @@ class SourceSLO:
     attainment: float
     reference_strategy: str  # whose floor was its reference
     reference_tpot_s: float | None  # that floor's median TPOT before its first probe
-
-    def overrides(self, overrides: list[str]) -> list[str]:
-        """`overrides` with every `slo.*` limit replaced by this SLO's."""
-        values = {
-            key: "null" if value is None else repr(value) for key, value in self.limits.items()
-        }
-        return with_slo(overrides, values)
 
     def line(self) -> str:
         return f"SLO from {self.path}: {SLO(**self.limits, attainment=self.attainment).describe()}"

@@ -1,0 +1,107 @@
+"""A search's probes as runs: a typed probe (`knee.ProbeSpec`) set on the strategy's composed
+config, run in its own directory, and read back as every request's SLO ratio.
+
+The config is composed once per strategy, its SLO set (`shared_slo.with_slo`); each probe is
+a copy with its arrivals, request count and seed set, so no probe composes Hydra overrides
+again. Each probe's directory (`out_dir/STRATEGY/NAME`) keeps its evidence: a rerun reuses
+a complete one, and `servelab report` draws them.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from omegaconf import DictConfig, open_dict
+
+from servelab.harness.measure.rundir import read_requests
+from servelab.harness.measure.slo import SLO
+from servelab.harness.records import RequestRecord
+from servelab.harness.search.knee import Outcome, ProbeSpec
+from servelab.harness.search.ratio_knee import probe_ratios
+
+RunFn = Callable[[DictConfig, Path], dict]  # (config, run directory) -> summary
+
+
+class SimulatedClock:
+    """The search's clock over simulated runs: the seconds they simulated (less the idle spans
+    a probe skipping them would not wait), so a budget means the same in a simulation as on
+    the machine (their wall time is a small part of it)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def probe_config(cfg: DictConfig, spec: ProbeSpec, stop_early: float) -> DictConfig:
+    """A copy of `cfg` that runs `spec`: its arrivals, its requests, its draw of the workload;
+    a rate probe stops as soon as it can only miss (`slo.stop_early` at `stop_early`)."""
+    probe = copy.deepcopy(cfg)
+    workload = probe.workload
+    with open_dict(workload):
+        if spec.kind == "floor":
+            workload.arrival.process, workload.arrival.concurrency = "closed_loop", 1
+        elif spec.kind == "ceiling":
+            workload.arrival.process = "offline"
+        else:
+            workload.arrival.process, workload.arrival.rate = "poisson", spec.rate
+            probe.slo.stop_early = stop_early
+        workload.num_requests = spec.requests
+        workload.seed = int(workload.seed) + spec.repeat
+    return probe
+
+
+def idle_skipped_s(summary: dict) -> float:
+    """Of a run's clock, the seconds it skipped with nothing in flight (`replay.skip_idle`)."""
+    return float((summary.get("idle_skipped") or {}).get("s") or 0.0)
+
+
+class RunProber:
+    """One strategy's probes as runs of its config, each in `out_dir/NAME`."""
+
+    def __init__(
+        self,
+        cfg: DictConfig,
+        out_dir: Path,
+        stop_early: float,
+        run: RunFn,
+        simulated: SimulatedClock | None = None,
+    ) -> None:
+        self.cfg, self.out_dir, self.stop_early = cfg, out_dir, stop_early
+        self.slo = SLO.of_config(cfg)
+        self.execute, self.simulated = run, simulated
+
+    def run(self, spec: ProbeSpec) -> Outcome:
+        summary, run_dir, seconds = self._run(spec, spec.name)
+        stopped = summary.get("status") == "stopped"
+        return Outcome(
+            str(run_dir),
+            probe_ratios(spec.rate, read_requests(run_dir), self.slo),
+            summary.get("request_throughput"),
+            seconds,
+            float(summary.get("duration_s") or 0.0),
+            stopped,
+            idle_skipped_s(summary),
+        )
+
+    def reference(
+        self, requests: int, name: str = "reference-floor"
+    ) -> tuple[dict, list[RequestRecord]]:
+        """A floor run's summary and requests: what scaled limits scale (`scaled_slo`), and,
+        run again after the last probe, how far the machine's speed moved meanwhile."""
+        summary, run_dir, _ = self._run(ProbeSpec("floor", requests), name)
+        return summary, read_requests(run_dir)
+
+    def _run(self, spec: ProbeSpec, name: str) -> tuple[dict, Path, float]:
+        run_dir = self.out_dir / name
+        start = time.monotonic()
+        summary = self.execute(probe_config(self.cfg, spec, self.stop_early), run_dir)
+        if self.simulated is not None:  # what a real probe waits: skipped spans it does not
+            served_s = float(summary.get("duration_s") or 0.0) - idle_skipped_s(summary)
+            self.simulated.now += served_s
+            return summary, run_dir, served_s
+        return summary, run_dir, time.monotonic() - start

@@ -1,0 +1,218 @@
+"""The knee search as a whole: settings read once, the SLO fixed before the first probe, every
+strategy's knee found (`knee.find_knees`) on runs of its config (`probes`), the machine's
+speed drift measured around them, and `search.json` written.
+
+The SLO is `slo.*` as given, or scaled from one request at a time on this machine
+(`search.slo_scale`, `scaled_slo`: the first strategy's reference floor run before any
+probe), or an earlier search's (`search.slo_from`, `shared_slo`), so a repeat judges against
+the same limits. Either of the last two runs the reference floor again after the last probe;
+the speed drift between the two widens every knee's interval. Over simulated runs the budget
+is in the seconds they simulate (`probes.SimulatedClock`). `servelab search` prints what this
+returns; `servelab plan` and `scripts/simulation_accuracy.py` call it on simulated runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, open_dict
+
+from servelab.harness.errors import ConfigError
+from servelab.harness.measure.slo import LIMITS, SLO
+from servelab.harness.runner.backends import backend_of
+from servelab.harness.search.knee import Knee, KneeSettings, ProbeSeen, find_knees
+from servelab.harness.search.probes import RunFn, RunProber, SimulatedClock
+from servelab.harness.search.ratio_knee import centre, fewest_requests
+from servelab.harness.search.scaled_slo import limits_line, scaled_keys, scaled_limits, speed_drift
+from servelab.harness.search.shared_slo import SourceSLO, judged_record, read_source, with_slo
+
+Say = Callable[[str], None]  # a line for the person watching, as the search goes
+# a strategy's config and a directory -> the file of a step-cost model of this machine for
+# it (`servelab profile-steps`, supplied by the command: a lower layer does not call it)
+Profiler = Callable[[DictConfig, Path], Path]
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    strategies: tuple[str, ...]
+    budget_s: float
+    out_dir: Path
+    knee: KneeSettings
+    slo_scale: dict[str, float]  # limit -> multiple of one request at a time (`scaled_slo`)
+    slo_from: SourceSLO | None  # an earlier search's SLO, judged against instead (`shared_slo`)
+    predict: bool = False  # place the first rate probes around the simulator's knees
+
+    @property
+    def measures_speed(self) -> bool:
+        """Whether the reference floor runs before the first probe and after the last."""
+        return bool(self.slo_scale) or self.slo_from is not None
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> SearchSettings:
+        node = cfg.search
+        scales = (node.get("slo_scale") or {}).items()
+        slo_scale = {str(k): v for k, v in scales if v is not None}
+        for key, value in slo_scale.items():
+            if key not in LIMITS:
+                raise ConfigError(f"search.slo_scale.{key}", f"not a limit; one of {LIMITS}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"search.slo_scale.{key}", f"{value!r} must be positive")
+        slo = SLO.of_config(cfg)
+        given = node.get("slo_from")
+        slo_from = None if given is None else read_source(str(given), slo.attainment)
+        if not slo.configured and not slo_scale and slo_from is None:
+            raise ConfigError(
+                "slo", "search needs at least one limit, e.g. slo.ttft_s=2 or slo.tpot_s=0.1"
+            )
+        strategies = tuple(str(s) for s in node.strategies)
+        if not strategies:
+            raise ConfigError("search.strategies", "name at least one strategy preset")
+        numbers = {key: float(node[key]) for key in ("budget_s", "resolution", "confidence")}
+        keys = ("requests", "max_requests", "floor_requests", "ceiling_requests")
+        counts = {key: int(node[key]) for key in keys}
+        if numbers["budget_s"] <= 0 or numbers["resolution"] <= 0:
+            raise ConfigError("search.budget_s", "budget_s and resolution must be positive")
+        if not 0 < numbers["confidence"] < 1:
+            raise ConfigError("search.confidence", f"{numbers['confidence']} is not in (0, 1)")
+        if min(counts.values()) < 1 or counts["max_requests"] < counts["requests"]:
+            raise ConfigError(
+                "search.requests", "every request count >= 1, and max_requests >= requests"
+            )
+        least = fewest_requests(slo.attainment, numbers["confidence"])
+        if counts["requests"] < least:
+            raise ConfigError(
+                "search.requests",
+                f"{counts['requests']} requests cannot bound their {slo.attainment:g}-quantile "
+                f"at {numbers['confidence']:.0%} confidence; give at least {least}",
+            )
+        knee = KneeSettings(
+            target=slo.attainment,
+            resolution=numbers["resolution"],
+            requests=counts["requests"],
+            max_requests=counts["max_requests"],
+            floor_requests=counts["floor_requests"],
+            ceiling_requests=counts["ceiling_requests"],
+            confidence=numbers["confidence"],
+            skip_idle=bool(cfg.replay.skip_idle),
+        )
+        predict = bool(node.get("predict")) and backend_of(cfg) != "simulated"
+        return cls(strategies, numbers["budget_s"], Path(str(node.out_dir)), knee,
+                   {key: float(value) for key, value in slo_scale.items()}, slo_from,
+                   predict)  # fmt: skip
+
+    def to_json(self) -> dict:
+        knee = self.knee
+        return {
+            "strategies": list(self.strategies), "budget_s": self.budget_s,
+            "out_dir": str(self.out_dir), "slo_scale": self.slo_scale,
+            "slo_from": None if self.slo_from is None else str(self.slo_from.path),
+            "predict": self.predict,
+            **{key: getattr(knee, key) for key in ("target", "resolution", "requests",
+               "max_requests", "floor_requests", "ceiling_requests", "confidence", "skip_idle")},
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    knees: list[Knee]
+    settings: SearchSettings
+    record: dict  # what search.json holds
+
+
+def search(
+    overrides: list[str],
+    compose: Callable[[list[str]], DictConfig],
+    run: RunFn,
+    say: Say = lambda line: None,
+    seen: ProbeSeen = lambda strategy, probe: None,
+    profiler: Profiler | None = None,
+) -> SearchResult:
+    """Every strategy's knee under one SLO, within the budget; `say` hears each line of
+    progress, `seen` each probe as it ends; with `search.predict`, `profiler` gives the
+    step-cost model the prediction simulates."""
+    cfg = compose(overrides)
+    settings = SearchSettings.of(cfg)
+    configs = {s: compose([*overrides, f"strategy={s}"]) for s in settings.strategies}
+    simulated = SimulatedClock() if backend_of(cfg) == "simulated" else None
+    clock = simulated or time.monotonic
+    deadline = clock() + settings.budget_s
+
+    def prober(strategy: str) -> RunProber:
+        out_dir = settings.out_dir / strategy
+        return RunProber(configs[strategy], out_dir, settings.knee.confidence, run, simulated)
+
+    first = settings.strategies[0]
+    record: dict = {"settings": settings.to_json()}
+    if settings.slo_from is not None:
+        say(settings.slo_from.line())
+        configs = {s: with_slo(c, settings.slo_from.limits) for s, c in configs.items()}
+    reference: dict = {}
+    if settings.measures_speed:
+        reference, requests = prober(first).reference(settings.knee.floor_requests)
+    if settings.slo_from is not None:
+        against = settings.slo_from.speed_against(first, reference)
+        if against is not None:
+            say(against.line())
+            record["speed_against_slo_source"] = against.to_json()
+    elif settings.slo_scale:
+        limits = scaled_limits(settings.slo_scale, reference, requests)
+        say(limits_line(first, settings.slo_scale, limits))
+        values = {**{key: None for key in scaled_keys(settings.slo_scale)}, **limits}
+        configs = {s: with_slo(c, values) for s, c in configs.items()}
+    record["slo"] = judged_record(SLO.of_config(configs[first]))
+    predicted: dict[str, float] = {}
+    if settings.predict:
+        if profiler is None:
+            raise ConfigError("search.predict", "this caller profiles no steps; set it false")
+        predicted = predicted_knees(configs, settings, run, profiler)
+        say(predicted_line(predicted))
+        record["predicted"] = predicted
+    probers = {s: prober(s) for s in settings.strategies}
+    left_s = max(deadline - clock(), 0.0)
+    knees = find_knees(probers, settings.knee, left_s, clock, seen, predicted)
+    if settings.measures_speed:
+        end, _ = probers[first].reference(settings.knee.floor_requests, "reference-floor-end")
+        drift = speed_drift(reference, end)
+        if drift is not None:
+            say(drift.line())
+            record["drift"] = drift.to_json()
+            for knee in knees:
+                knee.found = None if knee.found is None else knee.found.widened(drift.factor)
+    record["knees"] = [knee.to_json() for knee in knees]
+    settings.out_dir.mkdir(parents=True, exist_ok=True)
+    (settings.out_dir / "search.json").write_text(json.dumps(record, indent=2))
+    return SearchResult(knees, settings, record)
+
+
+def predicted_knees(
+    configs: dict[str, DictConfig], settings: SearchSettings, run: RunFn, profiler: Profiler
+) -> dict[str, float]:
+    """Each strategy's knee as the simulator predicts it: the same search, under the same
+    SLO, on simulated runs whose steps take what a grid profiled here takes (`profiler`),
+    under `out_dir/predicted/`; a knee's estimate, else the middle of its interval."""
+    out_dir = settings.out_dir / "predicted"
+    clock = SimulatedClock()
+    probers = {}
+    for strategy, cfg in configs.items():
+        simulated = copy.deepcopy(cfg)
+        simulated.backend = "simulated"
+        with open_dict(simulated.simulate):
+            simulated.simulate.cost_model = str(profiler(cfg, out_dir))
+        probers[strategy] = RunProber(
+            simulated, out_dir / strategy, settings.knee.confidence, run, clock
+        )
+    knees = find_knees(probers, settings.knee, settings.budget_s, clock)
+    return {k.strategy: middle for k in knees if (middle := centre(k)) is not None}
+
+
+def predicted_line(predicted: dict[str, float]) -> str:
+    knees = ", ".join(f"{strategy} {rate:.3g}" for strategy, rate in predicted.items())
+    return (
+        f"predicted knees (req/s, simulated on steps profiled here): {knees or 'none'}; the "
+        "first rate probes go at 0.7x, 1x and 1.3x of each"
+    )
