@@ -17,6 +17,7 @@ from servelab.reports.colors import assign_colors
 from servelab.reports.grouping import X_TITLES, Group, group_runs
 from servelab.reports.html import Cell, Link, Page, Swatch, table_html
 from servelab.reports.load import find_run_dirs, load_run
+from servelab.reports.search_report import add_search_section, search_record, strategy_dirs
 from servelab.reports.sustain import Sustained, group_slo, sustained_loads
 from servelab.reports.sweep_figures import group_figures
 from servelab.reports.sweep_table import (
@@ -33,7 +34,15 @@ CSV_NAME = "summary.csv"
 
 
 def build_sweep_report(paths: list[Path], out: Path, baseline: str | None = None) -> Path:
-    """Write the sweep report to `out` and `summary.csv` beside it; return the report's path."""
+    """Write the sweep report to `out` and `summary.csv` beside it; return the report's path.
+    A knee search's directory (with its `search.json`) opens the page with its answer
+    (`reports.search_report`) and gives its strategies' probes as the runs."""
+    searches = [(path, record) for path in paths if (record := search_record(path))]
+    searched = {path for path, _ in searches}
+    paths = [
+        *(d for path, record in searches for d in strategy_dirs(path, record)),
+        *(path for path in paths if path not in searched),
+    ]
     run_dirs = find_run_dirs(paths)
     if not run_dirs:
         shown = ", ".join(str(p) for p in paths)
@@ -47,7 +56,9 @@ def build_sweep_report(paths: list[Path], out: Path, baseline: str | None = None
     rows = run_rows(groups, baseline_label)
     csv_path = write_csv(rows, out.parent / CSV_NAME)
 
-    page = Page("Sweep report")
+    page = Page("Knee search report" if searches else "Sweep report")
+    for path, record in searches:
+        add_search_section(page, path, record)
     statuses = Counter(r.status for r in runs)
     counts = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
     page.paragraph(

@@ -103,7 +103,7 @@ def render_search(knees: list[Knee]) -> str:
     ratios = Table(title="sustained-rate ratios: the knees' ratio, as an interval")
     for column in ("ratio", "estimate", "lowest", "highest"):
         ratios.add_column(column)
-    ordered = sorted(knees, key=lambda k: k.estimate or k.low or 0.0, reverse=True)
+    ordered = sorted(knees, key=lambda k: (k.low or 0.0, centre(k) or 0.0), reverse=True)
     for i, top in enumerate(ordered):
         for bottom in ordered[i + 1 :]:
             ratio = knee_ratio(top, bottom)

@@ -41,6 +41,7 @@ from servelab.harness.search.ratio_knee import (
     ProbeRatios,
     RatioKnee,
     fit_ratio_knee,
+    interval_width,
     next_rate,
     probe_quantile,
 )
@@ -119,10 +120,7 @@ class Knee:
 
     @property
     def width(self) -> float:
-        """high / low; inf where a side is unbounded."""
-        if self.low is None or self.high is None:
-            return math.inf
-        return self.high / self.low
+        return interval_width(self)
 
     @property
     def rate_probes(self) -> list[Probe]:

@@ -108,15 +108,7 @@ class RatioKnee:
 
     @property
     def width(self) -> float:
-        """high / low; inf where a side is unbounded."""
-        if self.low is None or self.high is None:
-            return math.inf
-        return self.high / self.low
-
-    @property
-    def certainly_above(self) -> bool:
-        """Whether some probe's quantile is certainly above 1 (its interval's low end)."""
-        return any(q.low > 1 or q.over_capacity for q in self.probes)
+        return interval_width(self)
 
     def widened(self, factor: float) -> RatioKnee:
         """The interval moved out by `factor` on each bounded side (the speed drift)."""
@@ -370,6 +362,13 @@ class Bounded(Protocol):
     def low(self) -> float | None: ...
     @property
     def high(self) -> float | None: ...
+
+
+def interval_width(knee: Bounded) -> float:
+    """A knee's interval as high / low; inf where a side is unbounded."""
+    if knee.low is None or knee.high is None:
+        return math.inf
+    return knee.high / knee.low
 
 
 def centre(knee: Bounded) -> float | None:

@@ -1,0 +1,125 @@
+"""The answer of a knee search (`servelab search`, `make run`), first in its report.
+
+From the search's `search.json`: one sentence per pair of strategies, the faster on top,
+with the ratio of their knees and its interval ("vllm sustains 1.9x [1.7, 2.1] orca's rate
+at this SLO on this machine"); the SLO, the machine's speed drift and what stayed unresolved
+beside it; then, per strategy, its probes' ratio quantiles against the rate with their
+intervals, the line at 1 they cross, the knee's estimate and interval, and the simulator's
+predicted knee where there was one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from itertools import combinations
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from servelab.harness.measure.slo import SLO
+from servelab.harness.search.knee import Knee, knee_of_record
+from servelab.harness.search.ratio_knee import centre, knee_ratio, rate_text
+from servelab.reports.figures import new_figure
+from servelab.reports.html import Page, table_html
+
+SEARCH_RECORD = "search.json"
+QUANTILE_CAP = 10.0  # a quantile shown above this (or unbounded) is drawn at it
+
+
+def search_record(path: Path) -> dict | None:
+    """The search recorded in `path` (a search's out_dir), or None."""
+    file = path / SEARCH_RECORD
+    return json.loads(file.read_text()) if file.is_file() else None
+
+
+def strategy_dirs(path: Path, record: dict) -> list[Path]:
+    """A search's probe directories, one folder per strategy (not its predicted runs)."""
+    return [path / s for s in record["settings"]["strategies"] if (path / s).is_dir()]
+
+
+def answer_lines(knees: list[Knee]) -> list[str]:
+    """One sentence per pair of strategies, the one with the higher knee first (by its low
+    end, what is sure of it, then its estimate)."""
+    ordered = sorted(knees, key=lambda k: (k.low or 0.0, centre(k) or 0.0), reverse=True)
+    lines = []
+    for top, bottom in combinations(ordered, 2):
+        ratio = knee_ratio(top, bottom)
+        if ratio.low is None and ratio.high is None:
+            lines.append(f"{top.strategy} against {bottom.strategy}: not measured (no interval)")
+            continue
+        if ratio.high is None:
+            how = f"at least {rate_text(ratio.low)}x"
+        elif ratio.low is None:
+            how = f"at most {rate_text(ratio.high)}x"
+        else:
+            estimate = "" if ratio.estimate is None else f"{ratio.estimate:.2g}x "
+            how = f"{estimate}[{rate_text(ratio.low)}, {rate_text(ratio.high)}]"
+        lines.append(
+            f"{top.strategy} sustains {how} {bottom.strategy}'s rate at this SLO on this machine"
+        )
+    return lines
+
+
+def add_search_section(page: Page, path: Path, record: dict) -> None:
+    """The answer, the conditions it holds under, and each strategy's curve."""
+    knees = [knee_of_record(k) for k in record["knees"]]
+    page.heading("The answer")
+    for line in answer_lines(knees):
+        page.paragraph(line + ".")
+    slo = SLO.from_config(record["slo"])
+    drift = record.get("drift") or {}
+    notes = [slo.describe()]
+    if drift:
+        notes.append(
+            f"The machine's speed moved {drift['change']:+.1%} between the first probe and the "
+            "last (median TPOT one request at a time); every interval is widened by it."
+        )
+    unresolved = [k.strategy for k in knees if not k.resolved]
+    if unresolved:
+        notes.append(
+            f"Not within {record['settings']['resolution']:.0%} in the budget: "
+            f"{', '.join(unresolved)}."
+        )
+    notes.append(f"Every probe's run is under {path}; search.json holds these numbers.")
+    for note in notes:
+        page.paragraph(note, "note")
+    page.tables([table_html(
+        ["strategy", "knee (req/s)", "low", "high", "predicted", "ceiling", "note"],
+        [[k.strategy, rate_text(k.estimate), rate_text(k.low), rate_text(k.high),
+          rate_text(k.predicted), rate_text(k.ceiling), k.note] for k in knees],
+        "Each strategy's knee: the 95% interval of the highest rate it sustains",
+    )])  # fmt: skip
+    page.figures([quantile_figure(k, r) for k, r in zip(knees, record["knees"], strict=True)])
+
+
+def quantile_figure(knee: Knee, recorded: dict) -> go.Figure:
+    """The probes' ratio quantiles against the rate, the crossing of 1 and its interval."""
+    figure = new_figure(
+        f"{knee.strategy}: SLO-ratio quantile against the rate",
+        "request rate (req/s)",
+        "ratio quantile (1: the SLO's limit)",
+        x_log=True,
+        y_log=True,
+    )
+    probes = [p for p in recorded["probes"] if p["kind"] == "rate"]
+    shown = [min(p["quantile"] or math.inf, QUANTILE_CAP) for p in probes]
+    figure.add_trace(go.Scatter(
+        x=[p["rate"] for p in probes], y=shown, mode="markers", name="probes",
+        error_y={"type": "data", "symmetric": False,
+                 "array": [min(p["quantile_high"] or math.inf, QUANTILE_CAP) - y
+                           for p, y in zip(probes, shown, strict=True)],
+                 "arrayminus": [y - min(p["quantile_low"], y)
+                                for p, y in zip(probes, shown, strict=True)]},
+        text=[f"{p['requests']} requests, {p['met']}/{p['counted']} met"
+              + (", stopped early" if p["stopped"] else "") for p in probes],
+    ))  # fmt: skip
+    figure.add_hline(y=1.0, line_dash="dot", annotation_text="limit")
+    if knee.low is not None and knee.high is not None:
+        figure.add_vrect(x0=knee.low, x1=knee.high, opacity=0.15, line_width=0,
+                         annotation_text="95% interval")  # fmt: skip
+    marks = ((knee.estimate, "knee", "solid"), (knee.predicted, "predicted", "dash"))
+    for rate, label, dash in marks:
+        if rate is not None:
+            figure.add_vline(x=rate, line_dash=dash, annotation_text=label)
+    return figure

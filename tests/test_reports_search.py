@@ -1,0 +1,76 @@
+"""A knee search's report: its answer first (a sentence per pair, the faster on top), each
+strategy's quantile curve, then its probes as a sweep; the simulator's runs left out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from reports_rundirs import RunSpec, page_text, write_run
+
+from servelab.harness.search.knee import Knee
+from servelab.harness.search.ratio_knee import RatioKnee
+from servelab.reports.search_report import answer_lines
+from servelab.reports.sweep_report import build_sweep_report
+
+SLO = {"ttft_s": 0.5}
+
+
+def knee(strategy: str, estimate: float | None, low: float | None, high: float | None) -> Knee:
+    found = RatioKnee(estimate, low, high, False, ())
+    return Knee(strategy, ceiling=10.0, found=found, resolved=True)
+
+
+def test_each_pair_is_one_sentence_with_the_higher_knee_first() -> None:
+    lines = answer_lines(
+        [knee("orca", 1.0, 0.9, 1.1), knee("vllm", 2.0, 1.8, 2.2), knee("ft", None, None, 0.2)]
+    )
+    assert lines == [
+        "vllm sustains 2x [1.64, 2.44] orca's rate at this SLO on this machine",
+        "vllm sustains at least 9x ft's rate at this SLO on this machine",
+        "orca sustains at least 4.5x ft's rate at this SLO on this machine",
+    ]
+
+
+def search_record(rates: dict[str, list[float]]) -> dict:
+    knees = []
+    for strategy, probed in rates.items():
+        middle = probed[1]
+        knees.append({
+            "strategy": strategy, "ceiling": 4 * middle, "predicted": middle * 1.2,
+            "estimate": middle, "low": 0.9 * middle, "high": 1.1 * middle, "cliff": False,
+            "below": probed[0], "above": probed[2], "widened_by": 1.0, "resolved": True,
+            "note": "",
+            "probes": [
+                {"kind": "rate", "rate": rate, "requests": 10, "repeat": 0,
+                 "run_dir": f"{strategy}/rate-{rate:g}-n10", "quantile": q, "quantile_low": 0.8 * q,
+                 "quantile_high": None if q > 1 else 1.5 * q, "over_capacity": q > 1,
+                 "met": 9, "counted": 10, "stopped": False, "seconds": 10.0}
+                for rate, q in zip(probed, (0.5, 1.0, 2.0), strict=True)
+            ],
+        })  # fmt: skip
+    return {
+        "settings": {"strategies": list(rates), "resolution": 0.2},
+        "slo": {"ttft_s": 0.5, "attainment": 0.9},
+        "drift": {"before_s": 0.02, "after_s": 0.021, "change": 0.05},
+        "knees": knees,
+    }
+
+
+def test_a_search_directory_opens_its_report_with_the_answer(tmp_path: Path) -> None:
+    rates = {"vllm": [1.0, 2.0, 4.0], "orca": [0.5, 1.0, 2.0]}
+    for strategy, probed in rates.items():
+        for rate in probed:
+            write_run(tmp_path / strategy, RunSpec(name=f"rate-{rate:g}-n10", strategy=strategy,
+                                                   rate=rate, ttft=0.1, slo=SLO))  # fmt: skip
+    predicted = RunSpec(name="rate-3-n10", strategy="simulated-only", rate=3.0, slo=SLO)
+    write_run(tmp_path / "predicted" / "vllm", predicted)
+    (tmp_path / "search.json").write_text(json.dumps(search_record(rates)))
+    page = page_text(build_sweep_report([tmp_path], tmp_path / "report.html"))
+    assert page.index("<h2>The answer</h2>") < page.index("All runs")
+    answer = "vllm sustains 2x [1.64, 2.44] orca&#x27;s rate at this SLO on this machine."
+    assert answer in page
+    assert "moved +5.0% between the first probe and the last" in page
+    assert page.count("SLO-ratio quantile against the rate") == 2
+    assert "simulated-only" not in page  # the prediction's runs are not the measurement
+    assert page.count("rate-2-n10") >= 2  # both strategies' probes at 2 req/s are runs in it
