@@ -138,6 +138,9 @@ def _results_section(
     slo_rows = _slo_rows(run)
     if slo_rows:
         tables.append(table_html(["SLO", "value"], slo_rows, "Service-level objective"))
+    generator = load_generator_rows(as_dict(summary.get("load_generator")))
+    if generator:
+        tables.append(table_html(["load generator", "value"], generator, "Load generator"))
     page.tables(tables)
     label = run.strategy_name
     if metrics is None:
@@ -219,6 +222,26 @@ def _latency_rows(summary: dict[str, Any]) -> list[list[Cell]]:
 
 def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def load_generator_rows(section: dict[str, Any]) -> list[list[Cell]]:
+    """Whether the client sent the configured arrivals (`harness.measure.load_generator`)."""
+    if not section:
+        return []
+    late_ms = 1000 * float(section.get("late_s") or 0.0)
+    rows: list[list[Cell]] = [
+        ["arrivals", str(section.get("process"))],
+        ["configured rate (req/s)", _float(section.get("configured_rate"))],
+        ["achieved rate (req/s)", _float(section.get("achieved_rate"))],
+        ["requests sent", _float(section.get("sent"))],
+    ]
+    for key, label in (("lag_p50_s", "p50"), ("lag_p99_s", "p99"), ("lag_max_s", "max")):
+        value = _float(section.get(key))
+        rows.append([f"send lag {label} (ms)", None if value is None else 1000 * value])
+    rows.append([f"share sent over {late_ms:g} ms late", _float(section.get("late_share"))])
+    rows.append(["gaps against the configured process: KS p-value",
+                 _float(section.get("ks_p_value"))])  # fmt: skip
+    return rows
 
 
 def _slo_rows(run: RunData) -> list[list[Cell]]:

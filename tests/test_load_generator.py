@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from scripts.client_bench import at_rate
-from servelab.harness.measure.flags import SEND_LAG, refusals
+from servelab.harness.measure.flags import ARRIVALS_OFF, SEND_LAG, refusals
 from servelab.harness.measure.load_generator import gaps_fit, kolmogorov_p, load_generator
 from servelab.harness.records import RequestRecord
 from servelab.harness.serving.process import start_fake_server
+from servelab.reports.run_report import load_generator_rows
 from servelab.workloads.arrivals import ArrivalSpec
 
 POISSON = ArrivalSpec("poisson", rate=50.0)
@@ -67,3 +68,9 @@ def test_an_endpoint_run_reports_its_load_generator(tmp_path: Path) -> None:
     flooded = json.loads((tmp_path / "rate-50000" / "summary.json").read_text())
     assert SEND_LAG in flooded["flag_codes"] and refusals(flooded)
     assert flooded["load_generator"]["late_share"] > 0.5
+    assert ARRIVALS_OFF in flooded["flag_codes"]  # its sends came as fast as it could, not Poisson
+    assert ARRIVALS_OFF not in summary["flag_codes"]
+    rows = dict(load_generator_rows(section))  # the run report's table of it
+    assert rows["configured rate (req/s)"] == 40.0 and rows["requests sent"] == 40
+    assert rows["send lag p99 (ms)"] == pytest.approx(1000 * section["lag_p99_s"])
+    assert rows["gaps against the configured process: KS p-value"] == section["ks_p_value"]

@@ -6,6 +6,9 @@ reports show) and the codes in `flag_codes`; gates refuse a run with any code in
 
 - `failed_requests`: a counted request failed, was rejected or was cancelled.
 - `send_lag`: the client handed requests over late, p99 above `SEND_LAG_BOUND_S`.
+- `arrivals_off`: the gaps between the client's sends do not follow the configured process
+  (the load generator's Kolmogorov-Smirnov p-value below `ARRIVALS_P_BOUND`): the server
+  saw other arrivals than the ones configured, bursts where the client caught up.
 - `preemption_storm`: more than `STORM_PREEMPTIONS_PER_REQUEST` preemptions per completed
   request (and at least `STORM_MIN_PREEMPTIONS`): the engine spent the run evicting and
   recomputing, so its figures measure thrashing, not the strategy.
@@ -39,6 +42,7 @@ import numpy as np
 from servelab.harness.records import RequestRecord, StepRecord
 
 SEND_LAG_BOUND_S = 0.05
+ARRIVALS_P_BOUND = 0.001  # one run in a thousand sending the configured process is flagged
 STORM_PREEMPTIONS_PER_REQUEST = 1.0
 STORM_MIN_PREEMPTIONS = 10
 DROPOUT_MIN_GAP_S = 1.0
@@ -47,6 +51,7 @@ DROPOUT_SAMPLE_FACTOR = 40.0
 
 FAILED_REQUESTS = "failed_requests"
 SEND_LAG = "send_lag"
+ARRIVALS_OFF = "arrivals_off"
 PREEMPTION_STORM = "preemption_storm"
 TELEMETRY_DROPOUT = "telemetry_dropout"
 INCOMPLETE = "incomplete"
@@ -55,7 +60,15 @@ PEAKS_BEATEN = "peaks_beaten"
 ESTIMATED = "estimated"
 SIMULATED = "simulated"
 REFUSED = frozenset(
-    {FAILED_REQUESTS, SEND_LAG, PREEMPTION_STORM, TELEMETRY_DROPOUT, INCOMPLETE, SIMULATED}
+    {
+        FAILED_REQUESTS,
+        SEND_LAG,
+        ARRIVALS_OFF,
+        PREEMPTION_STORM,
+        TELEMETRY_DROPOUT,
+        INCOMPLETE,
+        SIMULATED,
+    }
 )
 
 
@@ -66,7 +79,8 @@ class Flag:
 
 
 def summary_flags(summary: dict) -> list[Flag]:
-    """Flags the summary's own figures raise: failed requests, send lag, preemption storm."""
+    """Flags the summary's own figures raise: failed requests, send lag, arrivals off the
+    configured process, preemption storm."""
     flags = []
     if summary.get("failed"):
         flags.append(Flag(FAILED_REQUESTS, f"{summary['failed']} requests failed or were rejected"))
@@ -74,6 +88,13 @@ def summary_flags(summary: dict) -> list[Flag]:
     if lag is not None and lag > SEND_LAG_BOUND_S:
         text = f"client send lag p99 {lag * 1000:.1f} ms > {SEND_LAG_BOUND_S * 1000:g} ms"
         flags.append(Flag(SEND_LAG, text))
+    p_value = (summary.get("load_generator") or {}).get("ks_p_value")
+    if p_value is not None and p_value < ARRIVALS_P_BOUND:
+        text = (
+            f"the client's send gaps do not follow the configured "
+            f"{summary['load_generator'].get('process')} arrivals (KS p = {p_value:.2g})"
+        )
+        flags.append(Flag(ARRIVALS_OFF, text))
     preemptions = summary.get("preemptions") or 0
     completed = summary.get("completed") or 0
     per_request = preemptions / max(completed, 1)
