@@ -76,3 +76,24 @@ def test_bad_input_is_one_line_before_any_work(args: list[str], message: str) ->
 def test_a_folder_with_no_rate_run_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^knee: no rate run"):
         main([str(tmp_path)])
+
+
+def test_a_simulated_run_is_a_knee_of_its_own(runs: Path, tmp_path: Path) -> None:
+    """A search's prediction lies beside its probes: simulated runs of the same strategy,
+    workload and model are their own group, named by their backend."""
+    import shutil
+
+    import yaml
+
+    simulated = tmp_path / "predicted" / "rate-2"
+    shutil.copytree(runs / "rate-2", simulated)
+    config = yaml.safe_load((simulated / "config.yaml").read_text())
+    (simulated / "config.yaml").write_text(yaml.safe_dump({**config, "backend": "simulated"}))
+    for rate in RATES:
+        shutil.copytree(runs / f"rate-{rate:g}", tmp_path / f"rate-{rate:g}")
+    out = tmp_path / "knee.json"
+    main([str(tmp_path), "--json", str(out)])
+    knees = json.loads(out.read_text())["knees"]
+    assert set(knees) == {"vllm/random/dummy-tiny", "vllm/random/dummy-tiny/simulated"}
+    assert [r["rate"] for r in knees["vllm/random/dummy-tiny"]["rates"]] == list(RATES)
+    assert [r["rate"] for r in knees["vllm/random/dummy-tiny/simulated"]["rates"]] == [2.0]

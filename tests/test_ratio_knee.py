@@ -24,6 +24,7 @@ from servelab.harness.search.ratio_knee import (
     probe_quantile,
     probe_ratios,
     quantile_bounds,
+    rate_quantiles,
     ratio_quantile,
     request_ratio,
     rising,
@@ -220,3 +221,18 @@ def test_speed_drift_widens_both_ends() -> None:
     assert widened.low == pytest.approx(plain.low / 1.1)
     assert widened.high == pytest.approx(plain.high * 1.1)
     assert widened.widened_by == 1.1
+
+
+def test_an_outlier_s_bound_at_one_rate_does_not_hide_a_clear_rate_above_it() -> None:
+    """Two of 48 requests at 0.7 req/s missed (its quantile's upper bound 1.45), every one at
+    1 req/s met with room (upper bound 0.6), 1.4 req/s is over capacity: the quantile at 0.7
+    is at most the one at 1, so the interval's low end is 1 req/s, not unbounded (a fit
+    through the upper bounds pooled 1.45 with 0.6 into one level above 1)."""
+    outliers = ProbeRatios(0.7, (0.5,) * 46 + (1.45,) * 2, (False,) * 48)
+    clear = ProbeRatios(1.0, (0.6,) * 48, (False,) * 48)
+    over = ProbeRatios(1.4, tuple(np.linspace(1.5, 40.0, 48)), (False,) * 48)
+    points = rate_quantiles([outliers, clear, over], 0.9, 0.95)
+    assert [q.high for q in points[:2]] == [1.45, 0.6] and points[2].over_capacity
+    knee = fit_ratio_knee([outliers, clear, over], 0.9, 0.95)
+    assert knee.cliff and (knee.below, knee.above) == (1.0, 1.4)
+    assert knee.low == 1.0 and knee.high == 1.4

@@ -32,7 +32,8 @@ USAGE = """usage: servelab knee DIR [DIR ...] [--slo KEY=SECONDS ...] [--attainm
                      [--confidence C] [--warmup SHARE] [--json FILE]
 
 Each DIR is a run directory, or a folder searched for them (a search's out_dir). Runs at a
-Poisson or gamma rate are grouped by strategy, workload and model; each group gives one knee:
+Poisson or gamma rate are grouped by strategy, workload, model and backend (named where it is
+not the engine in this process: a search's simulated prediction); each group gives one knee:
 the highest rate at which the SHARE-quantile (default: the SLO's attainment, 0.9) of its
 requests' SLO ratios (the largest of metric / limit) is at most 1, fitted monotone across
 rates, with its C interval (default 0.95). The SLO is the one the runs recorded (one for all)
@@ -47,7 +48,7 @@ class RateRun:
     """One rate run on disk: what it served, at which rate, against which SLO."""
 
     path: Path
-    group: tuple[str, str, str]  # strategy, workload, model
+    group: tuple[str, ...]  # strategy, workload, model, and the backend unless in process
     rate: float
     slo: SLO | None
 
@@ -110,10 +111,12 @@ def rate_runs(root: Path) -> list[RateRun]:
         rate = arrival.get("rate")
         if arrival.get("process") not in ("poisson", "gamma") or not rate:
             continue
+        backend = str(config.get("backend") or "inprocess")
         group = (
             str((config.get("strategy") or {}).get("name")),
             str((config.get("workload") or {}).get("name")),
             str((config.get("model") or {}).get("name")),
+            *([] if backend == "inprocess" else [backend]),  # a search's prediction apart
         )
         found.append(RateRun(run_dir, group, float(rate), SLO.of_record(config.get("slo"))))
     return found

@@ -45,7 +45,8 @@ class SearchSettings:
     knee: KneeSettings
     slo_scale: dict[str, float]  # limit -> multiple of one request at a time (`scaled_slo`)
     slo_from: SourceSLO | None  # an earlier search's SLO, judged against instead (`shared_slo`)
-    predict: bool = False  # place the first rate probes around the simulator's knees
+    predict: bool = False  # place the first rate probes around the simulator's knees (the
+    # engine in this process only: a simulation needs none, a peer's steps are not profiled)
 
     @property
     def measures_speed(self) -> bool:
@@ -100,7 +101,7 @@ class SearchSettings:
             confidence=numbers["confidence"],
             skip_idle=bool(cfg.replay.skip_idle),
         )
-        predict = bool(node.get("predict")) and backend_of(cfg) != "simulated"
+        predict = bool(node.get("predict")) and backend_of(cfg) == "inprocess"
         return cls(strategies, numbers["budget_s"], Path(str(node.out_dir)), knee,
                    {key: float(value) for key, value in slo_scale.items()}, slo_from,
                    predict)  # fmt: skip

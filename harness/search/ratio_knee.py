@@ -20,8 +20,11 @@ fit says so.
 
 The interval: each rate's quantile has a distribution-free interval from order statistics
 (the binomial count of its requests below the quantile, as MLPerf LoadGen bounds a latency
-percentile); the fit through every rate's upper bounds crosses 1 at the interval's low end,
-through the lower bounds at its high end (at a cliff in either, the rate beside it). The
+percentile). The quantile rises with the load, so at a rate it is at most the least upper
+bound at any rate above and at least the largest lower bound at any rate below: those two
+envelopes (not a fit, which a single outlier's bound would drag across 1 for its
+neighbours) cross 1 at the interval's low and high end (at a cliff in either, the rate
+beside it). The
 caller widens it by the machine's measured speed drift. A percentile bootstrap over requests
 under-covers here: a resampled 0.9-quantile of 48 requests varies less than the quantile
 does, since the resamples of the top order statistics repeat the few largest ratios.
@@ -319,7 +322,12 @@ def fit_ratio_knee(
     def fitted(side: str | None) -> Crossing:
         sided = points if side is None else [replace(q, quantile=getattr(q, side)) for q in points]
         over = np.array([q.over_capacity for q in sided])
-        return crossing(rates, np.array([q.level for q in sided]), weights, over)
+        levels = np.array([q.level for q in sided])  # in rate order
+        if side == "high":  # the quantile at r is at most any upper bound at a rate above r
+            levels = np.minimum.accumulate(levels[::-1])[::-1]
+        elif side == "low":  # ... and at least any lower bound at a rate below r
+            levels = np.maximum.accumulate(levels)
+        return crossing(rates, levels, weights, over)
 
     found, earliest, latest = fitted(None), fitted("high"), fitted("low")
     smooth = found.rate is not None and not found.cliff
