@@ -73,7 +73,7 @@ test-latest:
 
 # The default comparison: each strategy's knee found on this machine (`servelab search`,
 # docs/search.md) under one SLO scaled from one request at a time here, within
-# search.budget_s of rate probes shared by all; one KV budget for all, small enough that
+# search.budget_s shared by all (from its start); one KV budget for all, small enough that
 # memory decides capacity (32 MiB of fp32 KV: 728 tokens on every machine, the dtype pinned
 # because the budget is in bytes); probes skip the spans with nothing in flight
 # (replay.skip_idle). Then one report over every probe. RUN_ARGS adds overrides

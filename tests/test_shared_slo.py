@@ -189,6 +189,8 @@ def test_a_search_whose_machine_slowed_widens_its_fitted_knees_by_the_drift(tmp_
     assert fit is not None and fit["low"] is not None and fit["high"] is not None
     assert (fit["widened_by"], wide["widened_by"]) == (1.0, pytest.approx(1.25))
     assert wide["estimate"] == fit["estimate"]
+    for knee in (fit, wide):  # resolved says the recorded (widened) interval is within 50%
+        assert knee["resolved"] == (knee["high"] / knee["low"] <= 1.5)
     assert (wide["low"], wide["high"]) == (
         pytest.approx(fit["low"] / 1.25),
         pytest.approx(fit["high"] * 1.25),

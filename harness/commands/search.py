@@ -76,13 +76,18 @@ def plan_line(settings: SearchSettings) -> str:
 
 
 def predicted_text(knee: Knee) -> str:
-    """The simulator's knee and how far the measured one lies from it, e.g. "1.23 (x0.87)"."""
-    measured = centre(knee)
+    """The simulator's knee and where the measured one lies against it, e.g. "1.23 (measured
+    x0.87)", "0.158 (measured below 0.113)"."""
     if knee.predicted is None:
         return "-"
-    if measured is None:
-        return rate_text(knee.predicted)
-    return f"{rate_text(knee.predicted)} (measured x{measured / knee.predicted:.2f})"
+    predicted = rate_text(knee.predicted)
+    if knee.low is None or knee.high is None:
+        side = "below" if knee.low is None else "above"
+        end = knee.high if knee.low is None else knee.low
+        return predicted if end is None else f"{predicted} (measured {side} {rate_text(end)})"
+    middle = centre(knee)
+    assert middle is not None  # both ends are bounded
+    return f"{predicted} (measured x{middle / knee.predicted:.2f})"
 
 
 def render_search(knees: list[Knee]) -> str:

@@ -182,8 +182,9 @@ def search(
         if drift is not None:
             say(drift.line())
             record["drift"] = drift.to_json()
-            for knee in knees:
+            for knee in knees:  # resolved only if still within the resolution once widened
                 knee.found = None if knee.found is None else knee.found.widened(drift.factor)
+                knee.resolved = knee.resolved and knee.width <= 1 + settings.knee.resolution
     record["knees"] = [knee.to_json() for knee in knees]
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     (settings.out_dir / "search.json").write_text(json.dumps(record, indent=2))
