@@ -96,9 +96,9 @@ def add_search_section(page: Page, path: Path, record: dict) -> None:
 def quantile_figure(knee: Knee, recorded: dict) -> go.Figure:
     """The probes' ratio quantiles against the rate, the crossing of 1 and its interval."""
     figure = new_figure(
-        f"{knee.strategy}: SLO-ratio quantile against the rate",
+        f"{knee.strategy}: SLO-ratio quantile by rate",
         "request rate (req/s)",
-        "ratio quantile (1: the SLO's limit)",
+        "ratio quantile (1: the limit; shaded: the knee's interval)",
         x_log=True,
         y_log=True,
     )
@@ -114,12 +114,14 @@ def quantile_figure(knee: Knee, recorded: dict) -> go.Figure:
         text=[f"{p['requests']} requests, {p['met']}/{p['counted']} met"
               + (", stopped early" if p["stopped"] else "") for p in probes],
     ))  # fmt: skip
-    figure.add_hline(y=1.0, line_dash="dot", annotation_text="limit")
-    if knee.low is not None and knee.high is not None:
-        figure.add_vrect(x0=knee.low, x1=knee.high, opacity=0.15, line_width=0,
-                         annotation_text="95% interval")  # fmt: skip
-    marks = ((knee.estimate, "knee", "solid"), (knee.predicted, "predicted", "dash"))
-    for rate, label, dash in marks:
+    figure.add_hline(y=1.0, line_dash="dot")  # the limit
+    if knee.low is not None and knee.high is not None:  # shaded: the knee's interval
+        figure.add_vrect(x0=knee.low, x1=knee.high, fillcolor="#7f8c9b", opacity=0.3,
+                         line_width=0, layer="below")  # fmt: skip
+    span = [min([*(p["quantile_low"] for p in probes), 0.5]), QUANTILE_CAP]
+    marks = ((knee.estimate, "knee", "solid"), (knee.predicted, "predicted knee", "dash"))
+    for rate, label, dash in marks:  # lines as traces: annotations misplace on a log axis
         if rate is not None:
-            figure.add_vline(x=rate, line_dash=dash, annotation_text=label)
+            figure.add_trace(go.Scatter(x=[rate, rate], y=span, mode="lines", name=label,
+                                        line={"dash": dash, "width": 1.5}))  # fmt: skip
     return figure

@@ -99,6 +99,22 @@ def test_sweep_report_renders_without_errors(tmp_path: Path) -> None:
     screenshot(page, tmp_path / "sweep-report.png", tmp_path / "profile-shot")
 
 
+def test_a_search_report_renders_without_errors(tmp_path: Path) -> None:
+    """A knee search's report: its answer, its knee table and a quantile curve per strategy
+    (log axes, the limit, the interval and the knee drawn over the probes)."""
+    from test_reports_search import search_record
+
+    rates = {"vllm": [1.0, 2.0, 4.0], "orca": [0.5, 1.0, 2.0]}
+    for strategy, probed in rates.items():
+        for rate in probed:
+            spec = RunSpec(name=f"rate-{rate:g}-n10", strategy=strategy, rate=rate, ttft=0.1)
+            write_run(tmp_path / "search" / strategy, spec)
+    (tmp_path / "search" / "search.json").write_text(json.dumps(search_record(rates)))
+    page = build_sweep_report([tmp_path / "search"], tmp_path / "search" / "report.html")
+    expect_clean_render(page, tmp_path / "profile-dom")
+    screenshot(page, tmp_path / "search-report.png", tmp_path / "profile-shot")
+
+
 INJECT = "document.body.setAttribute('data-injected', 'yes')"
 PAYLOADS = (
     f"<script>{INJECT}</script>",

@@ -71,6 +71,6 @@ def test_a_search_directory_opens_its_report_with_the_answer(tmp_path: Path) -> 
     answer = "vllm sustains 2x [1.64, 2.44] orca&#x27;s rate at this SLO on this machine."
     assert answer in page
     assert "moved +5.0% between the first probe and the last" in page
-    assert page.count("SLO-ratio quantile against the rate") == 2
+    assert page.count("SLO-ratio quantile by rate") == 2
     assert "simulated-only" not in page  # the prediction's runs are not the measurement
     assert page.count("rate-2-n10") >= 2  # both strategies' probes at 2 req/s are runs in it
