@@ -14,7 +14,7 @@ from rich.table import Table
 
 from servelab.harness.commands.config import compose
 from servelab.harness.search.knee import Knee, Probe
-from servelab.harness.search.profile import SearchSettings, search
+from servelab.harness.search.profile import search
 from servelab.harness.search.ratio_knee import (
     ProbeQuantile,
     centre,
@@ -54,24 +54,6 @@ def quantile_text(quantile: ProbeQuantile) -> str:
     at_least = "" if quantile.known else ">= "
     return f"ratio q {at_least}{quantile.quantile:.3g} [{low}, {high}]" + (
         ", rising: over capacity" if quantile.over_capacity else ""
-    )
-
-
-def plan_line(settings: SearchSettings) -> str:
-    knee = settings.knee
-    return (
-        f"search: {', '.join(settings.strategies)}; {settings.budget_s:.0f} s in all, shared; "
-        f"{knee.ceiling_requests} requests at once for the ceiling, {knee.requests} a rate "
-        f"probe (up to {knee.max_requests} near the knee); the knee where the "
-        f"{knee.target:g}-quantile of the requests' SLO ratios crosses 1, within "
-        f"{knee.resolution:.0%} at {knee.confidence:.0%} confidence; probes under "
-        f"{settings.out_dir}"
-        + (
-            f"; the SLO of {settings.slo_from.path}"
-            if settings.slo_from is not None
-            else ("; the SLO scaled from a reference floor run" if settings.slo_scale else "")
-        )
-        + ("; probes skip their idle spans (replay.skip_idle)" if knee.skip_idle else "")
     )
 
 
@@ -168,8 +150,6 @@ def main(args: list[str]) -> None:
     def run_or_reuse(cfg: DictConfig, run_dir: Path) -> dict:
         return completed_summary(cfg, run_dir) or run(cfg, run_dir, progress=False)
 
-    settings = SearchSettings.of(compose(args))
-    print(plan_line(settings), flush=True)
     result = search(
         args,
         compose,
@@ -182,4 +162,4 @@ def main(args: list[str]) -> None:
     unresolved = [k.strategy for k in result.knees if not k.resolved]
     if unresolved:
         print(f"not resolved within the budget: {', '.join(unresolved)} (raise search.budget_s)")
-    print(f"probes and search.json under {settings.out_dir}")
+    print(f"probes and search.json under {result.settings.out_dir}")

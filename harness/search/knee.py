@@ -193,7 +193,7 @@ class KneeSettings:
 
 
 class Prober(Protocol):
-    """Runs one strategy's probes, a run each (`harness.commands.search` supplies it)."""
+    """Runs one strategy's probes, a run each (`harness.search.probes.RunProber`)."""
 
     def run(self, spec: ProbeSpec) -> Outcome: ...
 

@@ -17,7 +17,7 @@ import copy
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
@@ -106,15 +106,30 @@ class SearchSettings:
                    {key: float(value) for key, value in slo_scale.items()}, slo_from,
                    predict)  # fmt: skip
 
-    def to_json(self) -> dict:
+    def plan_line(self) -> str:
+        """What the search will do, said before its first run."""
         knee = self.knee
+        return (
+            f"search: {', '.join(self.strategies)}; {self.budget_s:.0f} s in all, shared; "
+            f"{knee.ceiling_requests} requests at once for the ceiling, {knee.requests} a rate "
+            f"probe (up to {knee.max_requests} near the knee); the knee where the "
+            f"{knee.target:g}-quantile of the requests' SLO ratios crosses 1, within "
+            f"{knee.resolution:.0%} at {knee.confidence:.0%} confidence; probes under "
+            f"{self.out_dir}"
+            + (
+                f"; the SLO of {self.slo_from.path}"
+                if self.slo_from is not None
+                else ("; the SLO scaled from a reference floor run" if self.slo_scale else "")
+            )
+            + ("; probes skip their idle spans (replay.skip_idle)" if knee.skip_idle else "")
+        )
+
+    def to_json(self) -> dict:
         return {
             "strategies": list(self.strategies), "budget_s": self.budget_s,
             "out_dir": str(self.out_dir), "slo_scale": self.slo_scale,
             "slo_from": None if self.slo_from is None else str(self.slo_from.path),
-            "predict": self.predict,
-            **{key: getattr(knee, key) for key in ("target", "resolution", "requests",
-               "max_requests", "floor_requests", "ceiling_requests", "confidence", "skip_idle")},
+            "predict": self.predict, **asdict(self.knee),
         }  # fmt: skip
 
 
@@ -138,6 +153,7 @@ def search(
     step-cost model the prediction simulates."""
     cfg = compose(overrides)
     settings = SearchSettings.of(cfg)
+    say(settings.plan_line())
     configs = {s: compose([*overrides, f"strategy={s}"]) for s in settings.strategies}
     simulated = SimulatedClock() if backend_of(cfg) == "simulated" else None
     clock = simulated or time.monotonic
