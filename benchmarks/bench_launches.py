@@ -35,8 +35,9 @@ from servelab.harness.measure.launches import Launches, count_launches  # noqa: 
 from servelab.harness.models.dummy import DUMMY_SHAPES  # noqa: E402
 from servelab.harness.models.load import build_model  # noqa: E402
 from servelab.harness.models.model import ModelConfig  # noqa: E402
+from servelab.harness.models.weights_format import WeightsContext  # noqa: E402
 from servelab.harness.runner.build import build_engine  # noqa: E402
-from servelab.harness.runner.settings import EngineSettings  # noqa: E402
+from servelab.harness.runner.settings import EngineSettings, cache_dir_of  # noqa: E402
 from servelab.strategies.settings import strategy_settings  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -66,7 +67,11 @@ def decode_engine(
     shape: ModelConfig, batch: int, dtype: torch.dtype, device: torch.device, attention: str
 ) -> Engine:
     """An engine over `shape` with random weights on the GPU code path, `batch` requests in."""
-    model = build_model((shape, None), dtype, device)
+    cfg = compose(["strategy=vllm"])
+    strategy = strategy_settings(cfg.strategy)
+    weights = strategy.weights.build()  # the linear layers a run of the strategy builds
+    context = WeightsContext(dtype, device, cache_dir_of(cfg), f"dummy-{shape.num_layers}")
+    model = build_model(weights.prepare((shape, None), context), dtype, device, weights.linear)
     layout = KVLayout(shape.num_layers, model.kv_heads_stored, shape.head_dim, dtype)
     settings = EngineSettings(
         device=device, dtype=dtype, dtype_reason="set",
@@ -75,7 +80,6 @@ def decode_engine(
         max_num_batched_tokens=max(batch * PROMPT, 256), attention=attention,
         fused_decode=True, seed=0, warmup=False,
     )  # fmt: skip
-    strategy = strategy_settings(compose(["strategy=vllm"]).strategy)
     engine = build_engine(model, settings, strategy, time.monotonic)
     generator = torch.Generator().manual_seed(batch)
     for index in range(batch):

@@ -94,8 +94,10 @@ def gpu_layers(model: LlamaModel, attention: Attention) -> GpuLayers | None:
 
 
 def _plain(layer: DecoderLayer) -> bool:
+    """Every projection a linear layer without bias: `nn.Linear` or a subclass of it (the
+    dense format's `PackedLinear`, whose packed copies serve only CPU forwards)."""
     linears = (*_attention_projections(layer), *_mlp_projections(layer))
-    return all(type(m) is nn.Linear and m.bias is None for m in linears)
+    return all(isinstance(m, nn.Linear) and m.bias is None for m in linears)
 
 
 def _attention_projections(layer: DecoderLayer) -> tuple[nn.Module, ...]:

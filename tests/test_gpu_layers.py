@@ -14,9 +14,12 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from servelab.harness.engine.kv_cache import KVLayout  # noqa: E402
+from servelab.harness.models.dummy import DUMMY_SHAPES  # noqa: E402
+from servelab.harness.models.load import build_model  # noqa: E402
 from servelab.harness.runner.build import build_engine  # noqa: E402
 from servelab.kernels.attention import Attention, AttentionConfig  # noqa: E402
 from servelab.kernels.gpu_layers import GpuLayers, gpu_layers  # noqa: E402
+from servelab.kernels.linear import PackedLinear, packed_linear  # noqa: E402
 from tests.tiny import (  # noqa: E402
     engine_settings,
     make_requests,
@@ -58,6 +61,14 @@ def test_the_modules_run_where_the_fused_layers_cannot() -> None:
     assert gpu_layers(model, Attention(AttentionConfig("torch"), DEVICE)) is None
     model.layers[0].self_attn.kv_repeat = 2  # the mha layout stores every KV head twice
     assert gpu_layers(model, Attention(AttentionConfig("triton"), DEVICE)) is None
+
+
+def test_the_fused_layers_take_the_layers_a_dense_run_builds() -> None:
+    # a run's dense linears are the dense format's `PackedLinear`s (their packed copies serve
+    # CPU forwards only), not plain `nn.Linear`s
+    model = build_model((DUMMY_SHAPES["tiny"], None), torch.float32, DEVICE, packed_linear)
+    assert isinstance(model.layers[0].mlp.down_proj, PackedLinear)
+    assert isinstance(gpu_layers(model, Attention(AttentionConfig("triton"), DEVICE)), GpuLayers)
 
 
 def test_the_concatenated_weights_are_the_modules_own_memory() -> None:
