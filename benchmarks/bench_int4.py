@@ -42,8 +42,8 @@ from servelab.harness.measure.calibrate import measure_peaks
 from servelab.harness.models.dummy import DUMMY_SHAPES
 from servelab.harness.models.model import ModelConfig
 from servelab.kernels.int4_layout import num_groups, pack_int4
+from servelab.kernels.int4_linear import Int4Linear
 from servelab.kernels.int4_matmul import choose_kernel
-from servelab.strategies.weights.int4_linear import Int4Linear
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

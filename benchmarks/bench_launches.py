@@ -12,6 +12,7 @@ host's own work on the batch too, which a GPU runs without a launch.
 
     python -m benchmarks.bench_launches                          # llama3-8b, batches 1 and 32
     python -m benchmarks.bench_launches --shape tiny --attention torch
+    python -m benchmarks.bench_launches --strategy vllm-awq      # the int4 layers' kernels
     python -m benchmarks.bench_launches --device cuda            # on a GPU: the same count
 """
 
@@ -33,11 +34,9 @@ from servelab.harness.engine.kv_cache import KVLayout  # noqa: E402
 from servelab.harness.engine.request import Request, SamplingParams  # noqa: E402
 from servelab.harness.measure.launches import Launches, count_launches  # noqa: E402
 from servelab.harness.models.dummy import DUMMY_SHAPES  # noqa: E402
-from servelab.harness.models.load import build_model  # noqa: E402
 from servelab.harness.models.model import ModelConfig  # noqa: E402
-from servelab.harness.models.weights_format import WeightsContext  # noqa: E402
-from servelab.harness.runner.build import build_engine  # noqa: E402
-from servelab.harness.runner.settings import EngineSettings, cache_dir_of  # noqa: E402
+from servelab.harness.runner.build import build_engine, random_model  # noqa: E402
+from servelab.harness.runner.settings import EngineSettings  # noqa: E402
 from servelab.strategies.settings import strategy_settings  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -64,14 +63,20 @@ class StepLaunches:
 
 
 def decode_engine(
-    shape: ModelConfig, batch: int, dtype: torch.dtype, device: torch.device, attention: str
+    shape: ModelConfig,
+    batch: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    attention: str,
+    strategy_name: str,
 ) -> Engine:
-    """An engine over `shape` with random weights on the GPU code path, `batch` requests in."""
-    cfg = compose(["strategy=vllm"])
-    strategy = strategy_settings(cfg.strategy)
-    weights = strategy.weights.build()  # the linear layers a run of the strategy builds
-    context = WeightsContext(dtype, device, cache_dir_of(cfg), f"dummy-{shape.num_layers}")
-    model = build_model(weights.prepare((shape, None), context), dtype, device, weights.linear)
+    """An engine over `shape` with random weights on the GPU code path, `batch` requests in;
+    int4 weights multiplied by the Triton kernels, as on CUDA."""
+    node = compose([f"strategy={strategy_name}"]).strategy
+    if "int4_kernel" in node:
+        node.int4_kernel = "triton"
+    strategy = strategy_settings(node)
+    model = random_model(shape, strategy.weights, dtype, device)
     layout = KVLayout(shape.num_layers, model.kv_heads_stored, shape.head_dim, dtype)
     settings = EngineSettings(
         device=device, dtype=dtype, dtype_reason="set",
@@ -104,11 +109,17 @@ def one_decode_step(engine: Engine, batch: int) -> Launches:
 
 
 def step_launches(
-    shape: ModelConfig, batch: int, dtype: torch.dtype, device: torch.device, attention: str
+    shape: ModelConfig,
+    batch: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    attention: str,
+    strategy: str = "vllm",
 ) -> StepLaunches:
     one, two = (
         one_decode_step(
-            decode_engine(replace(shape, num_layers=n), batch, dtype, device, attention), batch
+            decode_engine(replace(shape, num_layers=n), batch, dtype, device, attention, strategy),
+            batch,
         )
         for n in (1, 2)
     )
@@ -129,19 +140,21 @@ def main() -> None:
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--attention", default="triton", choices=["triton", "torch"])
+    parser.add_argument("--strategy", default="vllm", help="vllm-awq: the int4 layers")
     args = parser.parse_args()
     device = torch.device(args.device)
     interpreted = device.type == "cpu" and args.attention == "triton"
     dtype = args.dtype or ("fp16" if interpreted else "bf16")
     shape = DUMMY_SHAPES[args.shape]
     print(
-        f"one decode step of the GPU code path: {args.shape} ({shape.num_layers} layers), "
+        f"one decode step of the GPU code path: strategy {args.strategy}, "
+        f"{args.shape} ({shape.num_layers} layers), "
         f"{dtype}, attention {args.attention}, on {device.type}"
     )
     print(f"{'batch':>5} {'where':>9} {'kernels':>8} {'triton':>6} {'views':>6} "
           f"{'transfers':>9} {'syncs':>5}")  # fmt: skip
     for batch in args.batches:
-        counted = step_launches(shape, batch, DTYPES[dtype], device, args.attention)
+        counted = step_launches(shape, batch, DTYPES[dtype], device, args.attention, args.strategy)
         for where, launches in (
             ("a layer", counted.per_layer), ("the rest", counted.fixed), ("the step", counted.step)
         ):  # fmt: skip

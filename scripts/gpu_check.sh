@@ -9,8 +9,8 @@
 #
 #   scripts/gpu_check.sh [--cpu] [OUT]      (OUT: runs/gpu-check)
 #
-# Steps (below): end-to-end runs of vllm, orca and fastertransformer on dummy-llama3-8b with
-# NVML telemetry, a profile window, the kernel tests with the Triton kernels compiled, kernel
+# Steps (below): end-to-end runs of vllm, vllm-awq (random int4 weights), orca and
+# fastertransformer on dummy-llama3-8b with NVML telemetry, a profile window, the kernel tests with the Triton kernels compiled, kernel
 # timings (CUDA events around loops of calls), the calibrated peaks, and `servelab serve`.
 # --cpu runs the same steps on the CPU (Triton interpreted, dummy-tiny, fewer requests and
 # kernel tests), so the script is tested where there is no GPU (tests/test_gpu_check.py) and
@@ -33,10 +33,10 @@ source scripts/gpu_recipe.sh  # PYTHONPATH for the recipe and servelab, TOKENIZE
 export PYTHONUNBUFFERED=1
 SERVELAB=("$PYTHON" -m servelab)
 
-# Steps in the order of what they tell: the machine, the three strategies end to end, a
-# profile window over decode steps, the kernel tests, the kernel timings, the calibrated peaks
+# Steps in the order of what they tell: the machine, four strategies end to end, a profile
+# window over decode steps, the kernel tests, the kernel timings, the calibrated peaks
 # (measured by the first run), and `servelab serve` measured through backend=openai. Each
-# limit is about twice the step's time on an H200 (their sum fits 8 minutes); --cpu scales
+# limit is 1.5-2 times the step's time on an H200 (their sum is 8 minutes); --cpu scales
 # them by SLOW. Everything is written under OUT; summary.md opens with the verdict.
 if [[ $MODE == cuda ]]; then
   unset TRITON_INTERPRET
@@ -74,21 +74,21 @@ step() {  # step NAME LIMIT_S COMMAND...: run it, keep its log, record its statu
 }
 
 step machine 20 "$PYTHON" -m scripts.gpu_check_machine "$DEVICE"
-for strategy in vllm orca fastertransformer; do
-  step "run-$strategy-$RATE" 55 "${SERVELAB[@]}" "strategy=$strategy" "${ENGINE[@]}" \
+for strategy in vllm vllm-awq orca fastertransformer; do
+  step "run-$strategy-$RATE" 45 "${SERVELAB[@]}" "strategy=$strategy" "${ENGINE[@]}" \
     "${WORKLOAD[@]}" "workload.num_requests=$REQUESTS" "workload.arrival.rate=$RATE" \
     "hydra.run.dir=$OUT/runs/$strategy-$RATE"
 done
-step profile-vllm 50 "${SERVELAB[@]}" strategy=vllm "${ENGINE[@]}" "${WORKLOAD[@]}" \
+step profile-vllm 45 "${SERVELAB[@]}" strategy=vllm "${ENGINE[@]}" "${WORKLOAD[@]}" \
   workload.arrival.rate=1000 profile.enabled=true "${PROFILE[@]}" \
   "hydra.run.dir=$OUT/profile-vllm"
 step kernel-tests 100 "$PYTHON" -m pytest -q -p no:cacheprovider \
   --junitxml="$OUT/kernel-tests.xml" "${KERNEL_TESTS[@]}"
-step bench-attention 30 "$PYTHON" -m benchmarks.bench_attention "${ATTENTION[@]}"
-step bench-int4 30 "$PYTHON" -m benchmarks.bench_int4 "${INT4[@]}" --cache-dir "$OUT/cache"
+step bench-attention 25 "$PYTHON" -m benchmarks.bench_attention "${ATTENTION[@]}"
+step bench-int4 25 "$PYTHON" -m benchmarks.bench_int4 "${INT4[@]}" --cache-dir "$OUT/cache"
 step "calibrate-$DTYPE" 20 "${SERVELAB[@]}" calibrate "engine.device=$DEVICE" \
   "engine.dtype=$DTYPE" "engine.cache_dir=$OUT/cache"
-step serve-openai 75 "$PYTHON" -m scripts.gpu_check_serve "$OUT/runs/serve-openai" "$((40 * SLOW))" \
+step serve-openai 65 "$PYTHON" -m scripts.gpu_check_serve "$OUT/runs/serve-openai" "$((40 * SLOW))" \
   -- strategy=vllm "${ENGINE[@]}" \
   -- "${ENGINE[@]}" "${WORKLOAD[@]}" workload.num_requests=16 "workload.arrival.rate=$RATE"
 "$PYTHON" -m scripts.gpu_check_summary "$OUT" > "$OUT/summary.md"

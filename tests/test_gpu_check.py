@@ -16,8 +16,9 @@ from servelab.harness.runner.settings import cache_dir_of
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = [
-    "machine", "run-vllm-40", "run-orca-40", "run-fastertransformer-40", "profile-vllm",
-    "kernel-tests", "bench-attention", "bench-int4", "calibrate-fp32", "serve-openai",
+    "machine", "run-vllm-40", "run-vllm-awq-40", "run-orca-40", "run-fastertransformer-40",
+    "profile-vllm", "kernel-tests", "bench-attention", "bench-int4", "calibrate-fp32",
+    "serve-openai",
 ]  # fmt: skip
 
 
@@ -41,7 +42,7 @@ def test_the_check_runs_every_step_on_the_cpu_and_summarises_them(tmp_path: Path
     assert [row[0] for row in rows] == STEPS and all(row[1] == "0" for row in rows)
     summary = (out / "summary.md").read_text()
     assert summary.splitlines()[:3] == ["# GPU check", "", "every step passed"]
-    for strategy in ("vllm", "orca", "fastertransformer"):
+    for strategy in ("vllm", "vllm-awq", "orca", "fastertransformer"):
         assert f"| {strategy}-40 | complete | 8/0 |" in summary
     assert "| serve-openai | complete | 16/0 |" in summary
     assert "median decode step: 0 kernels" in summary  # a CPU launches none; it counts operators

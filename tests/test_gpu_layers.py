@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 from servelab.harness.engine.kv_cache import KVLayout  # noqa: E402
 from servelab.harness.models.dummy import DUMMY_SHAPES  # noqa: E402
 from servelab.harness.models.load import build_model  # noqa: E402
-from servelab.harness.runner.build import build_engine  # noqa: E402
+from servelab.harness.runner.build import build_engine, random_model  # noqa: E402
 from servelab.kernels.attention import Attention, AttentionConfig  # noqa: E402
 from servelab.kernels.gpu_layers import GpuLayers, gpu_layers  # noqa: E402
 from servelab.kernels.linear import PackedLinear, packed_linear  # noqa: E402
@@ -32,8 +32,12 @@ from tests.tiny import (  # noqa: E402
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def served(fused: bool, kv: str, chunked: bool) -> tuple[list[list[int]], bool]:
-    model = tiny_model(seed=3).to(DEVICE)
+def served(fused: bool, kv: str, chunked: bool, weights: str = "dense") -> tuple[list, bool]:
+    if weights == "dense":
+        model = tiny_model(seed=3).to(DEVICE)
+    else:  # random int4 weights, multiplied by the Triton kernels (interpreted on a CPU)
+        settings = strategy(weights=weights, group_size=32, int4_kernel="triton").weights
+        model = random_model(DUMMY_SHAPES["tiny"], settings, torch.float32, DEVICE)
     config = model.config
     layout = KVLayout(config.num_layers, model.kv_heads_stored, config.head_dim, torch.float32)
     settings = replace(
@@ -56,6 +60,14 @@ def test_the_fused_layers_serve_the_modules_tokens(kv: str, chunked: bool) -> No
     assert fused == plain
 
 
+def test_the_fused_layers_serve_the_int4_modules_tokens() -> None:
+    # q, k, v and gate, up joined as AutoAWQ's packed tensors side by side
+    fused, used = served(True, "paged", True, "int4-rtn")
+    plain, unused = served(False, "paged", True, "int4-rtn")
+    assert used and not unused
+    assert fused == plain and len(set(map(tuple, fused))) > 1  # not one repeated token
+
+
 def test_the_modules_run_where_the_fused_layers_cannot() -> None:
     model = tiny_model()
     assert gpu_layers(model, Attention(AttentionConfig("torch"), DEVICE)) is None
@@ -75,10 +87,22 @@ def test_the_concatenated_weights_are_the_modules_own_memory() -> None:
     model = tiny_model()
     attn = model.layers[0].self_attn
     q_before = attn.q_proj.weight.clone()
-    runner = gpu_layers(model, Attention(AttentionConfig("triton"), DEVICE))
+    assert gpu_layers(model, Attention(AttentionConfig("triton"), DEVICE)) is not None
+    storage = attn.q_proj.weight.untyped_storage().data_ptr()
+    assert attn.v_proj.weight.untyped_storage().data_ptr() == storage
+    assert torch.equal(attn.q_proj.weight, q_before)
+
+
+def test_the_joined_int4_tensors_are_the_modules_own_memory() -> None:
+    settings = strategy(weights="int4-rtn", group_size=32, int4_kernel="reference").weights
+    model = random_model(DUMMY_SHAPES["tiny"], settings, torch.float32, torch.device("cpu"))
+    mlp = model.layers[1].mlp
+    x = torch.randn(3, model.config.hidden_size)
+    before = mlp.gate_proj(x), mlp.up_proj(x)
+    runner = gpu_layers(model, Attention(AttentionConfig("triton"), torch.device("cpu")))
     assert runner is not None
-    qkv = runner.layers[0].qkv
-    assert attn.q_proj.weight.data_ptr() == qkv.data_ptr() and torch.equal(
-        attn.q_proj.weight, q_before
-    )
-    assert attn.v_proj.weight.untyped_storage().data_ptr() == qkv.untyped_storage().data_ptr()
+    for name in ("qweight", "qzeros", "scales"):
+        gate, up = mlp.gate_proj.get_buffer(name), mlp.up_proj.get_buffer(name)
+        assert gate.untyped_storage().data_ptr() == up.untyped_storage().data_ptr()
+    torch.testing.assert_close(runner.layers[1].gate_up(x), torch.cat(before, dim=1))
+    assert torch.equal(before[0], mlp.gate_proj(x)) and torch.equal(before[1], mlp.up_proj(x))

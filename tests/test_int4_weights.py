@@ -12,7 +12,8 @@ import torch
 
 from servelab.harness.errors import ConfigError
 from servelab.harness.models.hf_folder import hf_config_dict, load_hf_folder, read_hf_config
-from servelab.harness.models.load import build_model
+from servelab.harness.models.load import INIT_STD, build_model
+from servelab.kernels.cpu_build import cpu_ops
 from servelab.kernels.int4_layout import dequantize
 from servelab.kernels.int4_matmul_triton import interpreted
 from servelab.strategies.heads import HEADS
@@ -191,6 +192,18 @@ def test_awq_checkpoints_are_refused_with_one_line_where_they_cannot_load(tmp_pa
         load_hf_folder(folder)
 
 
-def test_dummy_shapes_have_no_weights_to_quantise(tmp_path):
-    with pytest.raises(ConfigError, match="dummy"):
-        weights_format("int4-rtn").prepare((CONFIG, None), context(tmp_path))
+@pytest.mark.parametrize("method", ["int4-rtn", "int4-awq"])
+def test_a_dummy_shape_draws_random_int4_weights_each_kernel_serves_alike(tmp_path, method):
+    logits = []
+    for kernel in ("reference", "cpu-panels") if cpu_ops() is not None else ("reference",):
+        weights = weights_format(method, group_size=32, int4_kernel=kernel)
+        model = served_model((CONFIG, None), weights, context(tmp_path))
+        assert weights.record()["method"].startswith("random")
+        logits.append(all_logits(model, PROMPT))
+        if kernel == "reference":  # its operands are AutoAWQ's tensors
+            q = model.layers[0].self_attn.q_proj
+            weight = dequantize(q.qweight, q.qzeros, q.scales, 32)
+            assert abs(float(weight.std()) / INIT_STD - 1) < 0.05
+            assert abs(float(weight.mean())) < 5 * INIT_STD / weight.numel() ** 0.5
+    torch.testing.assert_close(logits[-1], logits[0])
+    assert not any(tmp_path.iterdir())  # nothing quantised, nothing cached

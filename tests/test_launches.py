@@ -52,3 +52,15 @@ def test_a_decode_step_of_the_gpu_path_launches_a_few_kernels_a_layer() -> None:
     assert counted.per_layer.names == {"aten::linear": 4} and counted.per_layer.triton == 6
     assert counted.per_layer.kernels <= LAYER_KERNELS
     assert counted.step.transfers <= STEP_TRANSFERS and counted.step.syncs <= STEP_SYNCS
+
+
+def test_the_int4_layers_launch_their_kernels_in_place_of_the_products() -> None:
+    from servelab.kernels.int4_matmul_triton import GEMV_ROWS
+
+    # each of the four products a split-K GEMV and its sum up to GEMV_ROWS rows, a GEMM beyond
+    for batch, per_product in ((4, 2), (GEMV_ROWS + 2, 1)):
+        counted = step_launches(
+            DUMMY_SHAPES["tiny"], batch, torch.float16, CPU, "triton", "vllm-awq"
+        )
+        assert not counted.per_layer.names and counted.per_layer.triton == 6 + 4 * per_product
+        assert counted.step.transfers <= STEP_TRANSFERS and counted.step.syncs <= STEP_SYNCS

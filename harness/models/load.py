@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
 from omegaconf import DictConfig
@@ -156,13 +157,27 @@ def tokenizer_path(path: Path, cache_dir: Path) -> Path:
     return path if path.is_dir() else converted_gguf(path, cache_dir) / "tokenizer"
 
 
+INIT_STD = 0.02  # a dummy shape's weights
+
+
+@runtime_checkable
+class DrawsItsWeights(Protocol):
+    """A layer whose weights are not parameters (an int4 layer's packed tensors): for a dummy
+    shape it draws them itself, with the standard deviation the parameters get."""
+
+    def draw_random(self, generator: torch.Generator, std: float) -> None: ...
+
+
 def _init_random(model: LlamaModel, seed: int) -> None:
     generator = torch.Generator(device=model.embed_tokens.weight.device).manual_seed(seed)
     for name, parameter in model.named_parameters():
         if name.endswith("norm.weight"):
             parameter.data.fill_(1.0)
         else:
-            parameter.data.normal_(0.0, 0.02, generator=generator)
+            parameter.data.normal_(0.0, INIT_STD, generator=generator)
+    for module in model.modules():
+        if isinstance(module, DrawsItsWeights):
+            module.draw_random(generator, INIT_STD)
 
 
 def build_model(

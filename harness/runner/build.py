@@ -13,6 +13,7 @@ engines all go through these two functions.
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,14 @@ from servelab.harness.engine.kv_cache import KVCache, KVLayout, allocate_kv_cach
 from servelab.harness.engine.model_runner import ModelRunner
 from servelab.harness.engine.scheduling import Scheduler, SchedulerLimits
 from servelab.harness.engine.step_update import StepUpdate
-from servelab.harness.models.load import Checkpoint, LoadedModel, load_model, tokenizer_for
-from servelab.harness.models.model import LlamaModel
+from servelab.harness.models.load import (
+    Checkpoint,
+    LoadedModel,
+    build_model,
+    load_model,
+    tokenizer_for,
+)
+from servelab.harness.models.model import LlamaModel, ModelConfig
 from servelab.harness.models.weights_format import CalibrationText, WeightsContext, WeightsFormat
 from servelab.harness.runner.settings import EngineSettings, cache_dir_of
 from servelab.kernels.attention import Attention, AttentionConfig
@@ -102,6 +109,17 @@ def load_served(
     heads.apply(loaded.model)
     pack_ahead(loaded.model)  # start-up work, never inside the first request's latency
     return ServedModel(loaded, weights, served_id)
+
+
+def random_model(
+    shape: ModelConfig, weights_choice: WeightsChoice, dtype: torch.dtype, device: torch.device
+) -> LlamaModel:
+    """`shape` (any depth) with random weights, its linears the weights format's, as a run on
+    a dummy shape builds them (for benchmarks and tests of one shape's layers)."""
+    weights = weights_choice.build()
+    # a dummy shape has no weights to prepare, so nothing is read from or kept in a cache
+    context = WeightsContext(dtype, device, Path(tempfile.gettempdir()), "random", False)
+    return build_model(weights.prepare((shape, None), context), dtype, device, weights.linear)
 
 
 def calibration_text(model_node: DictConfig, cache_dir: Path) -> CalibrationText:

@@ -4,7 +4,9 @@
 (`quantize`, each method's own) and kept as an AWQ checkpoint folder in the cache
 (`strategies.weights.int4_checkpoint`), then read back through the Hugging Face reader. A
 checkpoint that is already AWQ-quantised (a published one, `model.source=hf`) is served as
-it is, after its shapes are checked against the configured group size. `linear` builds an
+it is, after its shapes are checked against the configured group size. A dummy shape has no
+weights to quantise: its int4 layers draw random ones as they are built (`vllm-awq` on
+`dummy-llama3-8b` measures int4 speed on the GPU, not quality). `linear` builds an
 `Int4Linear` for every linear the model asks for (q/k/v/o, gate/up/down); the embedding and
 the (tied) LM head stay dense.
 """
@@ -27,6 +29,7 @@ from servelab.harness.models.load import Checkpoint, StateDict
 from servelab.harness.models.model import ModelConfig
 from servelab.harness.models.weights_format import WeightsContext, WeightsFormat
 from servelab.kernels.int4_layout import PACK, num_groups
+from servelab.kernels.int4_linear import AWQ_TENSORS, Int4Linear
 from servelab.kernels.int4_matmul import IMPLS, choose_kernel
 from servelab.kernels.linear import packed_linear
 from servelab.strategies.weights.int4_checkpoint import (
@@ -36,7 +39,6 @@ from servelab.strategies.weights.int4_checkpoint import (
     read_record,
     write_checkpoint,
 )
-from servelab.strategies.weights.int4_linear import AWQ_TENSORS, Int4Linear
 from servelab.strategies.weights.int4_quant import QuantizedWeight
 
 GROUP_SIZES = (32, 64, 128, 256)
@@ -132,12 +134,9 @@ class Int4Weights(WeightsFormat, ABC):
     def prepare(self, checkpoint: Checkpoint, context: WeightsContext) -> Checkpoint:
         config, state = checkpoint
         self.context = context
-        if state is None:
-            raise ConfigError(
-                "strategy.weights",
-                f"int4-{self.method} quantises a checkpoint's weights; a dummy shape has none "
-                "(use an embedded, gguf or hf model)",
-            )
+        if state is None:  # a dummy shape: its int4 layers draw random weights as they are built
+            self._record = {**self.settings(), "method": "random: a dummy shape has no weights"}
+            return checkpoint
         if is_quantized(state):
             self._check_quantized(config, state)
             self._record = {"method": "loaded as quantised", "group_size": self.config.group_size}
