@@ -8,7 +8,8 @@ Triton launches). The count does not depend on sizes or speed, so on a CPU it ru
 kernels under the interpreter and the shape's layers at full width; the model is built with
 one layer and with two, so that the difference is one layer's launches and the rest is the
 step's own, and the step of the shape's full depth is their sum. On a CPU the rest counts the
-host's own work on the batch too, which a GPU runs without a launch.
+host's own work on the batch too, which a GPU runs without a launch. The count is of the eager
+step (`cuda_graphs` off): what a CUDA graph captures and then replays in one launch.
 
     python -m benchmarks.bench_launches                          # llama3-8b, batches 1 and 32
     python -m benchmarks.bench_launches --shape tiny --attention torch
@@ -83,7 +84,7 @@ def decode_engine(
         kv_budget_bytes=2 * batch * (PROMPT + OUTPUT + 16) * layout.bytes_per_token,
         kv_budget_fraction=None, max_batch_size=batch,
         max_num_batched_tokens=max(batch * PROMPT, 256), attention=attention,
-        fused_decode=True, seed=0, warmup=False,
+        fused_decode=True, cuda_graphs=False, seed=0, warmup=False,
     )  # fmt: skip
     engine = build_engine(model, settings, strategy, time.monotonic)
     generator = torch.Generator().manual_seed(batch)

@@ -77,20 +77,22 @@ def _rotary_write_kv_kernel(
         sin = tl.load(sin_ptr + position * HALF + half, mask=mask, other=0.0).to(first.dtype)
         a = (first * cos).to(first.dtype) - (second * sin).to(first.dtype)
         b = (second * cos).to(first.dtype) + (first * sin).to(first.dtype)
+        keep = mask
         if head < num_heads:
             out = q_out_ptr + (token * num_heads + head) * dim
         else:
             slot = tl.load(slots_ptr + token).to(tl.int64)
             out = k_cache_ptr + slot * stride_slot + (head - num_heads) * dim
-        tl.store(out + half, a, mask=mask)
-        tl.store(out + HALF + half, b, mask=mask)
+            keep = mask & (half * 0 + slot >= 0)  # a padded row's slot is negative: no write
+        tl.store(out + half, a, mask=keep)
+        tl.store(out + HALF + half, b, mask=keep)
     else:  # a value head: copied into the cache
         slot = tl.load(slots_ptr + token).to(tl.int64)
         kv_head = head - num_heads - num_kv_heads
         out = v_cache_ptr + slot * stride_slot + kv_head * dim
         for part in tl.static_range(2):
             value = tl.load(row + head * dim + part * HALF + half, mask=mask, other=0.0)
-            tl.store(out + part * HALF + half, value, mask=mask)
+            tl.store(out + part * HALF + half, value, mask=mask & (half * 0 + slot >= 0))
 
 
 def rotary_write_kv(
@@ -105,7 +107,8 @@ def rotary_write_kv(
 ) -> torch.Tensor:
     """The rotated queries `[T, Hq, D]` of `qkv` `[T, (Hq + 2 Hkv) D]`; the rotated keys and
     the values written into `k_cache`, `v_cache` (`[blocks, block_size, Hkv, D]`) at
-    `slot_mapping`. `cos`, `sin` `[positions, D / 2]` fp32 tables."""
+    `slot_mapping`, none for a negative slot (a padded row). `cos`, `sin` `[positions, D / 2]`
+    fp32 tables."""
     tokens = qkv.shape[0]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     q = torch.empty(tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)

@@ -43,7 +43,7 @@ if [[ $MODE == cuda ]]; then
   DEVICE=cuda MODEL=dummy-llama3-8b REQUESTS=64 RATE=16 DTYPE=bf16 KV_BUDGET=0.8 SLOW=1
   PROFILE=(workload.num_requests=32 profile.first_step=12 profile.num_steps=4)
   KERNEL_TESTS=(-n 8 tests/test_kernels_paged_attention.py tests/test_attention_entry.py
-    tests/test_int4_kernels.py)
+    tests/test_int4_kernels.py tests/test_gpu_layers.py tests/test_cuda_graphs.py)
   ATTENTION=(--dtype bf16 --batches 32 64 --contexts 512 2048 --q-heads 32 --kv-heads 8
     --head-dim 128)  # llama3-8b's layout
   INT4=(--device cuda --dtypes bf16 --shape llama3-8b --layers 4 --batches 1 16 64)

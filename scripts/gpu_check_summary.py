@@ -1,8 +1,9 @@
 """The GPU check's summary (`scripts/gpu_check.sh`, its last step): the verdict first, then each
-step's status and time, for each end-to-end run its outcome, throughput, latencies, telemetry
-and its decode steps against their memory floor, the profile window's launches per decode step
-and the GPU's busy share, the kernel tests' counts and failures, the timing tables and the
-calibrated peaks. Markdown on stdout; exits 1 when any step failed.
+step's status and time, for each end-to-end run its outcome, throughput, latencies, telemetry,
+whether its decode steps replayed CUDA graphs and their time against their memory floor, the
+profile window's launches per decode step and the GPU's busy share, the kernel tests' counts
+and failures, the timing tables and the calibrated peaks. Markdown on stdout; exits 1 when
+any step failed.
 
 The floor of a decode step is the bytes it must read (weights and the KV it attends, the
 roofline counters of `steps.jsonl`) over the device's peak bandwidth: the published figure
@@ -79,13 +80,13 @@ def device_bandwidth(meta: dict) -> tuple[float, str] | None:
 def run_rows(out: Path) -> list[str]:
     lines = [
         "| run | status | completed/failed | output tok/s | TTFT p50 s | TPOT p50 s | MBU | "
-        "telemetry | decode step vs floor |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "telemetry | CUDA graphs | decode step vs floor |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run_dir in sorted((out / "runs").glob("*")):
         summary_path, meta_path = run_dir / "summary.json", run_dir / "meta.json"
         if not summary_path.exists() or not meta_path.exists():
-            lines.append(f"| {run_dir.name} | no summary | | | | | | | |")
+            lines.append(f"| {run_dir.name} | no summary | | | | | | | | |")
             continue
         summary = json.loads(summary_path.read_text())
         meta = json.loads(meta_path.read_text())
@@ -101,10 +102,21 @@ def run_rows(out: Path) -> list[str]:
             _number((summary.get("tpot") or {}).get("p50")),
             _number(summary.get("mbu_mean")),
             f"{source}, {rows} rows",
+            graphs_cell(meta.get("cuda_graphs")),
             decode_floor(run_dir, meta),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def graphs_cell(record: dict | None) -> str:
+    """Which decode steps replayed graphs: the buckets and the capture time, or why none."""
+    if not record:  # a run through an endpoint builds no engine
+        return "-"
+    if not record["enabled"]:
+        return f"off: {record['reason']}"
+    buckets = record["buckets"]
+    return f"{len(buckets)} buckets {buckets[0]}-{buckets[-1]}, {record['capture_s']:.1f} s"
 
 
 def decode_floor(run_dir: Path, meta: dict) -> str:

@@ -45,6 +45,7 @@ def test_the_check_runs_every_step_on_the_cpu_and_summarises_them(tmp_path: Path
     for strategy in ("vllm", "vllm-awq", "orca", "fastertransformer"):
         assert f"| {strategy}-40 | complete | 8/0 |" in summary
     assert "| serve-openai | complete | 16/0 |" in summary
+    assert "| off: no CUDA (cpu) |" in summary  # each run says whether it replayed graphs
     assert "median decode step: 0 kernels" in summary  # a CPU launches none; it counts operators
     assert (out / "kernel-tests.xml").exists() and " 0 failures, 0 errors" in summary
     assert not (out / "cache" / "models").exists()  # the tokenizer came with the recipe

@@ -103,6 +103,7 @@ def engine_settings(
         max_num_batched_tokens=max_num_batched_tokens,
         attention=attention,
         fused_decode=True,
+        cuda_graphs=True,
         seed=0,
         warmup=False,  # engines built here serve no timed run
     )

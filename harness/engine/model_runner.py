@@ -7,7 +7,8 @@ one's `__init__` took twice as long) over a KV manager's slots into one
 `ForwardBatch`, moves it to the device, runs the model over its KV cache with the run's
 attention, and returns the wanted logits where they were computed: sampling takes greedy
 tokens by an argmax there and copies only their ids (and any row sampled at random) to the
-host, not a [rows, vocab] tensor a step. The engine runs the target through one; a
+host, not a [rows, vocab] tensor a step. Decode steps may replay captured CUDA graphs
+instead (`graphs`, set where the engine is built). The engine runs the target through one; a
 speculative drafter runs its network through another. It is the seam where a forward can be
 replaced: anything with `run(kv, feed) -> logits` serves (`Runner`; `harness.simulate.runner`
 predicts a step's time instead).
@@ -21,6 +22,7 @@ from typing import ClassVar, Protocol
 import torch
 
 from servelab.harness.engine.batch import AttentionFn, ForwardBatch
+from servelab.harness.engine.cuda_graphs import DecodeGraphs, GraphsRecord
 from servelab.harness.engine.kv_cache import KVCache
 from servelab.harness.engine.kv_manager import KVManager
 from servelab.harness.engine.packing import pack
@@ -104,6 +106,8 @@ class ModelRunner:
         self.cache = cache
         self.attention = attention
         self.device = device
+        self.graphs: DecodeGraphs | None = None  # decode steps replayed, where captured
+        self.graphs_record = GraphsRecord(False, "none captured for this runner")
         self._events = (  # around every forward on CUDA, made once and recorded again
             (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             if device.type == "cuda"
@@ -116,8 +120,11 @@ class ModelRunner:
         batch = pack(kv, feed.requests, feed.starts, feed.counts, feed.ids, feed.logits_rows)
         if self._events is not None:
             self._events[0].record()
-        with torch.inference_mode():
-            logits = self.model(batch.to(self.device), self.cache.k, self.cache.v, self.attention)
+        logits = self.graphs.run(batch) if self.graphs is not None else None
+        if logits is None:
+            with torch.inference_mode():
+                device_batch = batch.to(self.device)
+                logits = self.model(device_batch, self.cache.k, self.cache.v, self.attention)
         if self._events is not None:
             self._events[1].record()
         return logits

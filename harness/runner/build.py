@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from servelab.harness.engine.cuda_graphs import DecodeGraphs, GraphsRecord, buckets_for
 from servelab.harness.engine.engine import Engine
 from servelab.harness.engine.kv_cache import KVCache, KVLayout, allocate_kv_cache
 from servelab.harness.engine.model_runner import ModelRunner
@@ -38,7 +39,7 @@ from servelab.harness.models.weights_format import CalibrationText, WeightsConte
 from servelab.harness.runner.settings import EngineSettings, cache_dir_of
 from servelab.kernels.attention import Attention, AttentionConfig
 from servelab.kernels.fused_decode import fused_decode_layers
-from servelab.kernels.gpu_layers import gpu_layers
+from servelab.kernels.gpu_layers import GpuLayers, gpu_layers
 from servelab.kernels.linear import pack_ahead
 from servelab.strategies.decoding.context import DecoderContext
 from servelab.strategies.factories import HeadsChoice, WeightsChoice
@@ -181,7 +182,33 @@ def build_engine(
         max_context=config.max_context,
         stop_token_ids=config.eos_token_ids,
     )
-    return Engine(ModelRunner(model, cache, attention, settings.device), update)
+    runner = ModelRunner(model, cache, attention, settings.device)
+    runner.graphs, runner.graphs_record = decode_graphs(
+        model, cache, attention, scheduler, settings
+    )
+    return Engine(runner, update)
+
+
+def decode_graphs(
+    model: LlamaModel,
+    cache: KVCache,
+    attention: Attention,
+    scheduler: Scheduler,
+    settings: EngineSettings,
+) -> tuple[DecodeGraphs | None, GraphsRecord]:
+    """The target's decode steps captured as CUDA graphs per batch-size bucket, where they
+    apply (on CUDA, over the fused GPU layers), and what was done and why."""
+    if not settings.cuda_graphs:
+        return None, GraphsRecord(False, "engine.cuda_graphs=off")
+    if settings.device.type != "cuda":
+        return None, GraphsRecord(False, f"no CUDA ({settings.device.type})")
+    if not isinstance(model.layer_runner, GpuLayers):
+        return None, GraphsRecord(False, "the fused GPU layers do not apply to this model")
+    paged = "block_tables" in scheduler.kv.layout([])
+    capacity = min(model.config.max_context, cache.num_slots)
+    graphs = DecodeGraphs(model, cache, attention, paged, capacity, settings.device)
+    record = graphs.capture(buckets_for(settings.max_batch_size))
+    return (graphs if record.enabled else None), record
 
 
 def scheduler_over(

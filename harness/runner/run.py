@@ -15,7 +15,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -171,6 +171,7 @@ class InProcessBackend(Backend):
             "dtype": {"name": dtype_name(settings.dtype), "reason": settings.dtype_reason},
             "device_fallback": cpu_fallback_note() if self.device_auto_on_cpu() else None,
             "kernels": kernel_record(run_kernels(self.prepared)),
+            "cuda_graphs": asdict(self.prepared.engine.runner.graphs_record),
             "strategy": self.prepared.started.strategy.describe(),
             "weight_bytes": self.prepared.served.weight_bytes,
             "weights": served_weights_summary(self.prepared, cache_dir_of(self.cfg)),

@@ -30,6 +30,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 FUSED_DECODE = ("auto", "off")
+CUDA_GRAPHS = ("auto", "off")
 GPU_DEFAULT_DTYPE = "bf16"  # the model's own dtype, and every CPU figure's where bf16 is native
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class EngineSettings:
     max_num_batched_tokens: int
     attention: str
     fused_decode: bool  # the fused layers where they apply (kernels/fused_decode.py, gpu_layers.py)
+    cuda_graphs: bool  # decode steps replayed from CUDA graphs where they apply
     seed: int
     warmup: bool  # each step-shape bucket run once before the measured window
 
@@ -164,6 +166,7 @@ def engine_settings(node: DictConfig) -> EngineSettings:
         max_num_batched_tokens=_positive_int(node, "max_num_batched_tokens", "engine"),
         attention=_choice(node, "attention", IMPLS, "engine"),
         fused_decode=_choice(node, "fused_decode", FUSED_DECODE, "engine") == "auto",
+        cuda_graphs=_choice(node, "cuda_graphs", CUDA_GRAPHS, "engine") == "auto",
         seed=int(node.get("seed", 0)),
         warmup=_flag(node, "warmup", "engine"),
     )
