@@ -1,19 +1,28 @@
 """The load generator checked on every endpoint run (`harness/measure/load_generator.py`):
-rates, send lag, the late share and the fit of the sent gaps to the configured process; and a
-client driven far past what it can send is flagged, and a gate refuses the run."""
+rates, send lag, the late share and the fit of the sent gaps to the configured process; a
+client driven far past what it can send is flagged, and a gate refuses the run; worker
+processes (`endpoint.workers`) send exactly the schedule between them."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from scripts.client_bench import at_rate
+from servelab.harness.commands.config import compose
+from servelab.harness.engine.request import Request, SamplingParams
+from servelab.harness.errors import ConfigError
 from servelab.harness.measure.flags import ARRIVALS_OFF, SEND_LAG, refusals
 from servelab.harness.measure.load_generator import gaps_fit, kolmogorov_p, load_generator
 from servelab.harness.records import RequestRecord
+from servelab.harness.runner.backends.base import peer_inputs
+from servelab.harness.runner.backends.endpoint_settings import endpoint_settings
+from servelab.harness.runner.backends.endpoint_workers import workers_for
 from servelab.harness.serving.process import start_fake_server
 from servelab.reports.run_report import load_generator_rows
 from servelab.workloads.arrivals import ArrivalSpec
@@ -74,3 +83,34 @@ def test_an_endpoint_run_reports_its_load_generator(tmp_path: Path) -> None:
     assert rows["configured rate (req/s)"] == 40.0 and rows["requests sent"] == 40
     assert rows["send lag p99 (ms)"] == pytest.approx(1000 * section["lag_p99_s"])
     assert rows["gaps against the configured process: KS p-value"] == section["ks_p_value"]
+
+
+def test_worker_processes_send_exactly_the_schedule(tmp_path: Path) -> None:
+    server = start_fake_server(tokens=3)
+    try:
+        result = at_rate(server.url, rate=200.0, seconds=0.5, tokens=3, out=tmp_path, workers=3)
+    finally:
+        server.stop()
+    run_dir = tmp_path / "rate-200"
+    assert json.loads((run_dir / "meta.json").read_text())["backend"]["workers"] == 3
+    records = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    workload = peer_inputs(OmegaConf.load(run_dir / "config.yaml")).workload  # as it was drawn
+    schedule = {spec.id: spec.arrival for spec in workload.requests}
+    assert sorted(r["id"] for r in records) == sorted(schedule)  # each request once
+    for record in records:  # each at its scheduled arrival, on the run's one clock
+        assert record["t_scheduled"] == schedule[record["id"]]
+        assert record["t_send"] >= record["t_scheduled"] and record["finish_reason"] == "length"
+    assert result.requests == len(schedule) == 100
+
+
+def test_a_closed_loop_or_a_bad_worker_count_is_refused_before_any_work() -> None:
+    cfg = compose(["backend=openai", "endpoint.workers=0"])
+    with pytest.raises(ConfigError, match="endpoint.workers"):
+        endpoint_settings(cfg.endpoint)
+    requests = [Request(str(i), [1], SamplingParams(4), t_scheduled=i / 100) for i in range(100)]
+    with pytest.raises(ConfigError, match="closed loop"):
+        workers_for(2, requests, closed_loop=True)
+    assert workers_for("auto", requests, closed_loop=True) == 1
+    assert workers_for("auto", requests, closed_loop=False) == 1  # 100 req/s: one is enough
+    dense = [Request(str(i), [1], SamplingParams(4), t_scheduled=i / 3600) for i in range(3600)]
+    assert workers_for("auto", dense, closed_loop=False) == min(os.cpu_count() or 1, 5)

@@ -11,30 +11,47 @@ starts an async streaming request to `/v1/completions` with the prompt as token 
 backend sees the identical prompt); `t_send` is when its request headers were written to the
 socket. Tokens are stamped as their chunks arrive (`stream_tally`), `t_done` when the stream
 ends. A request that fails (an HTTP error status, a broken connection, `endpoint.timeout_s`
-passed) is recorded with `finish_reason: error` and its error.
+passed) is recorded with `finish_reason: error` and its error. With `endpoint.workers` above
+one, worker processes send the schedule, each its share (`endpoint_workers`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
+from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from servelab.harness.engine.request import Request
 from servelab.harness.measure.flags import ESTIMATED, Flag
 from servelab.harness.measure.rundir import RunRecords, RunWriter
-from servelab.harness.runner.backends.base import Backend, check_one_sample, peer_inputs, seeds_of
+from servelab.harness.records import RequestRecord
+from servelab.harness.runner.backends.base import (
+    Backend,
+    PeerInputs,
+    check_one_sample,
+    peer_inputs,
+    seeds_of,
+)
 from servelab.harness.runner.backends.endpoint_settings import (
     EndpointSettings,
     choose_model,
     endpoint_settings,
     request_body,
+)
+from servelab.harness.runner.backends.endpoint_workers import (
+    RequestSink,
+    WorkerJob,
+    WorkerPool,
+    workers_for,
 )
 from servelab.harness.runner.backends.http_session import HTTPSession, SendStamp
 from servelab.harness.runner.backends.stream_tally import (
@@ -43,8 +60,7 @@ from servelab.harness.runner.backends.stream_tally import (
     StreamTally,
 )
 from servelab.harness.runner.loop import fail_in_flight
-from servelab.harness.runner.replay import Client, progress_bar, requests_of, to_request
-from servelab.workloads.spec import Workload
+from servelab.harness.runner.replay import Client, progress_bar, requests_of
 
 Clock = Callable[[], float]
 
@@ -60,94 +76,33 @@ class _LoopInbox:
         self.loop.call_soon_threadsafe(self.start, request)
 
 
-class EndpointBackend(Backend):
+class EndpointClient:
+    """Sends requests to the endpoint at their arrivals, over one HTTP session, and reads
+    their streams; in the run's process or in a worker's."""
+
     def __init__(
         self,
         settings: EndpointSettings,
         session: HTTPSession,
-        model: str,
-        models: list[str],
-        workload: Workload,
+        bodies: dict[str, bytes],
         tokenizer: PreTrainedTokenizerBase,
-        model_file: Path | None,
-        model_sha256: str | None,
-        seeds: dict[str, int],
     ) -> None:
         self.settings = settings
         self.session = session
-        self.model = model
-        self.models = models
-        self.workload = workload
+        self.bodies = bodies
         self.tokenizer = tokenizer
-        self.model_file = model_file
-        self.model_sha256 = model_sha256
-        self.seeds = seeds
-        self.device = torch.device("cpu")
-        self.bodies = {  # encoded now, not while requests are due
-            spec.id: json.dumps(
-                request_body(to_request(spec, i), model, settings.extra_body)
-            ).encode()
-            for i, spec in enumerate(workload.requests)
-        }
 
-    @classmethod
-    def prepare(cls, cfg: DictConfig) -> EndpointBackend:
-        settings = endpoint_settings(cfg.endpoint)
-        session = HTTPSession(settings)
-        try:
-            models = session.models()
-            model = choose_model(settings, models)
-            inputs = peer_inputs(cfg)
-            workload = inputs.workload
-            check_one_sample(workload, "an endpoint, read as a stream (one choice),")
-            session.open_connections(workload.concurrency or burst(workload))
-        except BaseException:
-            session.close()
-            raise
-        return cls(
-            settings,
-            session,
-            model,
-            models,
-            workload,
-            inputs.tokenizer,
-            inputs.model_file,
-            inputs.model_sha256,
-            seeds_of(cfg),
-        )
-
-    @property
-    def label(self) -> str:
-        return self.settings.label or f"openai:{self.model}"
-
-    def describe(self) -> dict[str, Any]:
-        sample = json.loads(self.bodies[self.workload.requests[0].id])  # what was sent
-        sample["prompt"] = "<the request's prompt token ids>"
-        return {
-            "strategy": {"name": self.label, "backend": "openai", "model": self.model},
-            "backend": {
-                "kind": "openai",
-                "url": self.settings.url,
-                "model": self.model,
-                "server_models": self.models,
-                "api_key_env": self.settings.api_key_env,
-                "request_body": sample,
-                "timeout_s": self.settings.timeout_s,
-                "max_connections": self.settings.max_connections,
-            },
-        }
-
-    def replay(
-        self, clock: Callable[[], float], writer: RunWriter, run_dir: Path, progress: bool
+    async def send(
+        self,
+        requests: list[Request],
+        clock: Clock,
+        sink: RequestSink,
+        concurrency: int | None = None,
+        think_s: float = 0.0,
     ) -> None:
-        del run_dir
-        try:
-            self.session.run(self._replay(clock, writer, progress))
-        finally:
-            self.session.close()
-
-    async def _replay(self, clock: Callable[[], float], writer: RunWriter, progress: bool) -> None:
-        requests = requests_of(self.workload)
+        """Every request sent at its arrival (the in-process replay's `Client`), its record
+        given to `sink` as it finishes; on an exception the requests in flight are cancelled
+        and recorded failed."""
         loop = asyncio.get_running_loop()
         finished: asyncio.Queue[Request] = asyncio.Queue()
         in_flight: dict[Request, asyncio.Task[None]] = {}
@@ -157,9 +112,7 @@ class EndpointBackend(Backend):
             task.add_done_callback(lambda _: finished.put_nowait(request))
             in_flight[request] = task
 
-        inbox, workload = _LoopInbox(loop, start), self.workload
-        client = Client(requests, clock, inbox, workload.concurrency, workload.think_s)
-        bar = progress_bar(len(requests), progress)
+        client = Client(requests, clock, _LoopInbox(loop, start), concurrency, think_s)
         client.start()
         try:
             for _ in requests:
@@ -167,17 +120,15 @@ class EndpointBackend(Backend):
                 del in_flight[request]
                 record = request.record()
                 record.output_len = len(record.token_times)
-                writer.request(record)
+                sink.request(record)
                 client.completed(request)
-                bar.update(1)
         except BaseException as exc:
             for task in in_flight.values():
                 task.cancel()
-            fail_in_flight(list(in_flight), f"{type(exc).__name__}: {exc}", clock, writer)
+            fail_in_flight(list(in_flight), f"{type(exc).__name__}: {exc}", clock, sink)
             raise
         finally:
             client.stop()
-            bar.close()
 
     async def _serve(self, request: Request, clock: Clock) -> None:
         """Send one request and read its stream into the request; never raises."""
@@ -228,6 +179,114 @@ class EndpointBackend(Backend):
         else:
             request.finish("error", f"the stream ended with finish_reason {reason!r}")
 
+
+class EndpointBackend(Backend):
+    def __init__(
+        self,
+        settings: EndpointSettings,
+        session: HTTPSession,
+        model: str,
+        models: list[str],
+        inputs: PeerInputs,
+        seeds: dict[str, int],
+        requests: list[Request],
+        workers: int,
+    ) -> None:
+        self.settings = settings
+        self.session = session
+        self.model = model
+        self.models = models
+        self.workload = inputs.workload
+        self.tokenizer = inputs.tokenizer
+        self.model_file = inputs.model_file
+        self.model_sha256 = inputs.model_sha256
+        self.seeds = seeds
+        self.device = torch.device("cpu")
+        self.requests = requests
+        bodies = {  # encoded now, not while requests are due
+            request.id: json.dumps(request_body(request, model, settings.extra_body)).encode()
+            for request in self.requests
+        }
+        self.sample_body = bodies[self.requests[0].id]
+        self.client = EndpointClient(settings, session, bodies, self.tokenizer)
+        self.workers = (
+            WorkerPool([self._job(i, workers) for i in range(workers)], worker_client)
+            if workers > 1
+            else None
+        )
+
+    def _job(self, index: int, workers: int) -> WorkerJob:
+        """Worker `index`'s share: every `workers`-th arrival from its `index`-th."""
+        share = self.requests[index::workers]
+        bodies = {request.id: self.client.bodies[request.id] for request in share}
+        return WorkerJob(index, self.settings, share, bodies, self.tokenizer)
+
+    @classmethod
+    def prepare(cls, cfg: DictConfig) -> EndpointBackend:
+        settings = endpoint_settings(cfg.endpoint)
+        session = HTTPSession(settings)
+        try:
+            models = session.models()
+            model = choose_model(settings, models)
+            inputs = peer_inputs(cfg)
+            workload = inputs.workload
+            check_one_sample(workload, "an endpoint, read as a stream (one choice),")
+            requests = requests_of(workload)
+            workers = workers_for(settings.workers, requests, workload.concurrency is not None)
+            if workers == 1:
+                session.open_connections(workload.concurrency or burst(requests))
+            return cls(settings, session, model, models, inputs, seeds_of(cfg), requests, workers)
+        except BaseException:
+            session.close()
+            raise
+
+    @property
+    def label(self) -> str:
+        return self.settings.label or f"openai:{self.model}"
+
+    def describe(self) -> dict[str, Any]:
+        sample = json.loads(self.sample_body)  # what was sent
+        sample["prompt"] = "<the request's prompt token ids>"
+        return {
+            "strategy": {"name": self.label, "backend": "openai", "model": self.model},
+            "backend": {
+                "kind": "openai",
+                "url": self.settings.url,
+                "model": self.model,
+                "server_models": self.models,
+                "api_key_env": self.settings.api_key_env,
+                "request_body": sample,
+                "timeout_s": self.settings.timeout_s,
+                "max_connections": self.settings.max_connections,
+                "workers": 1 if self.workers is None else len(self.workers.processes),
+            },
+        }
+
+    def replay(
+        self, clock: Callable[[], float], writer: RunWriter, run_dir: Path, progress: bool
+    ) -> None:
+        del run_dir
+        bar = progress_bar(len(self.requests), progress)
+        sink = _Progress(writer, bar)
+        workload = self.workload
+        try:
+            if self.workers is not None:
+                origin = time.perf_counter() - clock()  # the run's time 0, for every process
+                self.workers.replay(origin, len(self.requests), sink.request)
+            else:
+                gc.freeze()  # no full-heap collection pausing the sends (late by ~100 ms)
+                self.session.run(
+                    self.client.send(
+                        self.requests, clock, sink, workload.concurrency, workload.think_s
+                    )
+                )
+        finally:
+            gc.unfreeze()
+            bar.close()
+            self.session.close()
+            if self.workers is not None:
+                self.workers.close()
+
     def flags(self, records: RunRecords) -> list[Flag]:
         counters = [record.counters for record in records.requests]
         flags = []
@@ -245,10 +304,37 @@ class EndpointBackend(Backend):
         return flags
 
 
-def burst(workload: Workload) -> int:
+def burst(requests: list[Request]) -> int:
     """How many requests arrive at the replay's first instant (open loop)."""
-    first = workload.requests[0].arrival
-    return sum(1 for spec in workload.requests if spec.arrival == first)
+    first = requests[0].t_scheduled
+    return sum(1 for request in requests if request.t_scheduled == first)
+
+
+class _Progress:
+    """The run's records, written as they come, with the progress bar."""
+
+    def __init__(self, writer: RunWriter, bar: tqdm) -> None:
+        self.writer, self.bar = writer, bar
+
+    def request(self, record: RequestRecord) -> None:
+        self.writer.request(record)
+        self.bar.update(1)
+
+
+def worker_client(job: WorkerJob) -> Callable[[Clock, RequestSink], None]:
+    """A worker's sender (`endpoint_workers`): its session opened and connected now, its
+    share of the schedule sent when called."""
+    session = HTTPSession(job.settings)
+    session.open_connections(burst(job.requests))
+    client = EndpointClient(job.settings, session, job.bodies, job.tokenizer)
+
+    def send(clock: Clock, sink: RequestSink) -> None:
+        try:
+            session.run(client.send(job.requests, clock, sink))
+        finally:
+            session.close()
+
+    return send
 
 
 def _message(body: str) -> str:

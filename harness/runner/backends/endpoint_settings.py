@@ -27,6 +27,7 @@ class EndpointSettings:
     timeout_s: float
     max_connections: int
     extra_body: dict[str, Any]
+    workers: int | str  # processes sending the schedule, or "auto" (`endpoint_workers`)
 
 
 def endpoint_settings(node: DictConfig) -> EndpointSettings:
@@ -43,6 +44,11 @@ def endpoint_settings(node: DictConfig) -> EndpointSettings:
     extra = OmegaConf.to_container(extra, resolve=True) if isinstance(extra, DictConfig) else extra
     if not isinstance(extra, dict):
         raise ConfigError("endpoint.extra_body", f"{extra!r} must be a mapping of request fields")
+    workers = node.get("workers", 1)
+    if workers != "auto" and (
+        not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
+    ):
+        raise ConfigError("endpoint.workers", f"{workers!r} must be a positive integer or auto")
     model, label, key_env = node.get("model"), node.get("label"), node.get("api_key_env")
     return EndpointSettings(
         url=url,
@@ -52,6 +58,7 @@ def endpoint_settings(node: DictConfig) -> EndpointSettings:
         timeout_s=float(timeout),
         max_connections=connections,
         extra_body=dict(extra),
+        workers=workers,
     )
 
 
