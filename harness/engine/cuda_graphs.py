@@ -15,10 +15,10 @@ captured launch serves every step (a split past a sequence's end returns at once
 and mixed steps, and batches beyond the largest bucket, run eagerly.
 
 Each graph is checked as it is captured: replayed on its capture batch, its logits must
-equal an eager forward's of the same batch bit for bit, or graphs are off for the run, with
-the reason (`GraphsRecord`, in `meta.json`'s kernels). Off CUDA the same padded, static
-path runs eagerly instead of replaying (`graphs=False`): the portable twin that tests the
-padding and the staging on any machine.
+equal an eager forward's of the same batch bit for bit, or graphs are off for the run (as
+they are when a capture fails), with the reason (`GraphsRecord`, `meta.json`'s
+`cuda_graphs`). Off CUDA the same padded, static path runs eagerly instead of replaying
+(`graphs=False`): the portable twin that tests the padding and the staging on any machine.
 """
 
 from __future__ import annotations
@@ -163,8 +163,9 @@ class DecodeGraphs:
                 self._capture(size, pool) if graphs else self._eager(size)
                 for size in sorted(buckets, reverse=True)
             ]
-        except GraphMismatch as failed:
-            return GraphsRecord(False, str(failed))
+        except RuntimeError as failed:  # a mismatch, or an operation a capture refused
+            first = str(failed).strip().splitlines()[0] if str(failed).strip() else repr(failed)
+            return GraphsRecord(False, f"capture failed, decode runs eagerly: {first}")
         self._buckets = made[::-1]
         how = "captured per bucket" if graphs else "padded eager forwards (no capture)"
         return GraphsRecord(True, how, tuple(sorted(buckets)), time.perf_counter() - began)
@@ -231,7 +232,7 @@ class DecodeGraphs:
             worst = float((out - expected).abs().max())
             raise GraphMismatch(
                 f"the graph of {rows} rows replayed logits off the eager forward's by up to "
-                f"{worst:.3g}; decode runs eagerly"
+                f"{worst:.3g}"
             )
 
         def replay() -> torch.Tensor:
