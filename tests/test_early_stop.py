@@ -136,3 +136,33 @@ def test_a_run_over_saturation_stops_with_the_verdict_the_whole_run_gets(tmp_pat
     met = round(whole["slo_attainment"] * 24)
     assert met <= 24 - evidence["missed"]
     assert wilson(met, 24, 0.95)[1] < 0.9
+
+
+@pytest.mark.integration
+def test_an_endpoint_run_stops_early_as_an_in_process_one_does(tmp_path: Path) -> None:
+    """Against the fake server with a TTFT limit no response can meet: the run ends once
+    failure is certain, every planned request recorded (those not delivered as `stopped`);
+    with worker processes the same setting is refused before any request is sent."""
+    from servelab.harness.commands.config import compose
+    from servelab.harness.runner.run import run
+    from servelab.harness.serving.process import start_fake_server
+
+    server = start_fake_server(tokens=3)
+    overrides = [
+        "backend=openai", f"endpoint.url={server.url}", "model=dummy-tiny", "workload=random",
+        "workload.num_requests=200", "workload.input_len.dist=fixed",
+        "workload.input_len.value=8", "workload.output_len.value=3",
+        "workload.arrival.process=poisson", "workload.arrival.rate=100",
+        "telemetry.roofline=false", "slo.ttft_s=0.000001", "slo.stop_early=0.95",
+    ]  # fmt: skip
+    try:
+        stopped = run(compose(overrides), tmp_path / "stopped", progress=False)
+        with pytest.raises(ConfigError, match=r"slo\.stop_early"):
+            run(compose([*overrides, "endpoint.workers=2"]), tmp_path / "workers", progress=False)
+    finally:
+        server.stop()
+    assert stopped["status"] == "stopped", stopped.get("error")
+    evidence = stopped["stopped_early"]
+    assert evidence["counted"] == 200 and evidence["delivered"] < 200
+    reasons = [r.finish_reason for r in read_requests(tmp_path / "stopped")]
+    assert len(reasons) == 200 and reasons.count("stopped") == 200 - evidence["delivered"]

@@ -44,7 +44,12 @@ from servelab.harness.measure.slo import SLO
 from servelab.harness.measure.telemetry import NoTelemetry, TelemetryResult, TelemetrySampler
 from servelab.harness.measure.weights_quality import read_quality, weights_summary
 from servelab.harness.records import StepRecord
-from servelab.harness.runner.backends import ENGINE_LOOPS, backend_of, peer_backend
+from servelab.harness.runner.backends import (
+    ENGINE_LOOPS,
+    STOPS_EARLY,
+    backend_of,
+    peer_backend,
+)
 from servelab.harness.runner.backends.base import Backend
 from servelab.harness.runner.build import ServedModel
 from servelab.harness.runner.clock import RunClock
@@ -234,8 +239,10 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
     if kind == "inprocess":
         backend: Backend = InProcessBackend(prepare(cfg, clock, progress), cfg)
     else:
-        if SLO.of_config(cfg).stop_early is not None and kind not in ENGINE_LOOPS:
-            raise ConfigError("slo.stop_early", f"in-process runs only; backend={kind} serves")
+        if SLO.of_config(cfg).stop_early is not None and kind not in STOPS_EARLY:
+            raise ConfigError(
+                "slo.stop_early", f"not with backend={kind}: {', '.join(STOPS_EARLY)}"
+            )
         backend = peer_backend(kind, cfg, progress)
     writer = RunWriter(run_dir, keep=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))

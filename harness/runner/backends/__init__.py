@@ -17,7 +17,8 @@ from servelab.harness.errors import ConfigError
 from servelab.harness.runner.backends.base import Backend
 
 BACKENDS = ("inprocess", "openai", "hf_static", "hf_continuous", "simulated")
-ENGINE_LOOPS = ("inprocess", "simulated")  # backends whose runs can stop early
+ENGINE_LOOPS = ("inprocess", "simulated")  # backends that run the engine's own loop
+STOPS_EARLY = (*ENGINE_LOOPS, "openai")  # backends whose runs can stop early (slo.stop_early)
 
 
 def backend_of(cfg: DictConfig) -> str:

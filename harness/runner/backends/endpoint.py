@@ -11,8 +11,10 @@ starts an async streaming request to `/v1/completions` with the prompt as token 
 backend sees the identical prompt); `t_send` is when its request headers were written to the
 socket. Tokens are stamped as their chunks arrive (`stream_tally`), `t_done` when the stream
 ends. A request that fails (an HTTP error status, a broken connection, `endpoint.timeout_s`
-passed) is recorded with `finish_reason: error` and its error. With `endpoint.workers` above
-one, worker processes send the schedule, each its share (`endpoint_workers`).
+passed) is recorded with `finish_reason: error` and its error. `slo.stop_early` ends the run
+once its verdict can only be a failure, as in process (a knee search's rate probes). With
+`endpoint.workers` above one, worker processes send the schedule, each its share
+(`endpoint_workers`).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from servelab.harness.engine.request import Request
+from servelab.harness.errors import ConfigError
 from servelab.harness.measure.flags import ESTIMATED, Flag
 from servelab.harness.measure.rundir import RunRecords, RunWriter
+from servelab.harness.measure.slo import SLO
 from servelab.harness.records import RequestRecord
 from servelab.harness.runner.backends.base import (
     Backend,
@@ -59,10 +63,18 @@ from servelab.harness.runner.backends.stream_tally import (
     ESTIMATED_TIMES,
     StreamTally,
 )
+from servelab.harness.runner.early_stop import StoppedEarly, StopRecord, stop_rule
 from servelab.harness.runner.loop import fail_in_flight
 from servelab.harness.runner.replay import Client, progress_bar, requests_of
 
 Clock = Callable[[], float]
+StopRule = Callable[[float], StopRecord | None]
+STOP_CHECK_S = 0.25  # how often the stop rule is asked while no request finishes
+
+
+def never_stop(now: float) -> StopRecord | None:
+    del now
+    return None
 
 
 class _LoopInbox:
@@ -99,33 +111,60 @@ class EndpointClient:
         sink: RequestSink,
         concurrency: int | None = None,
         think_s: float = 0.0,
+        stop: StopRule = never_stop,
     ) -> None:
         """Every request sent at its arrival (the in-process replay's `Client`), its record
-        given to `sink` as it finishes; on an exception the requests in flight are cancelled
-        and recorded failed."""
+        given to `sink` as it finishes. `stop` is asked after each and every
+        `STOP_CHECK_S` whether the run can end early (`early_stop`): then every request not
+        yet delivered is recorded as `stopped` and `StoppedEarly` raised. On an exception the
+        requests in flight are cancelled and recorded failed."""
         loop = asyncio.get_running_loop()
         finished: asyncio.Queue[Request] = asyncio.Queue()
         in_flight: dict[Request, asyncio.Task[None]] = {}
+        ended = False  # no request starts once the run has ended
 
         def start(request: Request) -> None:
+            if ended:
+                return
             task = loop.create_task(self._serve(request, clock))
             task.add_done_callback(lambda _: finished.put_nowait(request))
             in_flight[request] = task
 
+        def end(unserved: list[Request], error: str, reason: str) -> None:
+            nonlocal ended
+            ended = True
+            client.stop()
+            for task in in_flight.values():
+                task.cancel()
+            for request in unserved:
+                request.token_times = []  # a first token noted for the stop check only
+            fail_in_flight(unserved, error, clock, sink, reason)
+
         client = Client(requests, clock, _LoopInbox(loop, start), concurrency, think_s)
         client.start()
         try:
-            for _ in requests:
-                request = await finished.get()
-                del in_flight[request]
-                record = request.record()
-                record.output_len = len(record.token_times)
-                sink.request(record)
-                client.completed(request)
+            delivered = 0
+            while delivered < len(requests):
+                try:
+                    request = await asyncio.wait_for(finished.get(), STOP_CHECK_S)
+                except asyncio.TimeoutError:
+                    request = None
+                if request is not None:
+                    del in_flight[request]
+                    record = request.record()
+                    record.output_len = len(record.token_times)
+                    sink.request(record)
+                    client.completed(request)
+                    delivered += 1
+                stopped = stop(clock())
+                if stopped is not None:
+                    unserved = [r for r in requests if r.t_done is None]
+                    end(unserved, stopped.reason(), "stopped")
+                    raise StoppedEarly(stopped)
+        except StoppedEarly:
+            raise
         except BaseException as exc:
-            for task in in_flight.values():
-                task.cancel()
-            fail_in_flight(list(in_flight), f"{type(exc).__name__}: {exc}", clock, sink)
+            end(list(in_flight), f"{type(exc).__name__}: {exc}", "error")
             raise
         finally:
             client.stop()
@@ -168,6 +207,8 @@ class EndpointClient:
                     request.finish("error", f"the stream reported: {chunk['error']}")
                     return
                 tally.add(chunk, now)
+                if tally.times and not request.token_times:  # seen by the stop check
+                    request.token_times = tally.times[:1]
         request.deliver(clock())
         settled = tally.settle(self.tokenizer)
         request.output_ids = settled.output_ids
@@ -191,6 +232,7 @@ class EndpointBackend(Backend):
         seeds: dict[str, int],
         requests: list[Request],
         workers: int,
+        slo: SLO,
     ) -> None:
         self.settings = settings
         self.session = session
@@ -203,6 +245,7 @@ class EndpointBackend(Backend):
         self.seeds = seeds
         self.device = torch.device("cpu")
         self.requests = requests
+        self.slo = slo  # its `stop_early` ends a run once its verdict can only be a failure
         bodies = {  # encoded now, not while requests are due
             request.id: json.dumps(request_body(request, model, settings.extra_body)).encode()
             for request in self.requests
@@ -233,9 +276,16 @@ class EndpointBackend(Backend):
             check_one_sample(workload, "an endpoint, read as a stream (one choice),")
             requests = requests_of(workload)
             workers = workers_for(settings.workers, requests, workload.concurrency is not None)
+            slo = SLO.of_config(cfg)
+            if workers > 1 and slo.stop_early is not None:
+                raise ConfigError(
+                    "slo.stop_early", "one client process watches the verdict; endpoint.workers=1"
+                )
             if workers == 1:
                 session.open_connections(workload.concurrency or burst(requests))
-            return cls(settings, session, model, models, inputs, seeds_of(cfg), requests, workers)
+            return cls(
+                settings, session, model, models, inputs, seeds_of(cfg), requests, workers, slo
+            )
         except BaseException:
             session.close()
             raise
@@ -275,9 +325,10 @@ class EndpointBackend(Backend):
                 self.workers.replay(origin, len(self.requests), sink.request)
             else:
                 gc.freeze()  # no full-heap collection pausing the sends (late by ~100 ms)
+                stop = stop_rule(self.slo, self.requests)
                 self.session.run(
                     self.client.send(
-                        self.requests, clock, sink, workload.concurrency, workload.think_s
+                        self.requests, clock, sink, workload.concurrency, workload.think_s, stop
                     )
                 )
         finally:
