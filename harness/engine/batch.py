@@ -15,6 +15,7 @@ p % block_size`. New tokens' K/V are written at `slot_mapping` before attention 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -109,12 +110,29 @@ def moved(tensors: list[torch.Tensor | None], device: torch.device) -> list[torc
         return out
     buffer = torch.cat([t.contiguous().view(-1).view(torch.uint8) for _, t in present])
     buffer = buffer.to(device, non_blocking=True)
-    offset = 0
-    for i, t in present:
-        size = t.numel() * t.element_size()
-        out[i] = buffer[offset : offset + size].view(t.dtype).view(t.shape)
-        offset += size
+    views = byte_views(buffer, [(tuple(t.shape), t.dtype) for _, t in present])
+    for (i, _), view in zip(present, views, strict=True):
+        out[i] = view
     return out
+
+
+Layout = list[tuple[tuple[int, ...], torch.dtype]]  # (shape, dtype) of each tensor, in order
+
+
+def layout_bytes(layout: Layout) -> int:
+    """The bytes the tensors of `layout` take, one after the other."""
+    return sum(math.prod(shape) * dtype.itemsize for shape, dtype in layout)
+
+
+def byte_views(buffer: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
+    """Views of consecutive runs of a byte buffer as the tensors of `layout` (each lands
+    aligned where the widest elements come first)."""
+    views, offset = [], 0
+    for shape, dtype in layout:
+        size = math.prod(shape) * dtype.itemsize
+        views.append(buffer[offset : offset + size].view(dtype).view(shape))
+        offset += size
+    return views
 
 
 class AttentionFn(Protocol):

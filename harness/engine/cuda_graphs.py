@@ -26,12 +26,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from servelab.harness.engine.batch import AttentionFn, ForwardBatch
+from servelab.harness.engine.batch import (
+    AttentionFn,
+    ForwardBatch,
+    Layout,
+    byte_views,
+    layout_bytes,
+)
 from servelab.harness.engine.kv_cache import KVCache
 
 if TYPE_CHECKING:  # the runner holds these graphs
@@ -68,27 +74,22 @@ class Staging:
     bucket of `b` rows moves the fixed arrays and `b` rows of the table (`bytes_for`)."""
 
     def __init__(self, rows: int, width: int, device: torch.device, pin: bool) -> None:
-        shapes = {  # widest elements first, so that every view lands aligned
-            "ids": ((rows,), torch.int64),
-            "positions": ((rows,), torch.int64),
-            "slots": ((rows,), torch.int64),
-            "slab_starts": ((rows,), torch.int64),
-            "seq_lens": ((rows,), torch.int32),
-            "block_tables": ((rows, width), torch.int32),
-        }
-        sizes = {name: math.prod(s) * d.itemsize for name, (s, d) in shapes.items()}
-        self.buffer = torch.zeros(sum(sizes.values()), dtype=torch.uint8, device=device)
+        layout: Layout = [  # widest elements first, so that every view lands aligned
+            ((rows,), torch.int64),  # ids
+            ((rows,), torch.int64),  # positions
+            ((rows,), torch.int64),  # slots
+            ((rows,), torch.int64),  # slab starts
+            ((rows,), torch.int32),  # sequence lengths
+            ((rows, width), torch.int32),  # block tables
+        ]
+        self.buffer = torch.zeros(layout_bytes(layout), dtype=torch.uint8, device=device)
         if pin:
             self.buffer = self.buffer.pin_memory()
-        offset, views = 0, {}
-        for name, (shape, dtype) in shapes.items():
-            views[name] = self.buffer[offset : offset + sizes[name]].view(dtype).view(shape)
-            offset += sizes[name]
-        self.ids, self.positions, self.slots = views["ids"], views["positions"], views["slots"]
-        self.slab_starts, self.seq_lens = views["slab_starts"], views["seq_lens"]
-        self.block_tables = views["block_tables"]
-        self._table_offset = offset - sizes["block_tables"]
-        self._row_bytes = width * 4
+        views = byte_views(self.buffer, layout)
+        self.ids, self.positions, self.slots, self.slab_starts, self.seq_lens = views[:5]
+        self.block_tables = views[5]
+        self._table_offset = layout_bytes(layout[:5])
+        self._row_bytes = width * torch.int32.itemsize
 
     def bytes_for(self, rows: int) -> int:
         return self._table_offset + rows * self._row_bytes
@@ -117,11 +118,10 @@ class Staging:
         self.pad(rows, bucket)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Bucket:
     rows: int
     replay: Callable[[], torch.Tensor]  # the bucket's logits [rows, vocab], from static inputs
-    graph: torch.cuda.CUDAGraph | None = field(default=None, repr=False)
 
 
 class DecodeGraphs:
@@ -224,8 +224,8 @@ class DecodeGraphs:
             expected = self._forward(batch)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(graph, pool=pool):
-            out = self.model(batch, self.cache.k, self.cache.v, self.attention)
+        with torch.cuda.graph(graph, pool=pool):
+            out = self._forward(batch)
         graph.replay()
         torch.cuda.synchronize(self.device)
         if not torch.equal(out, expected):
@@ -239,7 +239,7 @@ class DecodeGraphs:
             graph.replay()
             return out
 
-        return _Bucket(rows, replay, graph)
+        return _Bucket(rows, replay)  # the closure keeps the graph
 
 
 class GraphMismatch(RuntimeError):

@@ -20,7 +20,6 @@ once its verdict can only be a failure, as in process (a knee search's rate prob
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import time
 from collections.abc import Callable
@@ -63,6 +62,7 @@ from servelab.harness.runner.backends.stream_tally import (
     ESTIMATED_TIMES,
     StreamTally,
 )
+from servelab.harness.runner.collector import heap_frozen
 from servelab.harness.runner.early_stop import StoppedEarly, StopRecord, stop_rule
 from servelab.harness.runner.loop import fail_in_flight
 from servelab.harness.runner.replay import Client, progress_bar, requests_of
@@ -324,15 +324,14 @@ class EndpointBackend(Backend):
                 origin = time.perf_counter() - clock()  # the run's time 0, for every process
                 self.workers.replay(origin, len(self.requests), sink.request)
             else:
-                gc.freeze()  # no full-heap collection pausing the sends (late by ~100 ms)
                 stop = stop_rule(self.slo, self.requests)
-                self.session.run(
-                    self.client.send(
-                        self.requests, clock, sink, workload.concurrency, workload.think_s, stop
+                with heap_frozen():  # no full collection pausing the sends
+                    self.session.run(
+                        self.client.send(
+                            self.requests, clock, sink, workload.concurrency, workload.think_s, stop
+                        )
                     )
-                )
         finally:
-            gc.unfreeze()
             bar.close()
             self.session.close()
             if self.workers is not None:

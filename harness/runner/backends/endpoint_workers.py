@@ -1,13 +1,13 @@
 """`endpoint.workers=N`: the endpoint client in N processes, for rates one cannot keep.
 
 One process sends several hundred requests a second on time (`python -m
-scripts.client_bench` says how many on a machine; each process freezes what it has built
-before its clock starts, since a full garbage collection over the run's requests would pause
-it for some 100 ms); past that its event loop falls behind and the run would measure the
-client, not the server. As inference-perf does, the open-loop schedule is then dealt over N
-worker processes (arrival i to worker i mod N): each has its own event loop, HTTP session and
-connection pool, and all read the run's one clock (`time.perf_counter` is the system's
-monotonic clock, the same in every process; each worker is handed the run's time 0).
+scripts.client_bench` says how many on a machine; each leaves what it built before its clock
+starts out of the garbage collector's passes, `collector.heap_frozen`); past that its event
+loop falls behind and the run would measure the client, not the server. As inference-perf
+does, the open-loop schedule is then dealt over N worker processes (arrival i to worker i
+mod N): each has its own event loop, HTTP session and connection pool, and all read the
+run's one clock (`time.perf_counter` is the system's monotonic clock, the same in every
+process; each worker is handed the run's time 0).
 The workers start, connect and encode their requests while the run is prepared; each sends
 its arrivals once told the time 0 and hands every finished request's record back through one
 queue, and the run writes them, as they come, into its one `requests.jsonl`. The union of the
@@ -17,7 +17,6 @@ waiting on their own responses) stays in one process.
 
 from __future__ import annotations
 
-import gc
 import math
 import multiprocessing
 import os
@@ -33,6 +32,7 @@ from servelab.harness.engine.request import Request
 from servelab.harness.errors import ConfigError
 from servelab.harness.records import RequestRecord
 from servelab.harness.runner.backends.endpoint_settings import EndpointSettings
+from servelab.harness.runner.collector import heap_frozen
 
 READY_TIMEOUT_S = 120.0  # a worker imports the package and opens its connections
 PER_WORKER_RATE = 800.0  # req/s one worker is given under `auto` (`scripts.client_bench`)
@@ -91,10 +91,10 @@ def _work(
     then None (or what went wrong)."""
     try:
         send = make(job)
-        gc.freeze()  # what is built so far is never collected: no full-heap pause mid-run
-        commands.send("ready")
-        origin = commands.recv()
-        send(lambda: time.perf_counter() - origin, _QueueSink(records))
+        with heap_frozen():  # no full collection pausing the sends
+            commands.send("ready")
+            origin = commands.recv()
+            send(lambda: time.perf_counter() - origin, _QueueSink(records))
         records.put(None)
     except BaseException:  # noqa: BLE001  (said to the run, which fails with it)
         records.put(f"endpoint worker {job.index}: {traceback.format_exc(limit=4)}")
