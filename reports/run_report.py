@@ -239,7 +239,7 @@ def load_generator_rows(section: dict[str, Any]) -> list[list[Cell]]:
         value = _float(section.get(key))
         rows.append([f"send lag {label} (ms)", None if value is None else 1000 * value])
     rows.append([f"share sent over {late_ms:g} ms late", _float(section.get("late_share"))])
-    rows.append(["gaps against the configured process: KS p-value",
+    rows.append([f"gaps over {late_ms:g} ms against the configured process: KS p-value",
                  _float(section.get("ks_p_value"))])  # fmt: skip
     return rows
 

@@ -6,9 +6,10 @@ reports show) and the codes in `flag_codes`; gates refuse a run with any code in
 
 - `failed_requests`: a counted request failed, was rejected or was cancelled.
 - `send_lag`: the client handed requests over late, p99 above `SEND_LAG_BOUND_S`.
-- `arrivals_off`: the gaps between the client's sends do not follow the configured process
-  (the load generator's Kolmogorov-Smirnov p-value below `ARRIVALS_P_BOUND`): the server
-  saw other arrivals than the ones configured, bursts where the client caught up.
+- `arrivals_off`: the gaps between the client's sends, at the load generator's resolution
+  (`load_generator.LATE_S`) and beyond, do not follow the configured process (its
+  Kolmogorov-Smirnov p-value below `ARRIVALS_P_BOUND`): the server saw other arrivals than
+  the ones configured.
 - `preemption_storm`: more than `STORM_PREEMPTIONS_PER_REQUEST` preemptions per completed
   request (and at least `STORM_MIN_PREEMPTIONS`): the engine spent the run evicting and
   recomputing, so its figures measure thrashing, not the strategy.
