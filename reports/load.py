@@ -24,6 +24,7 @@ import yaml
 
 from servelab.harness.errors import ConfigError
 from servelab.harness.measure.rundir import REQUESTS, STEPS, RunRecords
+from servelab.harness.measure.server_metrics import FILE as SERVER_METRICS
 from servelab.harness.records import RequestRecord, StepRecord, fixed_fields
 
 SUMMARY = "summary.json"
@@ -43,6 +44,7 @@ class RunData:
     request_records: list[RequestRecord]
     step_records: list[StepRecord]
     telemetry: pd.DataFrame
+    server_metrics: pd.DataFrame  # an endpoint run's scrape of the server's /metrics
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -201,6 +203,7 @@ def load_run(path: Path, records: RunRecords | None = None) -> RunData:
         request_records=records.requests,
         step_records=records.steps,
         telemetry=_read_csv(path / TELEMETRY, problems),
+        server_metrics=_read_csv(path / SERVER_METRICS, problems),
         problems=problems,
     )
 

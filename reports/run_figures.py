@@ -38,6 +38,8 @@ SEGMENT_COLORS = {
     "held (batch end)": "#c9b3d9",
 }
 UNIT_SUFFIXES = (
+    ("_share", "0..1"),
+    ("_requests", "requests"),
     ("_percent", "%"),
     ("_pct", "%"),
     ("_util", "%"),
@@ -250,8 +252,11 @@ def telemetry_unit(column: str) -> str:
     return f"{column} (as recorded)"
 
 
-def telemetry_figure(telemetry: pd.DataFrame) -> go.Figure | None:
-    """Every numeric telemetry column over time, one row each (at most twelve)."""
+def telemetry_figure(
+    telemetry: pd.DataFrame, title: str = "Telemetry over time"
+) -> go.Figure | None:
+    """Every numeric column of a sampled table (telemetry, the server's metrics) over time,
+    one row each (at most twelve)."""
     time_column = next((c for c in TIME_COLUMNS if c in telemetry), None)
     if time_column is None:
         return None
@@ -259,7 +264,7 @@ def telemetry_figure(telemetry: pd.DataFrame) -> go.Figure | None:
     columns = [c for c in numeric.columns if c != time_column][:TELEMETRY_LIMIT]
     if not columns:
         return None
-    figure = stacked_figure("Telemetry over time", TIME_AXIS, [telemetry_unit(c) for c in columns])
+    figure = stacked_figure(title, TIME_AXIS, [telemetry_unit(c) for c in columns])
     for row, column in enumerate(columns, start=1):
         figure.add_trace(
             go.Scatter(x=telemetry[time_column], y=telemetry[column], name=esc(column)),

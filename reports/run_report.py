@@ -314,3 +314,6 @@ def _figures_section(
         )
     else:
         page.figures([telemetry], wide=True)
+    server = telemetry_figure(run.server_metrics, "The server's metrics over time")
+    if server is not None:  # an endpoint run, against a server publishing them
+        page.figures([server], wide=True)

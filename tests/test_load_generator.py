@@ -104,6 +104,9 @@ def test_an_endpoint_run_reports_its_load_generator(tmp_path: Path) -> None:
     assert SEND_LAG in flooded["flag_codes"] and refusals(flooded)
     assert flooded["load_generator"]["late_share"] > 0.5
     assert ARRIVALS_OFF not in summary["flag_codes"]
+    assert summary["server_metrics"] is None  # the fake server publishes no /metrics
+    meta = json.loads((tmp_path / "rate-40" / "meta.json").read_text())
+    assert "404" in meta["backend"]["server_metrics"]["note"]
     rows = dict(load_generator_rows(section))  # the run report's table of it
     assert rows["configured rate (req/s)"] == 40.0 and rows["requests sent"] == 40
     assert rows["send lag p99 (ms)"] == pytest.approx(1000 * section["lag_p99_s"])

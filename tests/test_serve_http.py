@@ -346,7 +346,8 @@ def test_over_http_the_same_tokens_and_ttft_within_the_transport_overhead(
     monkeypatch.setenv(KEY_ENV, KEY)
     pinger = Pinger(server.url)
     pinger.start()
-    summary = run(compose([*common, *endpoint_of(server)]), tmp_path / "http", progress=False)
+    scraped = [*endpoint_of(server), "endpoint.metrics_period_s=0.2"]
+    summary = run(compose([*common, *scraped]), tmp_path / "http", progress=False)
     pinger.done.set()
     pinger.join()
     assert summary["status"] == "complete" and summary["completed"] == 8
@@ -375,6 +376,11 @@ def test_over_http_the_same_tokens_and_ttft_within_the_transport_overhead(
     meta = json.loads((tmp_path / "http" / "meta.json").read_text())
     assert (meta["backend"]["url"], meta["backend"]["server_models"]) == (server.url, [MODEL])
     assert meta["backend"]["api_key_env"] == KEY_ENV
+    assert meta["backend"]["server_metrics"]["source"] == "servelab"  # its /metrics, scraped
+    scrape = summary["server_metrics"]
+    assert scrape["samples"] >= 3 and scrape["failed"] == 0
+    assert 0 <= scrape["kv_usage_share_max"] <= 1 and scrape["waiting_requests_max"] >= 0
+    assert load_run(tmp_path / "http").server_metrics["running_requests"].notna().all()
     for path in (tmp_path / "http").rglob("*"):
         assert not path.is_file() or KEY not in path.read_text(errors="replace"), path
 

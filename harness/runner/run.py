@@ -40,6 +40,8 @@ from servelab.harness.measure.meta import collect_meta
 from servelab.harness.measure.metrics import summarize
 from servelab.harness.measure.profiling import StepProfiler
 from servelab.harness.measure.rundir import SCHEMA_VERSION, RunRecords, RunWriter
+from servelab.harness.measure.server_metrics import FILE as SERVER_METRICS
+from servelab.harness.measure.server_metrics import server_metrics_summary
 from servelab.harness.measure.slo import SLO
 from servelab.harness.measure.telemetry import NoTelemetry, TelemetryResult, TelemetrySampler
 from servelab.harness.measure.weights_quality import read_quality, weights_summary
@@ -399,6 +401,7 @@ def summary_for(
     if backend_of(cfg) == "openai":  # a client sent the requests: was it on time?
         spec = parse_arrival_spec(cfg.workload.get("arrival"), "workload.arrival")
         summary["load_generator"] = load_generator(requests, spec).as_dict()
+        summary["server_metrics"] = server_metrics_summary(run_dir / SERVER_METRICS)
     summary["energy_j"] = telemetry.energy_j
     tokens = summary["output_tokens"]
     summary["j_per_token"] = telemetry.energy_j / tokens if telemetry.energy_j and tokens else None

@@ -14,7 +14,8 @@ ends. A request that fails (an HTTP error status, a broken connection, `endpoint
 passed) is recorded with `finish_reason: error` and its error. `slo.stop_early` ends the run
 once its verdict can only be a failure, as in process (a knee search's rate probes). With
 `endpoint.workers` above one, worker processes send the schedule, each its share
-(`endpoint_workers`).
+(`endpoint_workers`). Where the server publishes Prometheus metrics, they are scraped beside
+the records while the requests go (`measure.server_metrics`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ from servelab.harness.engine.request import Request
 from servelab.harness.errors import ConfigError
 from servelab.harness.measure.flags import ESTIMATED, Flag
 from servelab.harness.measure.rundir import RunRecords, RunWriter
+from servelab.harness.measure.server_metrics import (
+    FILE,
+    ServerGauges,
+    ServerMetricsScraper,
+    find_gauges,
+)
 from servelab.harness.measure.slo import SLO
 from servelab.harness.records import RequestRecord
 from servelab.harness.runner.backends.base import (
@@ -46,6 +53,7 @@ from servelab.harness.runner.backends.base import (
 )
 from servelab.harness.runner.backends.endpoint_settings import (
     EndpointSettings,
+    auth_headers,
     choose_model,
     endpoint_settings,
     request_body,
@@ -233,8 +241,10 @@ class EndpointBackend(Backend):
         requests: list[Request],
         workers: int,
         slo: SLO,
+        gauges: tuple[ServerGauges | None, str],
     ) -> None:
         self.settings = settings
+        self.gauges, self.gauges_note = gauges
         self.session = session
         self.model = model
         self.models = models
@@ -283,9 +293,15 @@ class EndpointBackend(Backend):
                 )
             if workers == 1:
                 session.open_connections(workload.concurrency or burst(requests))
-            return cls(
-                settings, session, model, models, inputs, seeds_of(cfg), requests, workers, slo
+            gauges = (
+                find_gauges(settings.url, auth_headers(settings), min(settings.timeout_s, 5.0))
+                if settings.metrics_period_s is not None
+                else (None, "not scraped: endpoint.metrics_period_s=null")
             )
+            return cls(
+                settings, session, model, models, inputs, seeds_of(cfg), requests, workers, slo,
+                gauges,
+            )  # fmt: skip
         except BaseException:
             session.close()
             raise
@@ -309,16 +325,25 @@ class EndpointBackend(Backend):
                 "timeout_s": self.settings.timeout_s,
                 "max_connections": self.settings.max_connections,
                 "workers": 1 if self.workers is None else len(self.workers.processes),
+                "server_metrics": {
+                    "period_s": self.settings.metrics_period_s,
+                    "source": None if self.gauges is None else self.gauges.source,
+                    "note": self.gauges_note,
+                },
             },
         }
 
     def replay(
         self, clock: Callable[[], float], writer: RunWriter, run_dir: Path, progress: bool
     ) -> None:
-        del run_dir
         bar = progress_bar(len(self.requests), progress)
         sink = _Progress(writer, bar)
         workload = self.workload
+        scraper = None
+        if self.gauges is not None and self.settings.metrics_period_s is not None:
+            period = self.settings.metrics_period_s
+            scraper = ServerMetricsScraper(self.gauges, run_dir / FILE, period, clock)
+            scraper.start()
         try:
             if self.workers is not None:
                 origin = time.perf_counter() - clock()  # the run's time 0, for every process
@@ -332,6 +357,8 @@ class EndpointBackend(Backend):
                         )
                     )
         finally:
+            if scraper is not None:
+                scraper.stop()
             bar.close()
             self.session.close()
             if self.workers is not None:

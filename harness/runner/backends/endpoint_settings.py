@@ -28,6 +28,7 @@ class EndpointSettings:
     max_connections: int
     extra_body: dict[str, Any]
     workers: int | str  # processes sending the schedule, or "auto" (`endpoint_workers`)
+    metrics_period_s: float | None  # scrape the server's /metrics this often; None: never
 
 
 def endpoint_settings(node: DictConfig) -> EndpointSettings:
@@ -49,6 +50,11 @@ def endpoint_settings(node: DictConfig) -> EndpointSettings:
         not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
     ):
         raise ConfigError("endpoint.workers", f"{workers!r} must be a positive integer or auto")
+    period = node.get("metrics_period_s")
+    if period is not None and (
+        not isinstance(period, int | float) or isinstance(period, bool) or period <= 0
+    ):
+        raise ConfigError("endpoint.metrics_period_s", f"{period!r} must be seconds > 0 or null")
     model, label, key_env = node.get("model"), node.get("label"), node.get("api_key_env")
     return EndpointSettings(
         url=url,
@@ -59,6 +65,7 @@ def endpoint_settings(node: DictConfig) -> EndpointSettings:
         max_connections=connections,
         extra_body=dict(extra),
         workers=workers,
+        metrics_period_s=None if period is None else float(period),
     )
 
 
