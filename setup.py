@@ -9,7 +9,7 @@ of the wheel.
 
 from setuptools import find_namespace_packages, setup
 
-LAYERS = ("harness", "strategies", "kernels", "workloads", "reports", "conf")
+LAYERS = ("base", "harness", "strategies", "kernels", "workloads", "reports", "conf")
 NOT_INSTALLED = ("reports.published", "reports.published.*")  # results, not code
 
 packages = ["servelab"]

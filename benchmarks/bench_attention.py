@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.timing import time_call
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.kernels import paged_attention_triton as tri
 from servelab.kernels.paged_attention_ref import plan_for, run_plan
 from tests.attention_cases import AttentionCase, CaseShape, make_case

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.timing import time_call
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.measure.calibrate import measure_peaks
 from servelab.harness.models.dummy import DUMMY_SHAPES
 from servelab.harness.models.model import ModelConfig

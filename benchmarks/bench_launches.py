@@ -1,7 +1,7 @@
 """Count what one decode step of the GPU code path launches, per layer and per step.
 
 The GPU code path is the one `engine.device=cuda` runs: the Triton attention and, where they
-apply, the fused layers (`kernels/gpu_layers.py`). A `strategy=vllm` engine serves
+apply, the fused layers (`harness/models/gpu_layers.py`). A `strategy=vllm` engine serves
 `--batches` requests until every one of them decodes, then one more decode step is counted
 (`count_launches`: operators that launch kernels, views, syncs, host-to-device transfers,
 Triton launches). The count does not depend on sizes or speed, so on a CPU it runs the Triton

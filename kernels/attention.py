@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from servelab.harness.engine.batch import ForwardBatch
-from servelab.harness.errors import ConfigError
+from servelab.base.batch import ForwardBatch
+from servelab.base.errors import ConfigError
 from servelab.kernels import paged_attention_triton as tri
 from servelab.kernels.attention_plan import AttentionPlan
 from servelab.kernels.cpu_attention import CpuPlan, plan_cpu, run_cpu

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 
 OVERRIDE_ENV = "SERVELAB_CPU_ISA"
 LEVELS = ("baseline", "avx2", "avx512", "avx512-bf16")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from servelab.harness.engine.batch import ForwardBatch
+from servelab.base.batch import ForwardBatch
 from servelab.kernels.cpu_build import cpu_ops
 
 FLASH_ROWS = 16  # sequences with at least this many new tokens take the flash path

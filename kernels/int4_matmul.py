@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.kernels.cpu_build import cpu_ops
 from servelab.kernels.int4_layout import PACK, num_groups
 from servelab.kernels.int4_matmul_cpu import (

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.kernels.attention_plan import AttentionPlan, DecodeChunk, SeqSpan, build_plan
 
 # Above this many scores (rows x context x heads) a multi-token sequence goes through SDPA,

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 
 MAX_SPLITS = 64
 # Integers that change from call to call with the batch (the split length, the block table's

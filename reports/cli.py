@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.reports.load import is_run_dir
 from servelab.reports.run_report import REPORT_NAME, build_run_report
 from servelab.reports.sweep_report import build_sweep_report

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from servelab.base.records import RequestRecord, StepRecord
 from servelab.harness.measure.metrics import distribution, request_latency, summarize
 from servelab.harness.measure.slo import SLO
-from servelab.harness.records import RequestRecord, StepRecord
 
 REQUEST_COLUMNS = [
     "id",

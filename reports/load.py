@@ -22,10 +22,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
+from servelab.base.records import RequestRecord, StepRecord, fixed_fields
 from servelab.harness.measure.rundir import REQUESTS, STEPS, RunRecords
 from servelab.harness.measure.server_metrics import FILE as SERVER_METRICS
-from servelab.harness.records import RequestRecord, StepRecord, fixed_fields
 
 SUMMARY = "summary.json"
 TELEMETRY = "telemetry.csv"

@@ -9,8 +9,10 @@ step whose MFU or MBU exceeds 1 (a peak measured too low), are shown at the top.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -72,6 +74,30 @@ THROUGHPUT_ROWS = tuple(  # (key, label, unit), from the summary schema
         "j_per_token",
     )
 )
+
+
+Config = TypeVar("Config")
+
+
+def write_run_report(run_dir: Path) -> None:
+    """The report.html of a run whose summary is written, drawn for the command that asked
+    for the run; one that cannot be drawn is a warning, never a failure (the run's
+    measurements are on disk already)."""
+    try:
+        build_run_report(run_dir)
+    except Exception as exc:  # noqa: BLE001
+        logging.getLogger(__name__).warning("report.html not written: %s", exc)
+
+
+def reported(run: Callable[[Config, Path], dict]) -> Callable[[Config, Path], dict]:
+    """`run` (a configuration into a run directory, its summary back), then the run's report."""
+
+    def run_and_report(cfg: Config, run_dir: Path) -> dict:
+        summary = run(cfg, run_dir)
+        write_run_report(run_dir)
+        return summary
+
+    return run_and_report
 
 
 def build_run_report(

@@ -12,7 +12,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.reports.colors import assign_colors
 from servelab.reports.grouping import X_TITLES, Group, group_runs
 from servelab.reports.html import Cell, Link, Page, Swatch, table_html

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.measure.slo import SLO
 from servelab.harness.measure.summary_schema import label_of
 from servelab.reports.derive import slo_attainment

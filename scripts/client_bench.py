@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from servelab.harness.commands.config import compose
 from servelab.harness.runner.run import run
 from servelab.harness.serving.process import start_fake_server
+from servelab.reports.run_report import reported
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ def at_rate(
         f"workload.arrival.rate={rate}", f"workload.num_requests={requests}",
         "telemetry.roofline=false", f"endpoint.workers={workers}",
     ])  # fmt: skip
-    summary = run(cfg, out / f"rate-{rate:g}", progress=False)
+    summary = reported(partial(run, progress=False))(cfg, out / f"rate-{rate:g}")
     lag = summary["send_lag"]
     return RateResult(
         rate, summary["request_throughput"], summary["completed"],

@@ -23,6 +23,7 @@ import argparse
 import json
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -31,6 +32,7 @@ from servelab.harness.commands.config import compose
 from servelab.harness.commands.fit_steps import main as fit_steps
 from servelab.harness.runner.run import run
 from servelab.harness.search.profile import search
+from servelab.reports.run_report import reported
 
 METRICS = {
     "ttft p50": ("ttft", "p50"),
@@ -39,6 +41,8 @@ METRICS = {
     "tpot p99": ("tpot", "p99"),
     "output tok/s": ("output_throughput", None),
 }
+
+run_reported = reported(partial(run, progress=False))  # each run and its report
 
 
 def probes(search_dir: Path, strategy: str, complete: bool = True) -> list[Path]:
@@ -64,7 +68,7 @@ def simulate_probe(probe: Path, cost: Path, out: Path) -> dict:
     cfg.backend = "simulated"
     cfg.simulate = {"cost_model": str(cost)}
     cfg.slo.stop_early = None  # the measured probe ran to its end: so does its twin
-    return run(cfg, out, progress=False)
+    return run_reported(cfg, out)
 
 
 def main() -> None:
@@ -109,7 +113,7 @@ def main() -> None:
             measured = json.loads((probe / "summary.json").read_text())
             cfg = OmegaConf.load(probe / "config.yaml")
             cfg.backend, cfg.simulate = "simulated", {"cost_model": str(cost)}
-            simulated = run(cfg, args.out / strategy / f"{probe.name}-as-probed", progress=False)
+            simulated = run_reported(cfg, args.out / strategy / f"{probe.name}-as-probed")
             outcomes = {"measured": attainment_of(measured), "simulated": attainment_of(simulated)}
             verdicts.append({"strategy": strategy, "probe": probe.name, **outcomes})
             print(f"{strategy:>18} {probe.name:<18} measured {verdicts[-1]['measured']}, "
@@ -181,7 +185,7 @@ def simulated_knees(search_dir: Path, record: dict, cost: Path, out: Path) -> li
         f"replay.skip_idle={floor_cfg.get('replay', {}).get('skip_idle', False)}",
         *limits,
     ]  # fmt: skip  (budget_s: simulated seconds, as it had)
-    result = search(overrides, compose, lambda cfg, d: run(cfg, d, progress=False))
+    result = search(overrides, compose, run_reported)
     measured = {k["strategy"]: k for k in record["knees"]}
     rows = []
     for knee in result.knees:

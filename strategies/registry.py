@@ -26,7 +26,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from omegaconf import DictConfig
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 
 P = ParamSpec("P")  # what an axis builds its implementation from (`strategies.factories`)
 T = TypeVar("T")  # what it builds

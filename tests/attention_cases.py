@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from servelab.harness.engine.batch import ForwardBatch
-from servelab.harness.errors import ConfigError
+from servelab.base.batch import ForwardBatch
+from servelab.base.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from servelab.harness.engine.batch import ForwardBatch
+from servelab.base.batch import ForwardBatch
 from servelab.harness.models.dummy import DUMMY_SHAPES
 from servelab.harness.models.load import Checkpoint, build_model
 from servelab.harness.models.model import LlamaModel

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from hypothesis import strategies as st
 
-from servelab.harness.engine.batch import ForwardBatch
+from servelab.base.batch import ForwardBatch
 from servelab.harness.engine.engine import Engine
 from servelab.harness.engine.request import Request, SamplingParams
 from servelab.harness.models.model import LlamaModel

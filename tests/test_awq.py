@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.models.load import build_model
 from servelab.kernels.int4_layout import dequantize
 from servelab.kernels.linear import packed_linear

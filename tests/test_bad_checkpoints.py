@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.models.hf_folder import read_hf_config
 
 

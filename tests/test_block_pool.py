@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.strategies.kv.block_pool import BlockPool
 
 

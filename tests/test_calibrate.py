@@ -10,7 +10,7 @@ import psutil
 import pytest
 import torch
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.measure import calibrate
 from servelab.harness.measure.calibrate import (
     Budget,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.runner import settings
 from servelab.kernels import capabilities as caps
 from servelab.kernels.capabilities import LEVELS, OVERRIDE_ENV, capabilities, native_level

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from servelab.base.errors import ConfigError
 from servelab.harness.claims.papers import PaperClaim, Verdict, parse_claims_file, verdict_of
-from servelab.harness.errors import ConfigError
 from servelab.harness.measure.bootstrap import Outcome
 from tests.conftest import servelab
 

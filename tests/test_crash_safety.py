@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from servelab.base.records import RequestRecord, StepRecord
 from servelab.harness.measure.flags import INCOMPLETE, refusals
 from servelab.harness.measure.rundir import (
     BATCH_BYTES,
@@ -23,7 +24,6 @@ from servelab.harness.measure.rundir import (
     read_requests,
     torn_tail,
 )
-from servelab.harness.records import RequestRecord, StepRecord
 from servelab.harness.runner.summarize import summarize_run
 from tests.server_process import ROOT
 
@@ -157,7 +157,7 @@ def test_a_batched_writer_writes_whole_lines_a_batch_at_a_time(tmp_path: Path) -
 
 
 def test_summarize_refuses_a_directory_without_records(tmp_path: Path) -> None:
-    from servelab.harness.errors import ConfigError
+    from servelab.base.errors import ConfigError
 
     with pytest.raises(ConfigError, match="pass a run directory"):
         summarize_run(tmp_path)

@@ -14,7 +14,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from servelab.harness.engine.batch import ForwardBatch  # noqa: E402
+from servelab.base.batch import ForwardBatch  # noqa: E402
 from servelab.harness.engine.cuda_graphs import DecodeGraphs, buckets_for  # noqa: E402
 from servelab.harness.engine.kv_cache import KVLayout  # noqa: E402
 from servelab.harness.runner.build import build_engine  # noqa: E402

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from servelab.base.errors import ConfigError
 from servelab.harness.engine.request import Request, SamplingParams
-from servelab.harness.errors import ConfigError
 from servelab.harness.measure.rundir import read_requests
 from servelab.harness.measure.slo import SLO
 from servelab.harness.runner.early_stop import EarlyStop, wilson

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from servelab.base.records import RequestRecord, StepRecord
 from servelab.harness.gate.collect import Measurements, RunMeasure
 from servelab.harness.gate.evaluate import evaluate
 from servelab.harness.gate.fingerprint import fingerprint_of
@@ -29,7 +30,6 @@ from servelab.harness.measure.flags import (
     summary_flags,
     telemetry_dropouts,
 )
-from servelab.harness.records import RequestRecord, StepRecord
 from servelab.reports.run_report import build_run_report
 from servelab.reports.sweep_report import build_sweep_report
 

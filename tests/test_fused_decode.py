@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from servelab.harness.engine.batch import ForwardBatch
+from servelab.base.batch import ForwardBatch
+from servelab.harness.models.fused_decode import fused_decode_layers
 from servelab.kernels.attention import Attention, AttentionConfig
 from servelab.kernels.capabilities import torch_int4_block
 from servelab.kernels.cpu_attention import FLASH_ROWS
-from servelab.kernels.fused_decode import fused_decode_layers
 from tests.conftest import CpuBuild
 from tests.int4_cases import (
     context,

@@ -3,8 +3,8 @@ and the HTML page, which draws every claim's interval and escapes what it shows.
 
 from __future__ import annotations
 
+from servelab.base.records import RequestRecord
 from servelab.harness.gate.evaluate import identical_share, metric_value
-from servelab.harness.records import RequestRecord
 from servelab.reports.gate_report import COLOURS, gate_page
 
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
+from servelab.base.errors import ConfigError
 from servelab.harness.commands.config import compose
-from servelab.harness.errors import ConfigError
 from servelab.harness.runner.step_delay import step_delay_s
 from tests.conftest import servelab
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from servelab.base.errors import ConfigError
 from servelab.harness.commands.cli import main
 from servelab.harness.commands.config import CONF_DIR, compose
-from servelab.harness.errors import ConfigError
 from servelab.harness.gate.collect import composed
 from servelab.harness.gate.fingerprint import fingerprint_of, machine_fingerprint
 from servelab.harness.gate.plan import plan_gate

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from servelab.base.errors import ConfigError
 from servelab.harness.commands.config import compose
-from servelab.harness.errors import ConfigError
 from servelab.harness.models import load
 from servelab.harness.runner.run import run
 from servelab.harness.runner.settings import cache_dir_of

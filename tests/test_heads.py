@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from servelab.base.errors import ConfigError
 from servelab.harness.engine.kv_cache import KVLayout
-from servelab.harness.errors import ConfigError
 from servelab.harness.models.dummy import DUMMY_SHAPES
 from servelab.harness.models.model import LlamaModel
 from servelab.strategies.heads import HEADS

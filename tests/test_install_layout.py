@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("harness", "strategies", "kernels", "workloads", "reports")
+LAYERS = ("base", "harness", "strategies", "kernels", "workloads", "reports")  # setup.py's
 NOT_INSTALLED = ROOT / "reports" / "published"
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "src", *LAYERS, "conf")
 

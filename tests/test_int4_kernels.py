@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.kernels.cpu_build import cpu_ops
 from servelab.kernels.int4_layout import num_groups, pack_int4, unpack_int4
 from servelab.kernels.int4_matmul import choose_kernel

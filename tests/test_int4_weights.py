@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.models.hf_folder import hf_config_dict, load_hf_folder, read_hf_config
 from servelab.harness.models.load import INIT_STD, build_model
 from servelab.kernels.cpu_build import cpu_ops

@@ -14,9 +14,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from scripts.client_bench import at_rate
+from servelab.base.errors import ConfigError
+from servelab.base.records import RequestRecord
 from servelab.harness.commands.config import compose
 from servelab.harness.engine.request import Request, SamplingParams
-from servelab.harness.errors import ConfigError
 from servelab.harness.measure.flags import ARRIVALS_OFF, SEND_LAG, refusals, summary_flags
 from servelab.harness.measure.load_generator import (
     LATE_S,
@@ -24,7 +25,6 @@ from servelab.harness.measure.load_generator import (
     kolmogorov_p,
     load_generator,
 )
-from servelab.harness.records import RequestRecord
 from servelab.harness.runner.backends.base import peer_inputs
 from servelab.harness.runner.backends.endpoint_settings import endpoint_settings
 from servelab.harness.runner.backends.endpoint_workers import workers_for

@@ -14,7 +14,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from servelab.harness.engine.batch import ForwardBatch
+from servelab.base.batch import ForwardBatch
 from servelab.harness.engine.request import Request, SamplingParams
 from servelab.harness.models.load import load_model
 from servelab.workloads.text import section_chunks

@@ -83,7 +83,7 @@ def test_a_pickled_checkpoint_is_refused_unopened(tmp_path: Path) -> None:
     import json
     import pickle
 
-    from servelab.harness.errors import ConfigError
+    from servelab.base.errors import ConfigError
     from servelab.harness.models.dummy import DUMMY_SHAPES
     from servelab.harness.models.hf_folder import hf_config_dict
     from servelab.harness.models.load import load_model

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from servelab.harness.engine.batch import ForwardBatch
+from servelab.base.batch import ForwardBatch
 from servelab.harness.measure.perplexity import perplexity
 from servelab.kernels.attention import Attention, AttentionConfig
 from tests.tiny import CPU, dense_attention, tiny_model

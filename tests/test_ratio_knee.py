@@ -9,8 +9,8 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
+from servelab.base.records import RequestRecord
 from servelab.harness.measure.slo import SLO
-from servelab.harness.records import RequestRecord
 from servelab.harness.search.ratio_knee import (
     FAR_ABOVE,
     ProbeRatios,

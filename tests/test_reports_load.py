@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from reports_rundirs import RunSpec, requests_of, summary_of, write_run
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
+from servelab.base.records import RequestRecord, StepRecord
 from servelab.harness.measure.slo import SLO
-from servelab.harness.records import RequestRecord, StepRecord
 from servelab.reports.derive import (
     request_metrics,
     slo_attainment,

@@ -10,7 +10,7 @@ import plotly.offline
 import pytest
 from reports_rundirs import RunSpec, page_text, write_run
 
-from servelab.harness.records import RequestRecord
+from servelab.base.records import RequestRecord
 from servelab.reports.derive import ThinnedSteps, request_metrics
 from servelab.reports.run_figures import request_timeline
 from servelab.reports.run_report import build_run_report
@@ -185,3 +185,24 @@ def test_a_run_with_more_steps_than_a_figure_draws_says_how_they_were_thinned(
     group = -(-steps // 4)
     assert f"{steps:,} steps: the figures over time show the mean of each {group:,}" in html
     assert "Batch size per step" in figure_titles(html)
+
+
+def test_the_command_that_asked_for_a_run_draws_its_report(monkeypatch, tmp_path: Path) -> None:
+    """`servelab` (the run verb) draws report.html once the run's summary is written; the
+    runner itself draws none, so a search's or a gate's caller decides (`reported`)."""
+    import sys
+
+    from servelab.harness.commands.cli import main
+    from servelab.harness.commands.config import compose
+    from servelab.harness.runner.run import run
+
+    common = ["model=dummy-tiny", "workload=smoke", "workload.num_requests=3",
+              "telemetry.roofline=false"]  # fmt: skip
+    run(compose(common), tmp_path / "library", progress=False)
+    assert (tmp_path / "library" / "summary.json").is_file()
+    assert not (tmp_path / "library" / "report.html").exists()
+    argv = ["servelab", *common, f"hydra.run.dir={tmp_path / 'command'}"]
+    monkeypatch.setattr(sys, "argv", argv)
+    main()
+    page = (tmp_path / "command" / "report.html").read_text()
+    assert "Run report: fastertransformer on smoke" in page

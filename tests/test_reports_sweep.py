@@ -15,7 +15,7 @@ import yaml
 from omegaconf import OmegaConf
 from reports_rundirs import RunSpec, page_text, write_run
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.reports.callback import SweepReportCallback
 from servelab.reports.cli import report_main
 from servelab.reports.colors import PALETTE, PRESET_COLORS, assign_colors, strategy_color

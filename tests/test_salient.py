@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from servelab.base.errors import ConfigError
 from servelab.harness.commands.salient import parse_args
-from servelab.harness.errors import ConfigError
 from servelab.strategies.weights.int4_format import LINEARS
 from servelab.strategies.weights.int4_quant import quantize
 from servelab.strategies.weights.salient import (

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
+from servelab.base.records import RequestRecord
 from servelab.harness.measure.slo import SLO
-from servelab.harness.records import RequestRecord
 from servelab.harness.search.scaled_slo import (
     PromptLine,
     SpeedDrift,

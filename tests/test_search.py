@@ -356,8 +356,8 @@ def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path) -> None:
 
 
 def test_a_scaled_limit_must_name_a_limit() -> None:
+    from servelab.base.errors import ConfigError
     from servelab.harness.commands.config import compose
-    from servelab.harness.errors import ConfigError
     from servelab.harness.search.profile import SearchSettings
 
     with pytest.raises(ConfigError, match=r"search\.slo_scale\.ttft: not a limit"):
@@ -367,8 +367,8 @@ def test_a_scaled_limit_must_name_a_limit() -> None:
 def test_a_probe_too_short_to_bound_the_quantile_is_refused_before_any_run() -> None:
     """The 0.9-quantile of 35 requests has no upper bound at 95% (1 - 0.9^35 < 0.975): no
     probe that short could show a rate sustained."""
+    from servelab.base.errors import ConfigError
     from servelab.harness.commands.config import compose
-    from servelab.harness.errors import ConfigError
     from servelab.harness.search.profile import SearchSettings
 
     with pytest.raises(ConfigError, match=r"search\.requests: 35 requests .* at least 36"):

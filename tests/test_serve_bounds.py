@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from servelab.base.errors import ConfigError
 from servelab.harness.commands.config import compose
-from servelab.harness.errors import ConfigError
 from servelab.harness.runner.loop import EngineDriver
 from servelab.harness.serving.app import ServerState, create_app
 from servelab.harness.serving.engine_loop import EngineLoop

@@ -23,10 +23,10 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from servelab.base.errors import ConfigError
+from servelab.base.records import RequestRecord
 from servelab.harness.commands.config import compose
-from servelab.harness.errors import ConfigError
 from servelab.harness.measure.rundir import read_requests, read_steps
-from servelab.harness.records import RequestRecord
 from servelab.harness.runner.run import run
 from servelab.reports.grouping import group_runs
 from servelab.reports.load import load_run
@@ -85,10 +85,14 @@ def metrics(http: httpx.Client) -> dict[str, float]:
     return samples
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+def wait_for(
+    condition: Callable[[], bool], timeout_s: float = 60.0, server: ServerProcess | None = None
+) -> None:
+    """Until `condition` holds; past `timeout_s` fail, with the end of `server`'s output."""
     deadline = time.monotonic() + timeout_s
     while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
+        said = "" if server is None else "".join(server.output[-40:])
+        assert time.monotonic() < deadline, f"condition not met in time; the server said:\n{said}"
         time.sleep(0.05)
 
 
@@ -294,7 +298,7 @@ def test_client_gone_mid_stream_frees_its_kv(
         # the gauges are the snapshot the engine loop publishes after it hands a step's tokens
         # to the streams, so a fast reader can ask before it is published: wait for it (met
         # within a step; 5 s once ran out on a fresh-clone make test sharing both cores)
-        wait_for(lambda: metrics(http)["servelab_kv_slots_allocated"] > 0, timeout_s=30.0)
+        wait_for(lambda: metrics(http)["servelab_kv_slots_allocated"] > 0, 30.0, served[0])
     _assert_pool_full(http, before)
     record = served_records(served[1])["gone-mid-stream"]
     assert record.finish_reason == "cancelled" and 3 <= record.output_len < 1400

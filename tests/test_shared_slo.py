@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.measure.slo import SLO
 from servelab.harness.search.shared_slo import SourceSLO, judged_record, read_source, with_slo
 

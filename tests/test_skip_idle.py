@@ -86,8 +86,8 @@ def test_a_closed_loop_replay_skips_its_users_think_time(tmp_path) -> None:
 def test_a_run_says_what_it_skipped_and_a_peer_cannot_skip(tmp_path) -> None:
     """Four requests at 0.05 req/s: the summary says what was skipped, and telemetry's jump
     over it is no dropout (nothing was in flight)."""
+    from servelab.base.errors import ConfigError
     from servelab.harness.commands.config import compose
-    from servelab.harness.errors import ConfigError
     from servelab.harness.runner.run import run
 
     overrides = [

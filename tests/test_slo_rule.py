@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from reports_rundirs import RunSpec, write_run
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.measure.metrics import request_latency
 from servelab.harness.measure.slo import SLO, RequestLatency
 from servelab.reports.grouping import group_runs

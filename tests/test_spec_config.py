@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from servelab.base.errors import ConfigError
 from servelab.harness.commands.config import compose
-from servelab.harness.errors import ConfigError
 from servelab.harness.runner.draft import check_drafting
 from servelab.strategies.settings import strategy_settings
 from tests.tiny import make_engine, strategy, tiny_model

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 import torch
 
-from servelab.harness.engine.batch import ForwardBatch
+from servelab.base.batch import ForwardBatch
 from servelab.harness.engine.request import Request, SamplingParams
 from servelab.harness.engine.sampler import probabilities
 from servelab.harness.models.model import LlamaModel

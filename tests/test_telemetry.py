@@ -13,7 +13,7 @@ import pynvml
 import pytest
 import torch
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.measure import telemetry
 from servelab.harness.measure.telemetry import TelemetrySampler
 

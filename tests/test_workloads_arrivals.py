@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.workloads.arrivals import parse_arrival_spec, sample_arrivals
 
 N = 20_001  # N - 1 gaps

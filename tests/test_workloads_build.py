@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.workloads.build import build_workload
 from servelab.workloads.corpus import special_ids
 from servelab.workloads.instruct import INSTRUCTIONS

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from transformers import PreTrainedTokenizerBase
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.workloads.build import build_workload
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "workload"

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.workloads.lengths import parse_length_spec, sample_lengths
 
 N = 20_000

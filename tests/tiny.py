@@ -11,7 +11,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from servelab.harness.engine.batch import ForwardBatch
+from servelab.base.batch import ForwardBatch
 from servelab.harness.engine.engine import Engine
 from servelab.harness.engine.kv_cache import KVLayout
 from servelab.harness.engine.request import Request, SamplingParams

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.workloads.fields import Node
 
 PROCESSES = ("offline", "constant", "poisson", "gamma", "closed_loop", "trace")

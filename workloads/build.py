@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.workloads.config import ROOT, WorkloadConfig, parse_workload_config
 from servelab.workloads.hashing import workload_hash
 from servelab.workloads.seeds import Stream, stream

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 
 _MARK = "\x00PASSAGE\x00"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.workloads.arrivals import ArrivalSpec, parse_arrival_spec
 from servelab.workloads.fields import Node
 from servelab.workloads.lengths import LengthSpec, parse_length_spec

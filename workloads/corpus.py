@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.workloads.text import text_section
 
 

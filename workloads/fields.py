@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 
 
 def plain(value: object) -> object:

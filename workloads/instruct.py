@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.workloads.chat import ChatFrame
 from servelab.workloads.corpus import Prompt, TextWindows
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.workloads.fields import Node
 
 DISTRIBUTIONS = ("fixed", "uniform_ratio", "uniform_range", "normal", "lognormal", "empirical")

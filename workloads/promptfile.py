@@ -16,7 +16,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.workloads.chat import chat_ids
 from servelab.workloads.corpus import Prompt
 from servelab.workloads.fields import Where

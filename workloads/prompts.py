@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.workloads.corpus import Prompt, TextCorpus, TextWindows, ordinary_ids
 from servelab.workloads.fields import Node
 from servelab.workloads.instruct import TASKS, instruct_prompts

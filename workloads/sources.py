@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.workloads.arrivals import sample_arrivals
 from servelab.workloads.config import ROOT, WorkloadConfig
 from servelab.workloads.corpus import Prompt

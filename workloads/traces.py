@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.workloads.fields import Node, Where
 from servelab.workloads.spec import Workload
 

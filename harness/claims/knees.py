@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.gate.spec import entry_name
 from servelab.harness.measure.bootstrap import DIRECTIONS, Outcome, verdict
 from servelab.harness.search.knee import Knee, knee_of_record

@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
+from servelab.base.errors import ConfigError
 from servelab.harness.claims.knees import KneeClaim, parse_knee_claims
-from servelab.harness.errors import ConfigError
 from servelab.harness.gate.spec import entry_name
 from servelab.harness.measure.bootstrap import Outcome
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from servelab.base.errors import ConfigError
 from servelab.harness.claims.knees import knee_measurement, read_knees
 from servelab.harness.claims.papers import parse_claims_file, read_measurements_path
 from servelab.harness.claims.record import claims_markdown, claims_record, render_claims
 from servelab.harness.commands.gate import GateArgs, run_gate
-from servelab.harness.errors import ConfigError
 from servelab.harness.gate.fingerprint import machine_fingerprint
 from servelab.harness.gate.spec import load_gate
 from servelab.harness.measure.rundir import write_json_atomic

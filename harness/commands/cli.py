@@ -12,7 +12,7 @@ import importlib
 import sys
 from types import ModuleType
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 
 VERBS = {
     "run": "servelab.harness.commands.run",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.runner.settings import CONF_DIR
 
 GROUPS = ("model", "workload", "strategy")

@@ -15,10 +15,11 @@ import dataclasses
 import json
 import time
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
+from servelab.base.errors import ConfigError
 from servelab.harness.commands.config import compose
-from servelab.harness.errors import ConfigError
 from servelab.harness.gate.collect import composed, measure, read_earlier
 from servelab.harness.gate.evaluate import evaluate
 from servelab.harness.gate.fingerprint import machine_fingerprint
@@ -27,6 +28,7 @@ from servelab.harness.gate.record import gate_record, render_gate
 from servelab.harness.gate.spec import POLICIES, GateSpec, load_gate
 from servelab.harness.measure.rundir import write_json_atomic
 from servelab.reports.gate_report import build_gate_report
+from servelab.reports.run_report import reported
 
 SUMMARY = "check a gate file's claims on runs measured side by side (exit 1 if one fails)"
 USAGE = """usage: servelab gate FILE [repeats=N] [inconclusive=pass|fail] [out=DIR] [from=DIR]
@@ -101,7 +103,12 @@ def run_gate(args: GateArgs) -> dict:
     out = args.out or root
     plan = plan_gate(spec, root, args.overrides)
     configs = composed(plan, compose)
-    data = read_earlier(plan, configs) if args.read_from else measure(plan, configs)
+    if args.read_from:
+        data = read_earlier(plan, configs)
+    else:
+        from servelab.harness.runner.run import run
+
+        data = measure(plan, configs, reported(partial(run, progress=False)))
     results = evaluate(spec, plan, data)
     elapsed = time.perf_counter() - start
     source = None if args.read_from is None else str(args.read_from)

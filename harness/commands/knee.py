@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.measure.rundir import REQUESTS, read_requests
 from servelab.harness.measure.slo import SLO
 from servelab.harness.search.ratio_knee import (

@@ -14,25 +14,26 @@ plan.json and plan.html under `plan.out_dir`.
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import statistics
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from servelab.base.errors import ConfigError
 from servelab.harness.commands.config import compose
-from servelab.harness.errors import ConfigError
 from servelab.harness.simulate.hardware import (
     BANDWIDTH_EFFICIENCY,
     COMPUTE_EFFICIENCY,
     STEP_OVERHEAD_S,
     hardware_preset,
 )
+from servelab.reports.plan_report import COLUMNS, build_plan_report
 
 SUMMARY = "devices each strategy needs for a traffic on GPU presets (simulated: a prediction)"
 USAGE = """usage: servelab plan slo.ttft_s=S slo.tpot_s=T [model=dummy-llama2-13b]
@@ -42,18 +43,6 @@ USAGE = """usage: servelab plan slo.ttft_s=S slo.tpot_s=T [model=dummy-llama2-13
 Per preset and strategy: weights, the KV memory left and the requests it holds, the
 sustained rate per device (the knee search on simulated runs), the devices plan.rate req/s
 needs and the cost per million output tokens. Predicted from published specifications."""
-
-COLUMNS = {
-    "hardware": "hardware",
-    "strategy": "strategy",
-    "weight_gb": "weights (GB)",
-    "kv_gb": "KV left (GB)",
-    "requests_held": "requests KV holds",
-    "sustained": "sustained (req/s per device)",
-    "devices": "devices",
-    "bound": "batch bounded by",
-    "cost_per_million": "cost per 1M output tokens",
-}
 
 
 @dataclass(frozen=True)
@@ -117,6 +106,7 @@ def plan_row(overrides: list[str], preset: str, strategy: str, settings: PlanSet
     from servelab.harness.runner.run import run
     from servelab.harness.runner.settings import engine_settings
     from servelab.harness.search.profile import search
+    from servelab.reports.run_report import reported
     from servelab.strategies.settings import strategy_settings
 
     cfg = compose([*overrides, f"strategy={strategy}"])
@@ -139,7 +129,7 @@ def plan_row(overrides: list[str], preset: str, strategy: str, settings: PlanSet
         f"search.requests={settings.requests}", f"search.max_requests={2 * settings.requests}",
         f"search.ceiling_requests={settings.requests}",  # enough at once to fill a device
     ]  # fmt: skip
-    (knee,) = search(searched, compose, lambda c, d: run(c, d, progress=False)).knees
+    (knee,) = search(searched, compose, reported(partial(run, progress=False))).knees
     bound = f"memory ({held} requests)"
     if held >= engine.max_batch_size:
         bound = f"step limit ({engine.max_batch_size} a batch)"
@@ -194,26 +184,6 @@ def render_table(rows: list[PlanRow], rate: float) -> str:
     return capture.get()
 
 
-def render_html(rows: list[PlanRow], rate: float, model: str) -> str:
-    head = "".join(f"<th>{html.escape(label)}</th>" for label in [*COLUMNS.values(), "note"])
-    body = "".join(
-        "<tr>"
-        + "".join(f"<td>{html.escape(_cell(row, key))}</td>" for key in COLUMNS)
-        + f"<td>{html.escape(row.note)}</td></tr>"
-        for row in rows
-    )
-    spread = spread_line(rows, rate)
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>servelab plan</title>"
-        "<style>body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;"
-        "padding:4px 8px}table{border-collapse:collapse}.caveat{color:#a00}</style></head>"
-        f"<body><h1>Devices for {rate:g} req/s of {html.escape(model)}</h1>"
-        f"<p class='caveat'>{html.escape(predicted_line())}</p>"
-        + (f"<p>{html.escape(spread)}</p>" if spread else "")
-        + f"<table><tr>{head}</tr>{body}</table></body></html>\n"
-    )
-
-
 def main(args: list[str]) -> None:
     node = compose(args).plan.engine
     args = [*(f"engine.{key}={value}" for key, value in node.items()), *args]  # args win
@@ -235,6 +205,6 @@ def main(args: list[str]) -> None:
         "rows": [asdict(row) for row in rows],
     }
     (settings.out_dir / "plan.json").write_text(json.dumps(record, indent=2) + "\n")
-    (settings.out_dir / "plan.html").write_text(render_html(rows, settings.rate, model))
+    build_plan_report(record, settings.out_dir / "plan.html")
     print(render_table(rows, settings.rate))
     print(f"plan.json and plan.html under {settings.out_dir}")

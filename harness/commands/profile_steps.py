@@ -26,15 +26,15 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from servelab.base.errors import ConfigError
+from servelab.base.records import StepRecord
 from servelab.harness.commands.config import compose
 from servelab.harness.commands.fit_steps import described_of
 from servelab.harness.engine.engine import Engine
 from servelab.harness.engine.shapes import DECODE, Shape, ShapeRunner
-from servelab.harness.errors import ConfigError
 from servelab.harness.measure.rundir import read_steps, write_json_atomic
 from servelab.harness.models.load import model_config_of
 from servelab.harness.models.model import ModelConfig
-from servelab.harness.records import StepRecord
 from servelab.harness.runner.backends.simulated import described_by, model_name
 from servelab.harness.runner.build import build_engine, kv_layout, load_for_strategy
 from servelab.harness.runner.settings import cache_dir_of

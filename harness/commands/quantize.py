@@ -22,9 +22,9 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from servelab.base.errors import ConfigError
 from servelab.harness.commands.config import compose, take_counts
 from servelab.harness.commands.verify import Served, serve_outputs
-from servelab.harness.errors import ConfigError
 from servelab.harness.measure.perplexity import window_logits
 from servelab.harness.measure.weights_quality import perplexity_entry, quality_path, record_quality
 from servelab.harness.runner.settings import cache_dir_of

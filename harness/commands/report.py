@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 
 SUMMARY = "HTML report of a run, or the comparison report of several runs or sweeps"
 USAGE = """usage: servelab report DIR [DIR ...] [--out FILE] [--baseline STRATEGY]

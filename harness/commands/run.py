@@ -12,8 +12,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from servelab.base.errors import ConfigError
 from servelab.harness.commands.config import CONF_DIR, check_group_choices
-from servelab.harness.errors import ConfigError
 
 SUMMARY = "run one configuration (the default verb; -m sweeps)"
 USAGE = """usage: servelab [OVERRIDE ...]        one run, e.g. strategy=vllm workload=offline
@@ -32,6 +32,7 @@ def main(args: list[str]) -> None:
     def job(cfg: DictConfig) -> None:
         from servelab.harness.measure.summary_table import render_summary
         from servelab.harness.runner.run import completed_summary, run
+        from servelab.reports.run_report import write_run_report
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         earlier = completed_summary(cfg, run_dir)
@@ -44,6 +45,7 @@ def main(args: list[str]) -> None:
         except ConfigError as error:
             print(f"servelab: error: {error}", file=sys.stderr)
             sys.exit(2)
+        write_run_report(run_dir)
         render_summary(summary, str(run_dir))
 
     check_group_choices([a for a in args if not a.startswith("-")])

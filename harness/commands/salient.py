@@ -26,9 +26,9 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from servelab.base.errors import ConfigError
 from servelab.harness.commands.config import compose
 from servelab.harness.commands.quantize import configured
-from servelab.harness.errors import ConfigError
 from servelab.harness.measure.perplexity import perplexity
 from servelab.harness.measure.rundir import write_json_atomic
 from servelab.harness.models.load import build_model, tokenizer_for

@@ -6,6 +6,7 @@ its plan, each probe as it ends, and the knees and their ratios at the end."""
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -146,9 +147,12 @@ def profiled(cfg: DictConfig, out_dir: Path) -> Path:
 
 def main(args: list[str]) -> None:
     from servelab.harness.runner.run import completed_summary, run
+    from servelab.reports.run_report import reported
+
+    probe = reported(partial(run, progress=False))
 
     def run_or_reuse(cfg: DictConfig, run_dir: Path) -> dict:
-        return completed_summary(cfg, run_dir) or run(cfg, run_dir, progress=False)
+        return completed_summary(cfg, run_dir) or probe(cfg, run_dir)
 
     result = search(
         args,

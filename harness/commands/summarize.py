@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 
 SUMMARY = "rebuild a run's summary and report from its records (a run killed mid-way)"
 USAGE = """usage: servelab summarize DIR [DIR ...]
@@ -16,12 +16,14 @@ incomplete and flagged (gates refuse it; a restarted sweep redoes it)."""
 
 def main(args: list[str]) -> None:
     from servelab.harness.runner.summarize import summarize_run
+    from servelab.reports.run_report import write_run_report
 
     if not args:
         raise ConfigError("summarize", USAGE.splitlines()[0])
     for arg in args:
         run_dir = Path(arg)
         summary = summarize_run(run_dir)
+        write_run_report(run_dir)
         flags = "; ".join(summary["flags"]) or "none"
         print(
             f"{run_dir}: {summary['status']}, {summary['completed']} completed, "

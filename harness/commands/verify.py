@@ -21,12 +21,12 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from servelab.base.batch import ForwardBatch
+from servelab.base.errors import ConfigError
 from servelab.harness.commands.config import check_group_choices, compose
-from servelab.harness.engine.batch import ForwardBatch
 from servelab.harness.engine.engine import Engine
 from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
 from servelab.harness.engine.step_update import StepResult
-from servelab.harness.errors import ConfigError
 from servelab.harness.models.model import AttentionFn, LlamaModel
 from servelab.harness.runner.replay import serve_all
 from servelab.harness.runner.run import Prepared, prepare

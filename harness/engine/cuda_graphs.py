@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from servelab.harness.engine.batch import (
+from servelab.base.batch import (
     AttentionFn,
     ForwardBatch,
     Layout,

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from servelab.base.errors import ConfigError
 from servelab.harness.engine.decoding import Decoder, Verification
 from servelab.harness.engine.kv_manager import KVManager
 from servelab.harness.engine.model_runner import Feed, Runner
@@ -22,7 +23,6 @@ from servelab.harness.engine.parallel_sampling import fork_samples
 from servelab.harness.engine.request import Request
 from servelab.harness.engine.scheduling import ScheduledSeq, Scheduler
 from servelab.harness.engine.step_update import StepOutput, StepResult, StepUpdate
-from servelab.harness.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The KV cache tensors and the arithmetic of what one token costs to store.
 
-Both KV strategies store keys and values in the same layout (see `harness.engine.batch`): per
+Both KV strategies store keys and values in the same layout (see `base.batch`): per
 layer, `[num_blocks, block_size, stored_kv_heads, head_dim]`. What differs between them is
 only how slots are handed out, which the KV managers in `strategies/kv` decide.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 
 _UNITS = {
     "": 1,

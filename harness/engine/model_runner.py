@@ -21,7 +21,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from servelab.harness.engine.batch import AttentionFn, ForwardBatch
+from servelab.base.batch import AttentionFn, ForwardBatch
 from servelab.harness.engine.cuda_graphs import DecodeGraphs, GraphsRecord
 from servelab.harness.engine.kv_cache import KVCache
 from servelab.harness.engine.kv_manager import KVManager

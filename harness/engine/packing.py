@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from servelab.harness.engine.batch import ForwardBatch
+from servelab.base.batch import ForwardBatch
 from servelab.harness.engine.kv_manager import KVManager
 from servelab.harness.engine.request import Request
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from servelab.harness.records import RequestRecord
+from servelab.base.records import RequestRecord
 
 
 class RequestState(Enum):

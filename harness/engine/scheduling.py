@@ -17,9 +17,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from servelab.base.errors import ConfigError
 from servelab.harness.engine.kv_manager import KVManager
 from servelab.harness.engine.request import Request
-from servelab.harness.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from servelab.base.records import StepRecord
 from servelab.harness.engine.decoding import Decoder, Verification
 from servelab.harness.engine.kv_manager import KVManager
 from servelab.harness.engine.model_runner import Feed, StepShape
 from servelab.harness.engine.parallel_sampling import Fork, SampleGroups
 from servelab.harness.engine.request import Request
 from servelab.harness.engine.scheduling import ScheduledSeq, Scheduler, SchedulerOutput
-from servelab.harness.records import StepRecord
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.gate.plan import GatePlan, PerplexitySlot, RunSlot
 from servelab.harness.runner.run import completed_summary, config_hash
 from servelab.harness.runner.settings import engine_settings
@@ -97,16 +97,18 @@ def read_earlier(plan: GatePlan, configs: dict[Path, DictConfig]) -> Measurement
     return Measurements(runs, perplexities)
 
 
-def measure(plan: GatePlan, configs: dict[Path, DictConfig]) -> Measurements:
-    """Run every slot in the plan's order, then measure every perplexity."""
+def measure(
+    plan: GatePlan, configs: dict[Path, DictConfig], run: Callable[[DictConfig, Path], dict]
+) -> Measurements:
+    """Run every slot in the plan's order with `run` (a configuration into its run directory,
+    the summary back), then measure every perplexity."""
     from servelab.harness.runner.perplexity import served_perplexity
-    from servelab.harness.runner.run import run
 
     runs = []
     total = len(plan.runs) + len(plan.perplexities)
     for number, slot in enumerate(plan.runs, start=1):
         start = time.perf_counter()
-        summary = run(configs[slot.run_dir], slot.run_dir, progress=False)
+        summary = run(configs[slot.run_dir], slot.run_dir)
         seconds = time.perf_counter() - start
         runs.append(RunMeasure(slot, summary, seconds))
         cell = slot.cell

@@ -20,13 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from servelab.base.records import RequestRecord
 from servelab.harness.gate.collect import Measurements, RunMeasure
 from servelab.harness.gate.plan import GatePlan
 from servelab.harness.gate.spec import Claim, GateSpec, Side
 from servelab.harness.measure.bootstrap import Interval, Outcome, bootstrap_interval, verdict
 from servelab.harness.measure.flags import refusals
 from servelab.harness.measure.rundir import read_requests
-from servelab.harness.records import RequestRecord
 
 
 @dataclass

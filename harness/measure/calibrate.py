@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.measure.meta import cpu_model_name
 from servelab.kernels.cpu_build import cpu_ops
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servelab.harness.records import RequestRecord, StepRecord
+from servelab.base.records import RequestRecord, StepRecord
 
 SEND_LAG_BOUND_S = 0.05
 ARRIVALS_P_BOUND = 0.001  # one run in a thousand sending the configured process is flagged

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from servelab.harness.records import RequestRecord
+from servelab.base.records import RequestRecord
 from servelab.workloads.arrivals import ArrivalSpec
 
 LATE_S = 0.010

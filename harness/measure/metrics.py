@@ -35,10 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from servelab.base.records import RequestRecord, StepRecord
 from servelab.harness.measure.roofline import run_utilisation
 from servelab.harness.measure.slo import SLO, RequestLatency
 from servelab.harness.measure.summary_schema import LATENCY_METRICS, STAT_KEYS
-from servelab.harness.records import RequestRecord, StepRecord
 from servelab.strategies.decoding.gamma import expected_speedup
 
 

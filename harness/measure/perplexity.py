@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-from servelab.harness.engine.batch import ForwardBatch
+from servelab.base.batch import ForwardBatch
 from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
 from servelab.harness.models.model import AttentionFn, LlamaModel
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from servelab.base.errors import ConfigError
+from servelab.base.records import StepRecord
 from servelab.harness.engine.step_update import StepResult
-from servelab.harness.errors import ConfigError
 from servelab.harness.measure.trace_steps import read_trace
-from servelab.harness.records import StepRecord
 
 TRACE_NAME = "profile_trace.json"
 SUMMARY_NAME = "profile.json"

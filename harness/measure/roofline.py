@@ -32,9 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from servelab.base.records import StepRecord
 from servelab.harness.engine.model_runner import attended_pairs
 from servelab.harness.models.model import ModelConfig
-from servelab.harness.records import StepRecord
 
 if TYPE_CHECKING:
     from servelab.harness.measure.calibrate import Peaks

@@ -29,7 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
-from servelab.harness.records import RequestRecord, StepRecord
+from servelab.base.records import RequestRecord, StepRecord
 
 SCHEMA_VERSION = 2
 BATCH_BYTES = 1 << 20  # what a batched writer holds before it writes

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
+
+from servelab.harness.measure.telemetry import sample_every
 
 FILE = "server_metrics.csv"
 COLUMNS = ("kv_usage_share", "running_requests", "waiting_requests")  # KV allocated, 0..1
@@ -141,14 +142,9 @@ class ServerMetricsScraper:
         self._file.close()
 
     def _run(self) -> None:
-        next_at = time.monotonic()
-        while True:
-            next_at = max(next_at + self.period_s, time.monotonic())
-            if self._stop.wait(next_at - time.monotonic()):
-                return
-            self._sample()
+        sample_every(self.period_s, self._stop, self._sample)
 
-    def _sample(self) -> None:
+    def _sample(self) -> bool:
         t = self.clock()
         try:
             values = self.gauges.scrape()
@@ -157,6 +153,7 @@ class ServerMetricsScraper:
         cells = ["" if c not in values else f"{values[c]:.4f}" for c in COLUMNS]
         self._writer.writerow([f"{t:.6f}", *cells])
         self._file.flush()
+        return True
 
 
 def server_metrics_summary(path: Path) -> dict[str, float | int | None] | None:

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 
 LIMITS = ("ttft_s", "tpot_s", "e2e_s", "normalized_latency_s")  # a limit on each latency
 PER_PROMPT_TOKEN = "ttft_per_prompt_token_s"  # what the TTFT limit grows by per prompt token

@@ -25,7 +25,7 @@ import psutil
 import pynvml
 import torch
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 
 MIB = 1024 * 1024
 
@@ -168,6 +168,16 @@ def _open_sources(device: torch.device) -> _Sources:
     return _Sources(gpu + host, "nvml", note, shutdown=pynvml.nvmlShutdown)
 
 
+def sample_every(period_s: float, stop: threading.Event, sample: Callable[[], bool]) -> None:
+    """Call `sample` every `period_s` (a late sample moves the next one, never doubles it)
+    until `stop` is set or `sample` returns False."""
+    next_at = time.monotonic()
+    while True:
+        next_at = max(next_at + period_s, time.monotonic())
+        if stop.wait(next_at - time.monotonic()) or not sample():
+            return
+
+
 class TelemetrySampler:
     """Background thread sampling the device every period into telemetry.csv.
 
@@ -254,13 +264,7 @@ class TelemetrySampler:
         self.stop()
 
     def _run(self) -> None:
-        next_at = time.monotonic()
-        while True:
-            next_at = max(next_at + self._period_s, time.monotonic())
-            if self._stop_event.wait(next_at - time.monotonic()):
-                return
-            if not self._guarded_sample():
-                return
+        sample_every(self._period_s, self._stop_event, self._guarded_sample)
 
     def _guarded_sample(self) -> bool:
         """Take one sample; on an unexpected error stop sampling and say why instead of raising."""

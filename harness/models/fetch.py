@@ -16,7 +16,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 
 DEFAULT_CACHE_DIR = Path("~/.cache/servelab").expanduser()
 

@@ -14,7 +14,7 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.models.model import ModelConfig
 
 _LAYER_NAMES = {

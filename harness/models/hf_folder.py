@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.models.model import ModelConfig
 
 AWQ_VERSIONS = ("gemm",)

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.models.dummy import DUMMY_SHAPES
 from servelab.harness.models.embedded import EMBEDDED_MODELS
 from servelab.harness.models.fetch import fetch_wheel_model, sha256_of

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from servelab.harness.engine.batch import AttentionFn, ForwardBatch
+from servelab.base.batch import AttentionFn, ForwardBatch
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ class DecoderLayer(nn.Module):
 
 class LayerRunner(Protocol):
     """Runs the whole decoder stack for the batches it accepts, in place of the modules (the
-    fused CPU decode path, `kernels.fused_decode`; the fused GPU layers, `kernels.gpu_layers`);
+    fused CPU decode path, `fused_decode`; the fused GPU layers, `gpu_layers`, both beside it);
     the same function, computed faster. It takes the rotary tables whole and reads them as it
     needs (the GPU layers gather them in their kernel)."""
 

@@ -27,6 +27,8 @@ from servelab.harness.engine.kv_cache import KVCache, KVLayout, allocate_kv_cach
 from servelab.harness.engine.model_runner import ModelRunner
 from servelab.harness.engine.scheduling import Scheduler, SchedulerLimits
 from servelab.harness.engine.step_update import StepUpdate
+from servelab.harness.models.fused_decode import fused_decode_layers
+from servelab.harness.models.gpu_layers import GpuLayers, gpu_layers
 from servelab.harness.models.load import (
     Checkpoint,
     LoadedModel,
@@ -38,8 +40,6 @@ from servelab.harness.models.model import LlamaModel, ModelConfig
 from servelab.harness.models.weights_format import CalibrationText, WeightsContext, WeightsFormat
 from servelab.harness.runner.settings import EngineSettings, cache_dir_of
 from servelab.kernels.attention import Attention, AttentionConfig
-from servelab.kernels.fused_decode import fused_decode_layers
-from servelab.kernels.gpu_layers import GpuLayers, gpu_layers
 from servelab.kernels.linear import pack_ahead
 from servelab.strategies.decoding.context import DecoderContext
 from servelab.strategies.factories import HeadsChoice, WeightsChoice

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.models.load import model_config_of
 from servelab.harness.models.model import LlamaModel
 from servelab.harness.runner.build import ServedModel, load_served

@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
+from servelab.base.records import RequestRecord, StepRecord
 from servelab.harness.engine.engine import Engine
 from servelab.harness.engine.request import Request
 from servelab.harness.engine.step_update import StepResult
-from servelab.harness.records import RequestRecord, StepRecord
 from servelab.harness.runner.early_stop import StoppedEarly, StopRecord
 
 IDLE_WAIT_S = 0.5  # longest a loop blocks on an empty inbox before looking again

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from servelab.base.errors import ConfigError
+from servelab.base.records import StepRecord
 from servelab.harness.engine.engine import Engine
 from servelab.harness.engine.request import Request
-from servelab.harness.errors import ConfigError
 from servelab.harness.measure.calibrate import Peaks, provenance, remeasure_if_beaten
 from servelab.harness.measure.flags import (
     PEAKS_BEATEN,
@@ -45,7 +45,6 @@ from servelab.harness.measure.server_metrics import server_metrics_summary
 from servelab.harness.measure.slo import SLO
 from servelab.harness.measure.telemetry import NoTelemetry, TelemetryResult, TelemetrySampler
 from servelab.harness.measure.weights_quality import read_quality, weights_summary
-from servelab.harness.records import StepRecord
 from servelab.harness.runner.backends import (
     ENGINE_LOOPS,
     STOPS_EARLY,
@@ -69,7 +68,6 @@ from servelab.harness.runner.step_delay import delay_flag, step_delay_s
 from servelab.harness.runner.warmup import Warmup, warm_up, warmup_shapes
 from servelab.kernels.int4_matmul import Int4Kernel
 from servelab.kernels.paths import RunKernels, kernel_record
-from servelab.reports.run_report import build_run_report
 from servelab.workloads.arrivals import parse_arrival_spec
 from servelab.workloads.build import build_workload
 from servelab.workloads.spec import Workload
@@ -309,7 +307,6 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
                 if key in meta:
                     summary[key] = meta[key]
             writer.json("summary.json", summary)
-            write_report(run_dir, records)
     return summary
 
 
@@ -323,15 +320,6 @@ def served_weights_summary(prepared: Prepared, cache_dir: Path) -> dict:
         served.weights.record(),
         read_quality(cache_dir, served.weights_id),
     )
-
-
-def write_report(run_dir: Path, records: RunRecords) -> None:
-    """The run's report.html, from the records its summary was made from; a report that cannot
-    be drawn never fails the run."""
-    try:
-        build_run_report(run_dir, records=records)
-    except Exception as exc:  # noqa: BLE001  (the measurements are already safe on disk)
-        logging.getLogger(__name__).warning("report.html not written: %s", exc)
 
 
 def peaks_record(peaks: Peaks, cache_dir: Path) -> dict:

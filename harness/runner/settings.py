@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from servelab.base.errors import ConfigError
 from servelab.harness.engine.kv_cache import parse_bytes
-from servelab.harness.errors import ConfigError
 from servelab.kernels.attention import IMPLS
 from servelab.kernels.capabilities import capabilities
 
@@ -46,7 +46,9 @@ class EngineSettings:
     max_batch_size: int
     max_num_batched_tokens: int
     attention: str
-    fused_decode: bool  # the fused layers where they apply (kernels/fused_decode.py, gpu_layers.py)
+    fused_decode: (
+        bool  # the fused layers where they apply (harness/models/fused_decode.py, gpu_layers.py)
+    )
     cuda_graphs: bool  # decode steps replayed from CUDA graphs where they apply
     seed: int
     warmup: bool  # each step-shape bucket run once before the measured window

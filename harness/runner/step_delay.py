@@ -12,8 +12,8 @@ import time
 
 from omegaconf import DictConfig
 
+from servelab.base.errors import ConfigError
 from servelab.harness.engine.step_update import StepResult
-from servelab.harness.errors import ConfigError
 
 KEY = "test_step_delay_s"
 

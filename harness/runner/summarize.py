@@ -15,11 +15,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.measure.flags import INCOMPLETE, Flag, add_flags
 from servelab.harness.measure.rundir import RunRecords, torn_tail, write_json_atomic
 from servelab.harness.measure.telemetry import TelemetryResult
-from servelab.harness.runner.run import summary_for, write_report
+from servelab.harness.runner.run import summary_for
 
 STOPPED = "the run stopped before writing its summary; rebuilt from its records"
 
@@ -69,7 +69,6 @@ def summarize_run(run_dir: Path) -> dict:
         summary["torn_lines"] = torn
     summary["rebuilt"] = True
     write_json_atomic(run_dir / "summary.json", summary)
-    write_report(run_dir, records)
     return summary
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
+from servelab.base.records import RequestRecord
 from servelab.harness.measure.rundir import read_requests
 from servelab.harness.measure.slo import SLO
-from servelab.harness.records import RequestRecord
 from servelab.harness.search.knee import Outcome, ProbeSpec
 from servelab.harness.search.ratio_knee import probe_ratios
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.measure.slo import LIMITS, SLO
 from servelab.harness.runner.backends import backend_of
 from servelab.harness.search.knee import Knee, KneeSettings, ProbeSeen, find_knees

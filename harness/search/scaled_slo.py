@@ -29,11 +29,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
+from servelab.base.records import RequestRecord
 from servelab.harness.measure.drift import DRIFT_LIMIT, Drift
 from servelab.harness.measure.metrics import request_latency
 from servelab.harness.measure.slo import PER_PROMPT_TOKEN
-from servelab.harness.records import RequestRecord
 
 
 @dataclass(frozen=True)

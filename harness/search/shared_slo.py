@@ -22,7 +22,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.measure.drift import Drift
 from servelab.harness.measure.slo import LIMITS, PER_PROMPT_TOKEN, SLO
 

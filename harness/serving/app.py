@@ -32,7 +32,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from transformers import PreTrainedTokenizerBase
 
-from servelab.harness.records import SUCCESS
+from servelab.base.records import SUCCESS
 from servelab.harness.serving import errors
 from servelab.harness.serving.engine_loop import Done, EngineLoop, Stream
 from servelab.harness.serving.errors import APIError

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
+from servelab.base.errors import ConfigError
+from servelab.base.records import StepRecord
 from servelab.harness.engine.model_runner import StepShape
-from servelab.harness.errors import ConfigError
-from servelab.harness.records import StepRecord
 
 TERMS = ("step", "seqs", "tokens", "logits_rows", "attended_pairs", "context_tokens")
 WARMUP_STEPS = 2  # each run's first steps, left out of a fit

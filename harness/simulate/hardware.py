@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.measure.roofline import ModelShape, work_of_counts
 from servelab.harness.simulate.cost_model import StepCounts
 

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
+from servelab.base.errors import ConfigError
 from servelab.harness.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
-from servelab.harness.errors import ConfigError
 from servelab.harness.measure.drift import DRIFT_LIMIT, Drift
 from servelab.harness.simulate.cost_model import (
     TERMS,

@@ -29,8 +29,8 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", default=["workload=offline"])
     args = parser.parse_args()
 
+    from servelab.base.errors import ConfigError
     from servelab.harness.commands.config import compose
-    from servelab.harness.errors import ConfigError
     from servelab.harness.models.load import model_config_of, tokenizer_for
     from servelab.harness.runner.settings import cache_dir_of
     from servelab.workloads.build import build_workload

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from servelab.base.errors import ConfigError
 from servelab.harness.engine.kv_manager import KVManager
 from servelab.harness.engine.request import Request, RequestState
 from servelab.harness.engine.scheduling import (
@@ -27,7 +28,6 @@ from servelab.harness.engine.scheduling import (
     SchedulerLimits,
     SchedulerOutput,
 )
-from servelab.harness.errors import ConfigError
 
 
 class QueueScheduler(Scheduler):

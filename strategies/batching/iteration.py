@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from servelab.base.errors import ConfigError
 from servelab.harness.engine.kv_manager import KVManager
 from servelab.harness.engine.request import Request
 from servelab.harness.engine.scheduling import (
@@ -24,7 +25,6 @@ from servelab.harness.engine.scheduling import (
     SchedulerLimits,
     SchedulerOutput,
 )
-from servelab.harness.errors import ConfigError
 from servelab.strategies.batching.base import QueueScheduler
 from servelab.strategies.registry import Option
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from servelab.harness.engine.batch import AttentionFn
+from servelab.base.batch import AttentionFn
 from servelab.harness.engine.kv_cache import KVCache
 from servelab.harness.engine.kv_manager import KVManager
 from servelab.harness.models.model import LlamaModel

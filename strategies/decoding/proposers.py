@@ -17,8 +17,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from servelab.base.errors import ConfigError
 from servelab.harness.engine.model_runner import ModelRunner
-from servelab.harness.errors import ConfigError
 from servelab.harness.models.model import LlamaModel, ModelConfig
 from servelab.strategies.decoding.context import DecoderContext
 from servelab.strategies.decoding.layerskip import early_exit

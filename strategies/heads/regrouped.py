@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.models.head_layout import HeadLayout
 from servelab.harness.models.load import Checkpoint
 from servelab.harness.models.model import ModelConfig

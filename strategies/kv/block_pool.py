@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 
 
 class BlockPool:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm import tqdm
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.models.load import Checkpoint, StateDict, build_model
 from servelab.harness.models.weights_format import WeightsContext
 from servelab.strategies.registry import Option

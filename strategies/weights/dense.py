@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.models.load import Checkpoint
 from servelab.harness.models.weights_format import WeightsContext, WeightsFormat
 from servelab.kernels.linear import packed_linear

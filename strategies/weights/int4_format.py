@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.models.load import Checkpoint, StateDict
 from servelab.harness.models.model import ModelConfig
 from servelab.harness.models.weights_format import WeightsContext, WeightsFormat

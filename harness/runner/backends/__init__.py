@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.runner.backends.base import Backend
 
 BACKENDS = ("inprocess", "openai", "hf_static", "hf_continuous", "simulated")

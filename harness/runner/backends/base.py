@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.measure.flags import Flag
 from servelab.harness.measure.rundir import RunRecords, RunWriter
 from servelab.harness.models.load import (

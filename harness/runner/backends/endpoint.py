@@ -32,8 +32,9 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from servelab.base.errors import ConfigError
+from servelab.base.records import RequestRecord
 from servelab.harness.engine.request import Request
-from servelab.harness.errors import ConfigError
 from servelab.harness.measure.flags import ESTIMATED, Flag
 from servelab.harness.measure.rundir import RunRecords, RunWriter
 from servelab.harness.measure.server_metrics import (
@@ -43,7 +44,6 @@ from servelab.harness.measure.server_metrics import (
     find_gauges,
 )
 from servelab.harness.measure.slo import SLO
-from servelab.harness.records import RequestRecord
 from servelab.harness.runner.backends.base import (
     Backend,
     PeerInputs,

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
+from servelab.base.errors import ConfigError
+from servelab.base.records import RequestRecord
 from servelab.harness.engine.request import Request
-from servelab.harness.errors import ConfigError
-from servelab.harness.records import RequestRecord
 from servelab.harness.runner.backends.endpoint_settings import EndpointSettings
 from servelab.harness.runner.collector import heap_frozen
 

@@ -17,7 +17,7 @@ import torch
 import transformers
 from omegaconf import DictConfig
 
-from servelab.harness.errors import ConfigError
+from servelab.base.errors import ConfigError
 from servelab.harness.measure.rundir import RunWriter
 from servelab.harness.models.load import load_model
 from servelab.harness.runner.backends.base import (

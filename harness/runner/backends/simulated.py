@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from servelab.base.errors import ConfigError
 from servelab.harness.engine.engine import Engine
 from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
 from servelab.harness.engine.step_update import StepUpdate
-from servelab.harness.errors import ConfigError
 from servelab.harness.measure.flags import SIMULATED, Flag
 from servelab.harness.measure.roofline import ModelShape
 from servelab.harness.measure.rundir import RunRecords, RunWriter

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from servelab.harness.engine.batch import ForwardBatch
+from servelab.base.batch import ForwardBatch
 from servelab.kernels.capabilities import capabilities
 from servelab.kernels.cpu_attention import FLASH_ROWS, plan_cpu
 from servelab.kernels.cpu_build import cpu_ops

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from servelab.harness.engine.batch import ForwardBatch
+from servelab.base.batch import ForwardBatch
 from servelab.kernels.attention import Attention
 from servelab.kernels.int4_linear import Int4Linear
 from servelab.kernels.layer_triton import add_rmsnorm, rotary_write_kv, silu_mul
