@@ -1,8 +1,7 @@
 """Decode steps on the CPU one C++ call per layer: the fused decoder layer and when it applies.
 
 At batch 1 the eager decoder layer dispatches some twenty small operators from Python, and
-that, not the weights' bytes, bounds a decode step (profiled on the development CPU: 27 ms
-per token against a 6 ms memory floor, 15 ms of it in oneDNN's matrix-vector products). The
+that, not the weights' bytes, bounds a decode step, several times its memory floor. The
 compiled operator `decode_layer` (`kernels/cpu/decode_layer.cpp`, one build per ISA level,
 `kernels.cpu_build`) runs a whole layer for a batch whose sequences all have few new tokens
 (decode steps and short verifications, fewer than the flash path takes, any batch size);
@@ -10,8 +9,7 @@ compiled operator `decode_layer` (`kernels/cpu/decode_layer.cpp`, one build per 
 (bfloat16 on a CPU), and the model runs its modules otherwise. Up to 8 rows its dense
 products are a matrix-vector loop; beyond, the panel products of `kernels/cpu/panel_gemm.h`
 on a copy of each weight packed for them, which prefetch the next weights while they
-multiply (a decode step of 64 sequences took 61 ms against 70 with oneDNN's products on the
-development CPU). Where the build lacks AVX-512 BF16 it multiplies on oneDNN's prepacked copy
+multiply. Where the build lacks AVX-512 BF16 it multiplies on oneDNN's prepacked copy
 where oneDNN multiplies bfloat16, else by the matrix-vector loop at every row count. Int4
 weights take the int4 loop for few rows where it pays (`int4_loop_block`), torch's int4
 kernel otherwise. The engine setting `engine.fused_decode` turns it

@@ -1,9 +1,9 @@
 """A run's clock: seconds since the run's time 0, which a replay may move past a span in which
 nothing was in flight (`replay.skip_idle`).
 
-A probe at a low rate spends most of its time waiting: fastertransformer near its knee on the
-default comparison (0.05 req/s, about 1.5 s a request served alone) is idle for over nine
-tenths of a 950 s probe, and a knee there takes hours of such probes to bracket. With no
+A probe at a low rate spends most of its time waiting: a strategy whose knee lies far below
+one request a second is idle for most of each probe near it, and a knee there takes hours of
+such probes to bracket. With no
 request in flight and none in the inbox, the engine holds no state that time changes: the
 next request finds it as it would after the wait. So the replay may jump the clock to the
 next arrival instead of sleeping until it. Every timestamp stays on this clock, so arrivals

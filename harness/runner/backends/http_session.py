@@ -1,9 +1,8 @@
 """The event loop and HTTP client one `backend=openai` run uses, opened before its clock.
 
 The client is aiohttp's: its connection pool hands out connections in constant time, where
-httpx's scans every connection per request and made a burst of 64 arrivals hundreds of
-milliseconds late on a loaded 2-core machine (send lag p50 110-520 ms, against 7-9 ms here
-with the connections opened beforehand). Setting up the client, the first pass through the
+httpx's scans every connection per request, which made a burst of arrivals hundreds of
+milliseconds late on a loaded machine. Setting up the client, the first pass through the
 async stack and each TCP connection cost milliseconds; paid during the replay they would
 make the first arrivals late. So the session is opened while the run is prepared: it asks
 the server for its model list through the same client, and opens as many keep-alive
