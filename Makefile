@@ -76,13 +76,14 @@ test-latest:
 # search.budget_s shared by all (from its start); one KV budget for all, small enough that
 # memory decides capacity (32 MiB of fp32 KV: 728 tokens on every machine, the dtype pinned
 # because the budget is in bytes); probes skip the spans with nothing in flight
-# (replay.skip_idle). Then one report over every probe. RUN_ARGS adds overrides
-# (search.slo_from=runs/comparison/DATE/TIME judges against an earlier run's SLO).
+# (replay.skip_idle). Then one report over every probe. RUN_ARGS adds overrides; RUN_SLO is
+# the SLO's one source (RUN_SLO=search.slo_from=runs/comparison/DATE/TIME judges against an
+# earlier search's SLO instead of scaling one here).
 COMPARISON_DIR ?= runs/comparison/$(NOW)
 NOW := $(shell date +%Y-%m-%d/%H-%M-%S)
-COMPARISON := workload=comparison engine.dtype=fp32 engine.kv_budget=32MiB \
-  search.slo_scale.ttft_s=8 search.slo_scale.normalized_latency_s=2 search.budget_s=840 \
-  replay.skip_idle=true
+RUN_SLO ?= search.slo_scale.ttft_s=8 search.slo_scale.normalized_latency_s=2
+COMPARISON := workload=comparison engine.dtype=fp32 engine.kv_budget=32MiB $(RUN_SLO) \
+  search.budget_s=840 replay.skip_idle=true
 run: $(STAMP)
 	$(VENV)/bin/servelab search $(COMPARISON) search.out_dir=$(COMPARISON_DIR) $(RUN_ARGS)
 	$(VENV)/bin/servelab report $(COMPARISON_DIR) --out $(COMPARISON_DIR)/report.html

@@ -315,8 +315,9 @@ def test_a_strategy_slowed_on_purpose_moves_its_knee_down_by_the_factor(tmp_path
 def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path) -> None:
     """`search.slo_scale`: one floor run of the first strategy, then every probe of every
     strategy runs under limits that are those multiples of it (one prompt length: TTFT's
-    line is its median, with no per-token part; a given per-token part is replaced too). The
-    multiples are wide: the tiny model's floor takes milliseconds, which a busy machine doubles."""
+    line is its median, with no per-token part; giving one too is refused, `test_shared_slo`).
+    The multiples are wide: the tiny model's floor takes milliseconds, which a busy machine
+    doubles."""
     import json
 
     from omegaconf import OmegaConf
@@ -331,7 +332,7 @@ def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path) -> None:
         "workload.output_len.value=6", "search.strategies=[fastertransformer,vllm]",
         "search.predict=false",
         "search.slo_scale.ttft_s=40", "search.slo_scale.normalized_latency_s=20",
-        "slo.ttft_s=99", "slo.ttft_per_prompt_token_s=1", "search.floor_requests=3",
+        "search.floor_requests=3",
         "search.ceiling_requests=4",
         "search.budget_s=0.01", f"search.out_dir={tmp_path}",
     ]  # fmt: skip

@@ -106,10 +106,10 @@ def test_a_source_that_cannot_be_repeated_is_refused(
 
 
 def test_a_repeat_judges_every_probe_against_the_first_search_s_slo(tmp_path) -> None:
-    """A scaled search, then the same search with `search.slo_from` on it and other limits
-    given: every probe of the repeat ran under the first search's limits exactly, both
-    record the one SLO, and the repeat sets its reference floor beside the first's and
-    measures its own drift."""
+    """A scaled search, then the same search with `search.slo_from` on it (refused with other
+    limits given beside it, before any run): every probe of the repeat ran under the first
+    search's limits exactly, both record the one SLO, and the repeat sets its reference floor
+    beside the first's and measures its own drift."""
     from servelab.harness.commands.config import compose
     from servelab.harness.runner.run import run
     from servelab.harness.search.profile import search
@@ -122,11 +122,12 @@ def test_a_repeat_judges_every_probe_against_the_first_search_s_slo(tmp_path) ->
     search([*TINY, *scaled, f"search.out_dir={first_dir}"], compose, run_quietly)
     first = json.loads((first_dir / "search.json").read_text())
     said: list[str] = []
-    search(
-        [*TINY, *scaled, "slo.tpot_s=5", f"search.slo_from={first_dir}",
-         f"search.out_dir={repeat_dir}"],
-        compose, run_quietly, say=said.append,
-    )  # fmt: skip
+    repeat_of_it = [*TINY, f"search.slo_from={first_dir}", f"search.out_dir={repeat_dir}"]
+    for other in (scaled, ["slo.tpot_s=5"]):  # a second source for a limit: refused, not run
+        with pytest.raises(ConfigError, match=r"search\.slo_from: each limit has one source"):
+            search([*repeat_of_it, *other], compose, run_quietly)
+    assert not repeat_dir.exists()
+    search(repeat_of_it, compose, run_quietly, say=said.append)
     out = "\n".join(said)
     repeat = json.loads((repeat_dir / "search.json").read_text())
     assert repeat["slo"] == first["slo"]
@@ -195,3 +196,14 @@ def test_a_search_whose_machine_slowed_widens_its_fitted_knees_by_the_drift(tmp_
         pytest.approx(fit["low"] / 1.25),
         pytest.approx(fit["high"] * 1.25),
     )
+
+
+def test_a_scaled_limit_given_again_is_refused_others_combine() -> None:
+    from servelab.harness.commands.config import compose
+    from servelab.harness.search.profile import SearchSettings
+
+    for given in ("slo.ttft_s=1", "slo.ttft_per_prompt_token_s=0.01"):  # TTFT's scale sets both
+        with pytest.raises(ConfigError, match=r"slo\.ttft\S*: each limit has one source"):
+            SearchSettings.of(compose(["search.slo_scale.ttft_s=8", given]))
+    settings = SearchSettings.of(compose(["search.slo_scale.ttft_s=8", "slo.tpot_s=0.2"]))
+    assert settings.slo_scale == {"ttft_s": 8.0}

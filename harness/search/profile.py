@@ -23,7 +23,7 @@ from pathlib import Path
 from omegaconf import DictConfig, open_dict
 
 from servelab.base.errors import ConfigError
-from servelab.harness.measure.slo import LIMITS, SLO
+from servelab.harness.measure.slo import LIMITS, PER_PROMPT_TOKEN, SLO
 from servelab.harness.runner.backends import backend_of
 from servelab.harness.search.knee import Knee, KneeSettings, ProbeSeen, find_knees
 from servelab.harness.search.probes import RunFn, RunProber, SimulatedClock
@@ -35,6 +35,23 @@ Say = Callable[[str], None]  # a line for the person watching, as the search goe
 # a strategy's config and a directory -> the file of a step-cost model of this machine for
 # it (`servelab profile-steps`, supplied by the command: a lower layer does not call it)
 Profiler = Callable[[DictConfig, Path], Path]
+
+
+SOURCES_RULE = (
+    "each limit has one source: search.slo_from (every limit, as the earlier search recorded "
+    "them), else search.slo_scale for the limits it names, else slo.* for the rest"
+)
+
+
+def one_source_each(scale: dict[str, float], slo_node: DictConfig, slo_from: object) -> None:
+    """Refuse two sources for one limit, before any run, with the rule that says which wins."""
+    given = {k for k in (*LIMITS, PER_PROMPT_TOKEN) if slo_node.get(k) is not None}
+    if slo_from is not None and (scale or given):
+        others = [f"search.slo_scale.{k}" for k in scale] + [f"slo.{k}" for k in sorted(given)]
+        raise ConfigError("search.slo_from", f"{SOURCES_RULE}; drop {', '.join(others)}")
+    both = sorted(scaled_keys(scale) & given)
+    if both:
+        raise ConfigError(f"slo.{both[0]}", f"{SOURCES_RULE}; search.slo_scale sets it too")
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,7 @@ class SearchSettings:
                 raise ConfigError(f"search.slo_scale.{key}", f"{value!r} must be positive")
         slo = SLO.of_config(cfg)
         given = node.get("slo_from")
+        one_source_each(slo_scale, cfg.slo, given)
         slo_from = None if given is None else read_source(str(given), slo.attainment)
         if not slo.configured and not slo_scale and slo_from is None:
             raise ConfigError(
