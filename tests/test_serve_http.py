@@ -283,6 +283,10 @@ def _assert_pool_full(http: httpx.Client, before: float) -> None:
 def test_client_gone_mid_stream_frees_its_kv(
     served: tuple[ServerProcess, Path], http: httpx.Client
 ) -> None:
+    idle = ("servelab_requests_running", "servelab_requests_waiting", "servelab_kv_slots_allocated")
+    # the server idle first: a request an earlier test left running would share the KV budget
+    # this request needs nearly all of, and could preempt it or be preempted
+    wait_for(lambda: not any(metrics(http)[name] for name in idle), 60.0, served[0])
     before = _cancelled(http)
     # as long as the KV budget holds (1,456 slots): a loaded machine can starve this client
     # while the server streams, and 400 tokens were once all sent before it read three
