@@ -26,6 +26,7 @@ from servelab.harness.commands.config import compose
 from servelab.harness.engine.request import Request, SamplingParams
 from servelab.harness.models.model import LlamaModel
 from servelab.harness.runner.replay import serve_all
+from servelab.harness.runner.spec import engine_spec
 from servelab.harness.runner.startup import start_engine
 from servelab.workloads.text import text_section
 
@@ -92,7 +93,7 @@ def bench(config: BenchConfig) -> Iterator[str]:
                     *config.overrides,
                 ]
             )
-            started = start_engine(cfg, time.perf_counter)
+            started = start_engine(engine_spec(cfg), time.perf_counter)
             served, engine = started.served, started.engine
             timer = LinearTimer(served.model)
             sampling = SamplingParams(max_tokens=config.steps, ignore_eos=True)

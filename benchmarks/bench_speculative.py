@@ -33,6 +33,7 @@ from servelab.harness.engine.request import Request
 from servelab.harness.measure.metrics import speculative_summary
 from servelab.harness.runner.replay import serve_all, to_request
 from servelab.harness.runner.run import Prepared, prepare
+from servelab.harness.runner.spec import run_spec
 
 
 @dataclass
@@ -68,7 +69,9 @@ def main() -> None:
     args = parser.parse_args()
     shared = [*args.overrides, f"engine.max_batch_size={args.batch}", "telemetry.roofline=false"]
     variants = [
-        Variant(label, prepare(compose([*shared, *label.split()]), time.perf_counter, False))
+        Variant(
+            label, prepare(run_spec(compose([*shared, *label.split()])), time.perf_counter, False)
+        )
         for label in [args.baseline, *args.variants]
     ]
     count = len(variants[0].prepared.workload.requests)

@@ -28,6 +28,7 @@ from servelab.harness.engine.engine import Engine
 from servelab.harness.engine.request import Request, SamplingParams
 from servelab.harness.measure.roofline import step_cost, utilisation
 from servelab.harness.runner.build import build_engine
+from servelab.harness.runner.spec import engine_spec
 from servelab.harness.runner.startup import start_engine
 
 CASES = ("prefill-3000", "prefill-8x200", "decode-64", "decode-1")
@@ -85,7 +86,7 @@ def main() -> None:
     cfg = compose(["strategy=vllm", "engine.kv_budget=512MiB", "engine.max_batch_size=64",
                    "engine.max_num_batched_tokens=4096", *args.overrides])  # fmt: skip
     clock_start = time.perf_counter()
-    started = start_engine(cfg, lambda: time.perf_counter() - clock_start)
+    started = start_engine(engine_spec(cfg), lambda: time.perf_counter() - clock_start)
     settings, strategy, served = started.settings, started.strategy, started.served
     roofline = started.roofline
     if roofline is None or roofline.peaks is None:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 from servelab.harness.commands.config import compose
 from servelab.harness.models.load import dummy_tokenizer_path
-from servelab.harness.runner.settings import cache_dir_of
+from servelab.harness.runner.settings import model_of
 
 
 def main() -> None:
     out = Path(sys.argv[1])
     cfg = compose(["model=dummy-tiny"])
-    source = dummy_tokenizer_path(cfg.model, cache_dir_of(cfg))
+    source = dummy_tokenizer_path(model_of(cfg))
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(source, out)
     print(f"{out}: the tokenizer of {source}")

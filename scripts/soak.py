@@ -95,12 +95,13 @@ def soak_engine(args: argparse.Namespace) -> dict:
     from servelab.harness.commands.config import compose
     from servelab.harness.engine.request import Request, SamplingParams
     from servelab.harness.runner.loop import EngineDriver, NothingScheduled
+    from servelab.harness.runner.spec import engine_spec
     from servelab.harness.runner.startup import start_engine
 
     torch.set_num_threads(1)
     cfg = compose([f"model={MODEL}", f"strategy={args.strategy}", *args.overrides])
     start = time.perf_counter()
-    started = start_engine(cfg, lambda: time.perf_counter() - start, progress=False)
+    started = start_engine(engine_spec(cfg), lambda: time.perf_counter() - start, progress=False)
     engine, strategy = started.engine, started.strategy
     driver = EngineDriver(engine, hooks=started.step_hooks())
     process = psutil.Process()

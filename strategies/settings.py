@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from servelab.strategies.batching import BATCHING
 from servelab.strategies.decoding import DECODING
-from servelab.strategies.decoding.proposers import PROPOSERS, DraftSource
+from servelab.strategies.decoding.proposers import PROPOSERS, DraftConfig, DraftSource
 from servelab.strategies.decoding.speculative import SpeculativeConfig
 from servelab.strategies.factories import (
     BatchingChoice,
@@ -44,6 +44,7 @@ class StrategySettings:
     weights: WeightsChoice
     decoding: DecodingChoice
     proposer: ProposerChoice  # read always, used by speculative decoding only
+    draft_weights: WeightsChoice | None  # proposer=draft: the draft model's weights format
 
     @property
     def draft_source(self) -> DraftSource | None:
@@ -69,6 +70,10 @@ class StrategySettings:
 
 def strategy_settings(node: DictConfig | dict) -> StrategySettings:
     """Every axis chosen from `node`, which names an option on each (the presets do)."""
+    proposer = PROPOSERS.choose(node)
+    draft_weights = None
+    if isinstance(proposer.config, DraftConfig):
+        draft_weights = WEIGHTS.choose({**node, "weights": proposer.config.draft_weights})
     return StrategySettings(
         name=str(node.get("name", "custom")),
         batching=BATCHING.choose(node),
@@ -77,5 +82,6 @@ def strategy_settings(node: DictConfig | dict) -> StrategySettings:
         heads=HEADS.choose(node),
         weights=WEIGHTS.choose(node),
         decoding=DECODING.choose(node),
-        proposer=PROPOSERS.choose(node),
+        proposer=proposer,
+        draft_weights=draft_weights,
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 from scripts.gpu_check_summary import steps_table
 from servelab.harness.commands.config import compose
 from servelab.harness.models.load import dummy_tokenizer_path
-from servelab.harness.runner.settings import cache_dir_of
+from servelab.harness.runner.settings import model_of
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = [
@@ -27,7 +27,7 @@ def test_the_check_runs_every_step_on_the_cpu_and_summarises_them(tmp_path: Path
     index unreachable: the check's own cache starts empty, and nothing is downloaded."""
     recipe = tmp_path / "recipe"
     cfg = compose(["model=dummy-tiny"])
-    shutil.copytree(dummy_tokenizer_path(cfg.model, cache_dir_of(cfg)), recipe / "tokenizer")
+    shutil.copytree(dummy_tokenizer_path(model_of(cfg)), recipe / "tokenizer")
     out = tmp_path / "check"
     env = {
         "PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": str(Path.home()),

@@ -16,8 +16,9 @@ import pytest
 from servelab.base.errors import ConfigError
 from servelab.harness.commands.config import compose
 from servelab.harness.models import load
+from servelab.harness.models.spec import model_spec
 from servelab.harness.runner.run import run
-from servelab.harness.runner.settings import cache_dir_of
+from servelab.harness.runner.settings import model_of
 
 ROOT = Path(__file__).resolve().parents[1]
 THIS_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -51,9 +52,7 @@ def test_the_recipes_wheels_load_for_their_python_only(tmp_path: Path, version: 
 def test_a_dummy_run_reads_the_recipes_tokenizer_and_downloads_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    borrowed = load.dummy_tokenizer_path(
-        compose(["model=dummy-tiny"]).model, cache_dir_of(compose([]))
-    )
+    borrowed = load.dummy_tokenizer_path(model_of(compose(["model=dummy-tiny"])))
     recipe = tmp_path / "recipe"
     recipe.mkdir()
     shutil.copytree(borrowed, recipe / "tokenizer")
@@ -76,4 +75,4 @@ def test_a_dummy_run_reads_the_recipes_tokenizer_and_downloads_nothing(
 def test_a_given_tokenizer_folder_without_one_is_refused_at_once(tmp_path: Path) -> None:
     cfg = compose(["model=dummy-tiny", f"model.tokenizer={tmp_path}"])
     with pytest.raises(ConfigError, match=r"^model\.tokenizer: .* holds no tokenizer\.json"):
-        load.tokenizer_for(cfg.model, tmp_path)
+        model_spec(cfg.model, tmp_path)

@@ -28,6 +28,7 @@ from servelab.harness.measure.load_generator import (
 from servelab.harness.runner.backends.base import peer_inputs
 from servelab.harness.runner.backends.endpoint_settings import endpoint_settings
 from servelab.harness.runner.backends.endpoint_workers import workers_for
+from servelab.harness.runner.settings import model_of
 from servelab.harness.serving.process import start_fake_server
 from servelab.reports.run_report import load_generator_rows
 from servelab.workloads.arrivals import ArrivalSpec
@@ -124,7 +125,8 @@ def test_worker_processes_send_exactly_the_schedule(tmp_path: Path) -> None:
     run_dir = tmp_path / "rate-200"
     assert json.loads((run_dir / "meta.json").read_text())["backend"]["workers"] == 3
     records = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
-    workload = peer_inputs(OmegaConf.load(run_dir / "config.yaml")).workload  # as it was drawn
+    recorded = OmegaConf.load(run_dir / "config.yaml")
+    workload = peer_inputs(model_of(recorded), recorded.workload).workload  # as it was drawn
     schedule = {spec.id: spec.arrival for spec in workload.requests}
     assert sorted(r["id"] for r in records) == sorted(schedule)  # each request once
     for record in records:  # each at its scheduled arrival, on the run's one clock

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from servelab.base.batch import ForwardBatch
 from servelab.harness.engine.request import Request, SamplingParams
 from servelab.harness.models.load import load_model
+from servelab.harness.models.spec import model_spec
 from servelab.workloads.text import section_chunks
 from tests.tiny import dense_attention, make_engine, serve, strategy
 
@@ -28,7 +29,7 @@ NEW_TOKENS = 24
 def ours(embedded_model_file: Path, tmp_path_factory: pytest.TempPathFactory):
     cfg = OmegaConf.create({"source": "embedded", "name": "smollm2-135m"})
     cache = embedded_model_file.parents[2]
-    return load_model(cfg, torch.float32, torch.device("cpu"), cache)
+    return load_model(model_spec(cfg, cache), torch.float32, torch.device("cpu"))
 
 
 @pytest.fixture(scope="module")

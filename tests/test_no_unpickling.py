@@ -87,6 +87,7 @@ def test_a_pickled_checkpoint_is_refused_unopened(tmp_path: Path) -> None:
     from servelab.harness.models.dummy import DUMMY_SHAPES
     from servelab.harness.models.hf_folder import hf_config_dict
     from servelab.harness.models.load import load_model
+    from servelab.harness.models.spec import model_spec
 
     marker = tmp_path / "unpickled"
 
@@ -103,5 +104,5 @@ def test_a_pickled_checkpoint_is_refused_unopened(tmp_path: Path) -> None:
 
     node = OmegaConf.create({"name": "hf", "source": "hf", "path": str(folder)})
     with pytest.raises(ConfigError, match=r"model.path: .* has no \*.safetensors files"):
-        load_model(node, torch.float32, torch.device("cpu"), tmp_path)
+        load_model(model_spec(node, tmp_path), torch.float32, torch.device("cpu"))
     assert not marker.exists()

@@ -15,6 +15,7 @@ from servelab.harness.commands.profile_steps import ProfileArgs, parse_args, pro
 from servelab.harness.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
 from servelab.harness.runner.backends.simulated import SimulatedBackend
 from servelab.harness.runner.run import run
+from servelab.harness.runner.spec import run_spec
 from servelab.harness.simulate.cost_model import TERMS, StepCostModel, StepCounts
 from servelab.harness.simulate.profile import Grid, ShapeTimer, fit_table
 from tests.conftest import servelab
@@ -165,10 +166,10 @@ def _simulated_timer(root: Path, seconds_per_unit: dict[str, float]) -> ShapeTim
     virtual clock the time these seconds per unit say."""
     path = root / "true.json"
     StepCostModel(seconds_per_unit, 0.0, {"model": "dummy-tiny"}).save(path)
-    backend = SimulatedBackend(
+    backend = SimulatedBackend(run_spec(
         compose([*TINY, "strategy=vllm", "workload=random", "workload.ignore_eos=true",
                  "engine.kv_budget=32MiB", "backend=simulated", f"simulate.cost_model={path}"])
-    )  # fmt: skip
+    ))  # fmt: skip
     engine = backend.engine
     return ShapeTimer(
         ShapeRunner(engine.runner, engine.kv, engine.decoder, 49152, clock=backend.clock)

@@ -6,7 +6,8 @@ import pytest
 
 from servelab.base.errors import ConfigError
 from servelab.harness.commands.config import compose
-from servelab.harness.runner.draft import check_drafting
+from servelab.harness.runner.draft import draft_model_of
+from servelab.harness.runner.settings import model_of
 from servelab.strategies.settings import strategy_settings
 from tests.tiny import make_engine, strategy, tiny_model
 
@@ -49,7 +50,7 @@ def test_a_drafter_that_cannot_work_is_refused_before_loading(
 ) -> None:
     cfg = compose(["model=dummy-tiny", *overrides])
     with pytest.raises(ConfigError) as error:
-        check_drafting(cfg, strategy_settings(cfg.strategy))
+        draft_model_of(model_of(cfg), strategy_settings(cfg.strategy))
     assert str(error.value).startswith(message)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from servelab.harness.commands.config import compose
 from servelab.harness.runner import build, startup
+from servelab.harness.runner.spec import engine_spec
 
 
 def test_peaks_are_calibrated_before_the_kv_cache_is_allocated(monkeypatch) -> None:
@@ -24,13 +25,13 @@ def test_peaks_are_calibrated_before_the_kv_cache_is_allocated(monkeypatch) -> N
     monkeypatch.setattr(startup, "measure_peaks", measured)
     monkeypatch.setattr(build, "allocate_kv_cache", allocated)
     cfg = compose(["model=dummy-tiny", "engine.dtype=fp32"])
-    started = startup.start_engine(cfg, clock=lambda: 0.0, progress=False)
+    started = startup.start_engine(engine_spec(cfg), clock=lambda: 0.0, progress=False)
     assert order == ["peaks", "kv cache"]
     assert started.roofline is not None
 
 
 def test_a_cpu_engine_times_no_gpu() -> None:
     cfg = compose(["model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false"])
-    started = startup.start_engine(cfg, clock=lambda: 0.0, progress=False)
+    started = startup.start_engine(engine_spec(cfg), clock=lambda: 0.0, progress=False)
     assert not any(isinstance(h, startup.GpuTimeHook) for h in started.step_hooks())
     assert started.engine.runner.gpu_seconds() is None

@@ -13,6 +13,7 @@ from servelab.harness.commands.config import compose
 from servelab.harness.engine.shapes import DECODE, PREFILL, Shape
 from servelab.harness.measure.rundir import read_requests
 from servelab.harness.runner.run import prepare, run
+from servelab.harness.runner.spec import run_spec
 from servelab.harness.runner.warmup import powers_up_to, warm_up, warmup_shapes
 
 TINY = [
@@ -34,7 +35,9 @@ def test_the_buckets_double_up_to_the_most_the_run_can_use() -> None:
 
 @pytest.mark.parametrize("strategy", ["vllm", "fastertransformer"])
 def test_a_warm_up_leaves_the_kv_cache_as_it_found_it(strategy: str) -> None:
-    prepared = prepare(compose([*TINY, f"strategy={strategy}"]), clock=lambda: 0.0, progress=False)
+    prepared = prepare(
+        run_spec(compose([*TINY, f"strategy={strategy}"])), clock=lambda: 0.0, progress=False
+    )
     warmup = prepared.warmup
     assert warmup is not None and warmup.seconds > 0
     assert [s.rows for s in warmup.shapes if s.kind == DECODE] == [1, 2, 4, 6]
@@ -64,12 +67,12 @@ def test_a_run_records_its_warm_up_apart_and_serves_the_same_tokens(tmp_path: Pa
 
 def test_warmup_must_be_true_or_false() -> None:
     with pytest.raises(ConfigError, match="engine.warmup: 'yes' is not true or false"):
-        prepare(compose([*TINY, "engine.warmup=yes"]), clock=lambda: 0.0, progress=False)
+        prepare(run_spec(compose([*TINY, "engine.warmup=yes"])), clock=lambda: 0.0, progress=False)
 
 
 def test_a_shape_the_kv_cache_cannot_hold_is_skipped_and_nothing_is_held() -> None:
     cfg = compose([*TINY, "strategy=vllm", "engine.warmup=false", "engine.kv_budget=1MiB"])
-    prepared = prepare(cfg, clock=lambda: 0.0, progress=False)
+    prepared = prepare(run_spec(cfg), clock=lambda: 0.0, progress=False)
     vocab = prepared.served.loaded.config.vocab_size
     too_many, one = Shape(DECODE, 4096, 1, 16), Shape(DECODE, 1, 1, 16)
     warmup = warm_up(prepared.engine, vocab, [too_many, one], progress=False)

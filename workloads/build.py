@@ -21,10 +21,11 @@ _SEED_LIMIT = 2**31 - 1
 
 
 def build_workload(cfg: object, tokenizer: PreTrainedTokenizerBase, max_context: int) -> Workload:
-    """The requests that `cfg` (the `workload` node) describes, arrival-ordered and hashed."""
+    """The requests that `cfg` (the `workload` node, or it parsed) describes, arrival-ordered
+    and hashed."""
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
         raise ConfigError("max_context", f"is {max_context!r}; give the model's context length")
-    config = parse_workload_config(cfg)
+    config = cfg if isinstance(cfg, WorkloadConfig) else parse_workload_config(cfg)
     draft = draft_requests(config, tokenizer, max_context)
     seeds = stream(config.seed, Stream.SAMPLING).integers(0, _SEED_LIMIT, size=len(draft.ids))
     order = np.argsort(draft.arrivals, kind="stable")

@@ -108,10 +108,10 @@ def main(args: list[str]) -> None:
 
 def kv_size_main(cfg: DictConfig, context: int, batch: int) -> str:
     from servelab.harness.models.load import model_config_of
-    from servelab.harness.runner.settings import cache_dir_of, engine_settings
+    from servelab.harness.runner.settings import engine_settings, model_of
 
     settings = engine_settings(cfg.engine)
-    config = model_config_of(cfg.model, cache_dir_of(cfg))
+    config = model_config_of(model_of(cfg))
     requested = str(cfg.strategy.heads)
     layouts = ["mha", "gqa", "mqa"] + (
         [requested] if requested not in ("mha", "gqa", "mqa") else []

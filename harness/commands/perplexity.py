@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from servelab.harness.commands.config import compose, take_counts
 from servelab.harness.runner.perplexity import served_perplexity
+from servelab.harness.runner.spec import engine_spec
 
 SUMMARY = "perplexity on held-out text of the model as a strategy serves it (heads, weights)"
 USAGE = """usage: servelab perplexity [windows=N] [strategy.heads=...] [strategy.weights=...]
@@ -18,4 +19,4 @@ calibration) and prints the perplexity."""
 
 def main(args: list[str]) -> None:
     numbers, rest = take_counts(args, {"windows": 16})
-    print(served_perplexity(compose(rest), numbers["windows"]).describe())
+    print(served_perplexity(engine_spec(compose(rest)), numbers["windows"]).describe())

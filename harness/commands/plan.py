@@ -104,17 +104,17 @@ def plan_row(overrides: list[str], preset: str, strategy: str, settings: PlanSet
     from servelab.harness.runner.backends.simulated import derived_timing, meta_model
     from servelab.harness.runner.build import kv_layout
     from servelab.harness.runner.run import run
-    from servelab.harness.runner.settings import engine_settings
+    from servelab.harness.runner.settings import engine_settings, model_of
     from servelab.harness.search.profile import search
     from servelab.reports.run_report import reported
     from servelab.strategies.settings import strategy_settings
 
     cfg = compose([*overrides, f"strategy={strategy}"])
-    engine = engine_settings(cfg.engine)
-    model = meta_model(cfg, strategy_settings(cfg.strategy))
+    engine, model_spec = engine_settings(cfg.engine), model_of(cfg)
+    model = meta_model(model_spec, strategy_settings(cfg.strategy))
     timing = derived_timing(hardware_preset(preset), model, engine.dtype)
     kv_bytes = settings.memory_utilization * timing.hardware.memory_bytes - timing.weight_bytes
-    requests = peer_inputs(cfg).workload.requests
+    requests = peer_inputs(model_spec, cfg.workload).workload.requests
     mean_tokens = statistics.mean(len(r.prompt_ids) + r.max_tokens for r in requests)
     mean_output = statistics.mean(r.max_tokens for r in requests)
     held = int(max(kv_bytes, 0) // (kv_layout(model, engine.dtype).bytes_per_token * mean_tokens))

@@ -35,10 +35,9 @@ from servelab.harness.engine.shapes import DECODE, Shape, ShapeRunner
 from servelab.harness.measure.rundir import read_steps, write_json_atomic
 from servelab.harness.models.load import model_config_of
 from servelab.harness.models.model import ModelConfig
-from servelab.harness.runner.backends.simulated import described_by, model_name
+from servelab.harness.runner.backends.simulated import described_by
 from servelab.harness.runner.build import build_engine, kv_layout, load_for_strategy
-from servelab.harness.runner.settings import cache_dir_of
-from servelab.harness.runner.startup import Checked, check_settings
+from servelab.harness.runner.spec import EngineSpec, engine_spec
 from servelab.harness.simulate.cost_model import (
     TERMS,
     StepCostModel,
@@ -173,16 +172,16 @@ def profile_steps(
     shapes = grid.shapes()
     for n in every:
         check_fittable(len(every_nth(shapes, n)), "profile.subsets")
-    checked = check_settings(cfg)
+    checked = engine_spec(cfg)
     if isinstance(checked.strategy.decoding.config, SpeculativeConfig):
         raise ConfigError("strategy.decoding", "profile the target alone: set it to standard")
-    config = model_config_of(cfg.model, cache_dir_of(cfg))  # from its file, without weights
+    config = model_config_of(checked.model)  # from its file, without weights
     check_context(config, shapes)
-    described = described_by(checked.settings, checked.strategy, model_name(cfg))
+    described = described_by(checked.settings, checked.strategy, checked.model.name)
     held_out = held_out_steps(run_dirs, described)
-    model_path = Path(options.out or f"runs/profile/{model_name(cfg)}-{described['dtype']}.json")
+    model_path = Path(options.out or f"runs/profile/{checked.model.name}-{described['dtype']}.json")
     table_path = Path(options.table or model_path.with_suffix(".grid.json"))
-    engine = profiling_engine(cfg, checked, grid, progress)
+    engine = profiling_engine(checked, grid, progress)
     timer = ShapeTimer(
         ShapeRunner(engine.runner, engine.kv, engine.decoder, config.vocab_size, options.seed)
     )
@@ -224,13 +223,13 @@ def held_out_steps(run_dirs: list[Path], described: dict[str, str]) -> list[Step
     return steps
 
 
-def profiling_engine(cfg: DictConfig, checked: Checked, grid: Grid, progress: bool) -> Engine:
+def profiling_engine(checked: EngineSpec, grid: Grid, progress: bool) -> Engine:
     """The engine serving the configured model as the strategy serves it (loaded as a run
     loads it), its KV cache sized to hold the grid's largest shape whatever
     `engine.kv_budget` says."""
     settings, strategy = checked.settings, checked.strategy
     torch.manual_seed(settings.seed)
-    served = load_for_strategy(cfg, settings, strategy, progress)
+    served = load_for_strategy(checked.model, settings, strategy, progress)
     per_token = kv_layout(served.model, settings.dtype).bytes_per_token
     slots = grid.kv_slots(strategy.kv_block_size)
     sized = replace(settings, kv_budget_bytes=slots * per_token, kv_budget_fraction=None)

@@ -33,13 +33,14 @@ from servelab.harness.measure.perplexity import perplexity
 from servelab.harness.measure.rundir import write_json_atomic
 from servelab.harness.models.load import build_model, tokenizer_for
 from servelab.harness.models.model import LlamaModel
+from servelab.harness.models.spec import ModelSpec
 from servelab.harness.models.weights_format import CalibrationText, WeightsContext
 from servelab.harness.runner.build import ServedModel, calibration_text, load_for_strategy
 from servelab.harness.runner.settings import (
     EngineSettings,
-    cache_dir_of,
     dtype_name,
     engine_settings,
+    model_of,
 )
 from servelab.kernels.attention import Attention, AttentionConfig
 from servelab.kernels.linear import pack_ahead
@@ -130,13 +131,14 @@ class Setup:
     """The configured model and the strategies the rows are served under (in float32)."""
 
     cfg: DictConfig  # serving int4-awq, whose keys (group size, calibration) every row reads
+    model: ModelSpec
     settings: EngineSettings
     dense: StrategySettings
     awq: StrategySettings
 
     @property
     def cache_dir(self) -> Path:
-        return cache_dir_of(self.cfg)
+        return self.model.cache_dir
 
 
 def variants(fraction: float) -> tuple[Variant, ...]:
@@ -177,6 +179,7 @@ def setup(cfg: DictConfig) -> Setup:
     dense_cfg, awq_cfg = configured(cfg, "dense"), configured(cfg, "int4-awq")
     return Setup(
         awq_cfg,
+        model_of(awq_cfg),
         engine_settings(awq_cfg.engine),
         strategy_settings(dense_cfg.strategy),
         strategy_settings(awq_cfg.strategy),
@@ -189,8 +192,8 @@ def salient_main(
     """Measure every variant under `cfg`, write the record to `path` and return it."""
     start = time.perf_counter()
     run = setup(cfg)
-    dense = load_for_strategy(run.cfg, run.settings, run.dense, progress)
-    calibration = calibration_text(run.cfg.model, run.cache_dir)
+    dense = load_for_strategy(run.model, run.settings, run.dense, progress)
+    calibration = calibration_text(run.model)
     awq = run.awq.weights.config
     windows = calibration_windows(
         calibration.token_ids(), awq.calibration_samples, awq.calibration_seq_len
@@ -216,7 +219,7 @@ def salient_main(
 
 def held_out(run: Setup, dense: ServedModel, windows: int) -> Evaluation:
     """The first `windows` windows of the evaluation text, in the model's tokens."""
-    tokenizer = dense.loaded.tokenizer or tokenizer_for(run.cfg.model, run.cache_dir)
+    tokenizer = dense.loaded.tokenizer or tokenizer_for(run.model)
     return Evaluation(
         tokenizer.encode(text_section("evaluation")),
         Attention(AttentionConfig(impl=run.settings.attention), run.settings.device),

@@ -124,16 +124,15 @@ def profiled(cfg: DictConfig, out_dir: Path) -> Path:
     model served (strategies that serve the same one share it)."""
     from servelab.harness.commands.profile_steps import ProfileArgs, profile_steps
     from servelab.harness.models.load import model_config_of
-    from servelab.harness.runner.backends.simulated import described_by, model_name
-    from servelab.harness.runner.settings import cache_dir_of
-    from servelab.harness.runner.startup import check_settings
+    from servelab.harness.runner.backends.simulated import described_by
+    from servelab.harness.runner.spec import engine_spec
 
-    checked = check_settings(cfg)
-    described = described_by(checked.settings, checked.strategy, model_name(cfg))
+    checked = engine_spec(cfg)
+    described = described_by(checked.settings, checked.strategy, checked.model.name)
     path = out_dir / ("steps-" + "-".join(described.values()) + ".json")
     if not path.exists():
         print(f"profiling this machine's steps for the prediction ({path})", flush=True)
-        context = model_config_of(cfg.model, cache_dir_of(cfg)).max_context
+        context = model_config_of(checked.model).max_context
         room = {"prefill_tokens": context - max(PREDICTION_GRID["prefill_cached"]),
                 "decode_context": context}  # fmt: skip
         within = {

@@ -30,6 +30,7 @@ from servelab.harness.engine.step_update import StepResult
 from servelab.harness.models.model import AttentionFn, LlamaModel
 from servelab.harness.runner.replay import serve_all
 from servelab.harness.runner.run import Prepared, prepare
+from servelab.harness.runner.spec import run_spec
 
 REFERENCE = "fastertransformer"
 SUMMARY = "each strategy's greedy tokens against static batching, with margins at divergences"
@@ -71,7 +72,7 @@ class Served:
 def serve_outputs(cfg: DictConfig) -> Served:
     """Serve the workload offline under `cfg`."""
     start = time.perf_counter()
-    prepared = prepare(cfg, lambda: time.perf_counter() - start)
+    prepared = prepare(run_spec(cfg), lambda: time.perf_counter() - start)
     requests = prepared.requests
     if any(not r.sampling.greedy for r in requests):
         raise ConfigError("workload.sampling.temperature", "verify compares greedy outputs; use 0")

@@ -14,13 +14,13 @@ few example prompts of the composed workload."""
 
 def main(args: list[str]) -> None:
     from servelab.harness.models.load import model_config_of, tokenizer_for
-    from servelab.harness.runner.settings import cache_dir_of
+    from servelab.harness.runner.settings import model_of
     from servelab.workloads.build import build_workload
     from servelab.workloads.show import render_workload
 
     if not args or args[0] != "show":
         raise ConfigError("workload", USAGE.splitlines()[0])
     cfg = compose(args[1:])
-    tokenizer = tokenizer_for(cfg.model, cache_dir_of(cfg))
-    max_context = model_config_of(cfg.model, cache_dir_of(cfg)).max_context
+    tokenizer = tokenizer_for(model_of(cfg))
+    max_context = model_config_of(model_of(cfg)).max_context
     print(render_workload(build_workload(cfg.workload, tokenizer, max_context), max_context))

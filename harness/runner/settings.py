@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
 from servelab.harness.engine.kv_cache import parse_bytes
+from servelab.harness.models.spec import ModelSpec, model_spec
 from servelab.kernels.attention import IMPLS
 from servelab.kernels.capabilities import capabilities
 
@@ -52,6 +53,7 @@ class EngineSettings:
     cuda_graphs: bool  # decode steps replayed from CUDA graphs where they apply
     seed: int
     warmup: bool  # each step-shape bucket run once before the measured window
+    device_fallback: str | None = None  # why engine.device=auto runs on the CPU beside a GPU
 
 
 def _choice(node: DictConfig, key: str, allowed: tuple[str, ...], prefix: str) -> str:
@@ -89,6 +91,11 @@ def api_key_from_env(name: object, field: str) -> str | None:
 def cache_dir_of(cfg: DictConfig) -> Path:
     """Where model files and measured machine peaks are cached (`engine.cache_dir`)."""
     return Path(str(cfg.engine.get("cache_dir", "~/.cache/servelab"))).expanduser()
+
+
+def model_of(cfg: DictConfig) -> ModelSpec:
+    """The run's model (`model`), checked, cached under `engine.cache_dir`."""
+    return model_spec(cfg.model, cache_dir_of(cfg))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -145,7 +152,8 @@ def choose_dtype(name: str, device: torch.device) -> tuple[str, str]:
 
 
 def engine_settings(node: DictConfig) -> EngineSettings:
-    device = resolve_device(str(node.get("device", "auto")))
+    asked = str(node.get("device", "auto"))
+    device = resolve_device(asked)
     dtype_name, dtype_reason = choose_dtype(str(node.get("dtype", "auto")), device)
     budget = node.get("kv_budget")
     fraction = None
@@ -171,4 +179,5 @@ def engine_settings(node: DictConfig) -> EngineSettings:
         cuda_graphs=_choice(node, "cuda_graphs", CUDA_GRAPHS, "engine") == "auto",
         seed=int(node.get("seed", 0)),
         warmup=_flag(node, "warmup", "engine"),
+        device_fallback=cpu_fallback_note() if asked == "auto" and device.type == "cpu" else None,
     )

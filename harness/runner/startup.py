@@ -1,7 +1,7 @@
-"""Start-up: from a composed config to a built engine, the one sequence everything uses.
+"""Start-up: from an `EngineSpec` to a built engine, the one sequence everything uses.
 
 Runs, the HTTP server, the soak script and the benchmarks all start an engine here, in the
-same order: typed settings (every cheap check before anything loads), the seed, the model as
+same order (`engine_spec` made every cheap check before anything loads): the seed, the model as
 the strategy serves it, a draft model if the strategy drafts with one, the tokenizer, (unless
 `telemetry.roofline=false`) this machine's calibrated peaks for the roofline counters, then
 the engine: calibration runs before the KV cache is allocated, so its buffers fit beside
@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
 from servelab.harness.engine.engine import Engine
@@ -26,11 +25,12 @@ from servelab.harness.measure.calibrate import Peaks, measure_peaks
 from servelab.harness.measure.roofline import ModelShape, StepRoofline
 from servelab.harness.models.load import tokenizer_for
 from servelab.harness.runner.build import ServedModel, build_engine, load_for_strategy
-from servelab.harness.runner.draft import check_drafting, load_draft
+from servelab.harness.runner.draft import load_draft
 from servelab.harness.runner.loop import StepHook
-from servelab.harness.runner.settings import EngineSettings, cache_dir_of, engine_settings
-from servelab.harness.runner.step_delay import StepDelay, step_delay_s
-from servelab.strategies.settings import StrategySettings, strategy_settings
+from servelab.harness.runner.settings import EngineSettings
+from servelab.harness.runner.spec import EngineSpec
+from servelab.harness.runner.step_delay import StepDelay
+from servelab.strategies.settings import StrategySettings
 
 
 @dataclass
@@ -58,45 +58,19 @@ class Started:
         return hooks
 
 
-@dataclass(frozen=True)
-class Checked:
-    """The settings every check that needs nothing loaded gave."""
-
-    settings: EngineSettings
-    strategy: StrategySettings
-    step_delay_s: float
-
-
-def check_settings(cfg: DictConfig) -> Checked:
-    """Every check that needs nothing loaded: engine and strategy settings, the test delay,
-    the draft model against the target."""
-    settings = engine_settings(cfg.engine)
-    strategy = strategy_settings(cfg.strategy)
-    delay = step_delay_s(cfg.engine)
-    check_drafting(cfg, strategy)
-    return Checked(settings, strategy, delay)
-
-
-def start_engine(
-    cfg: DictConfig,
-    clock: Callable[[], float],
-    progress: bool = True,
-    checked: Checked | None = None,
-) -> Started:
-    """The engine `cfg` describes; `checked`, when the caller already ran `check_settings`
-    (the server does, before it binds its port)."""
-    checked = checked or check_settings(cfg)
-    settings, strategy = checked.settings, checked.strategy
+def start_engine(spec: EngineSpec, clock: Callable[[], float], progress: bool = True) -> Started:
+    """The engine `spec` describes (`engine_spec` made every check that needs nothing loaded)."""
+    settings, strategy = spec.settings, spec.strategy
     torch.manual_seed(settings.seed)
-    served = load_for_strategy(cfg, settings, strategy, progress)
-    draft_model = load_draft(cfg, settings, strategy, served, progress)
-    tokenizer = served.loaded.tokenizer or tokenizer_for(cfg.model, cache_dir_of(cfg))
+    served = load_for_strategy(spec.model, settings, strategy, progress)
+    draft_model = load_draft(spec.draft, settings, strategy, served, progress)
+    tokenizer = served.loaded.tokenizer or tokenizer_for(spec.model)
     roofline = None
-    if cfg.telemetry.get("roofline", True):  # before the KV cache takes the memory it measures in
-        peaks = measure_peaks(settings.device, settings.dtype, cache_dir_of(cfg))
+    if spec.roofline:  # before the KV cache takes the memory it measures in
+        peaks = measure_peaks(settings.device, settings.dtype, spec.cache_dir)
         roofline = roofline_of(served, settings, peaks)
     engine = build_engine(served.model, settings, strategy, clock, draft_model)
-    return Started(settings, strategy, served, tokenizer, engine, roofline, checked.step_delay_s)
+    return Started(settings, strategy, served, tokenizer, engine, roofline, spec.step_delay_s)
 
 
 def roofline_of(served: ServedModel, settings: EngineSettings, peaks: Peaks) -> StepRoofline:

@@ -20,6 +20,7 @@ from servelab.harness.measure.flags import INCOMPLETE, Flag, add_flags
 from servelab.harness.measure.rundir import RunRecords, torn_tail, write_json_atomic
 from servelab.harness.measure.telemetry import TelemetryResult
 from servelab.harness.runner.run import summary_for
+from servelab.harness.runner.spec import run_record
 
 STOPPED = "the run stopped before writing its summary; rebuilt from its records"
 
@@ -33,6 +34,7 @@ def summarize_run(run_dir: Path) -> dict:
         )
     cfg = OmegaConf.load(config)
     assert isinstance(cfg, DictConfig)
+    record = run_record(cfg)
     meta = _read_json(run_dir / "meta.json") or {}
     earlier = _read_json(run_dir / "summary.json")
     workload = (
@@ -41,14 +43,14 @@ def summarize_run(run_dir: Path) -> dict:
         meta.get("workload_requests"),
     )
     strategy = meta.get("strategy")
-    if str(cfg.get("backend", "inprocess")) == "inprocess":
-        strategy = OmegaConf.to_container(cfg.strategy, resolve=True)
+    if record.backend == "inprocess":
+        strategy = record.strategy
     error = earlier.get("error") if earlier else STOPPED
     records = RunRecords.read(run_dir)
     summary = summary_for(
         run_dir,
         records,
-        cfg,
+        record,
         workload,
         _telemetry(run_dir),
         error,

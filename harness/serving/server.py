@@ -26,7 +26,8 @@ from servelab.harness.engine.kv_cache import parse_bytes
 from servelab.harness.measure.rundir import RunWriter
 from servelab.harness.runner.loop import EngineDriver
 from servelab.harness.runner.settings import api_key_from_env
-from servelab.harness.runner.startup import check_settings, start_engine
+from servelab.harness.runner.spec import engine_spec
+from servelab.harness.runner.startup import start_engine
 from servelab.harness.serving.app import ServerState, create_app
 from servelab.harness.serving.engine_loop import EngineLoop
 from servelab.harness.serving.intake import Intake, ModelCard
@@ -129,7 +130,7 @@ def _ignore(sig: int, frame: FrameType | None) -> None:
 
 
 def serve(cfg: DictConfig, progress: bool = True) -> None:
-    checked = check_settings(cfg)
+    checked = engine_spec(cfg)
     options = serve_settings(cfg.serve)
     sock = bind(options.host, options.port)
     start = time.perf_counter()
@@ -137,7 +138,7 @@ def serve(cfg: DictConfig, progress: bool = True) -> None:
     def clock() -> float:
         return time.perf_counter() - start
 
-    started = start_engine(cfg, clock, progress, checked)
+    started = start_engine(checked, clock, progress)
     engine, tokenizer, served = started.engine, started.tokenizer, started.served
     strategy = started.strategy
     writer = None
@@ -146,7 +147,7 @@ def serve(cfg: DictConfig, progress: bool = True) -> None:
         (options.record_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     config = served.loaded.config
     card = ModelCard(
-        name=options.model_name or str(cfg.model.name),
+        name=options.model_name or checked.model.name,
         max_context=config.max_context,
         vocab_size=config.vocab_size,
         created=int(time.time()),

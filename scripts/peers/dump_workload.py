@@ -32,13 +32,13 @@ def main() -> int:
     from servelab.base.errors import ConfigError
     from servelab.harness.commands.config import compose
     from servelab.harness.models.load import model_config_of, tokenizer_for
-    from servelab.harness.runner.settings import cache_dir_of
+    from servelab.harness.runner.settings import model_of
     from servelab.workloads.build import build_workload
 
     try:
         cfg = compose(args.overrides)
-        tokenizer = tokenizer_for(cfg.model, cache_dir_of(cfg))
-        max_context = model_config_of(cfg.model, cache_dir_of(cfg)).max_context
+        tokenizer = tokenizer_for(model_of(cfg))
+        max_context = model_config_of(model_of(cfg)).max_context
         workload = build_workload(cfg.workload, tokenizer, max_context)
     except ConfigError as error:
         print(f"dump_workload: error: {error}", file=sys.stderr)

@@ -11,33 +11,37 @@ time (`simulated.py`).
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from servelab.base.errors import ConfigError
 from servelab.harness.runner.backends.base import Backend
+
+if TYPE_CHECKING:
+    from servelab.harness.runner.spec import RunSpec
 
 BACKENDS = ("inprocess", "openai", "hf_static", "hf_continuous", "simulated")
 ENGINE_LOOPS = ("inprocess", "simulated")  # backends that run the engine's own loop
 STOPS_EARLY = (*ENGINE_LOOPS, "openai")  # backends whose runs can stop early (slo.stop_early)
 
 
-def backend_of(cfg: DictConfig) -> str:
+def backend_of(cfg: Mapping[str, Any]) -> str:
     kind = str(cfg.get("backend", "inprocess"))
     if kind not in BACKENDS:
         raise ConfigError("backend", f"{kind!r} is not one of: {', '.join(BACKENDS)}")
     return kind
 
 
-def peer_backend(kind: str, cfg: DictConfig, progress: bool) -> Backend:
+def peer_backend(spec: RunSpec, progress: bool) -> Backend:
     """A prepared peer backend: everything checked and loaded, nothing sent yet."""
-    if kind == "openai":
+    if spec.backend == "openai":
         from servelab.harness.runner.backends.endpoint import EndpointBackend
 
-        return EndpointBackend.prepare(cfg)
-    if kind == "simulated":
+        return EndpointBackend.prepare(spec)
+    if spec.backend == "simulated":
         from servelab.harness.runner.backends.simulated import SimulatedBackend
 
-        return SimulatedBackend(cfg)
+        return SimulatedBackend(spec)
     from servelab.harness.runner.backends.hf_backend import HFBackend
 
-    return HFBackend.prepare(cfg, continuous=kind == "hf_continuous", progress=progress)
+    return HFBackend.prepare(spec, continuous=spec.backend == "hf_continuous", progress=progress)

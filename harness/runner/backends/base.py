@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from transformers import PreTrainedTokenizerBase
 
 from servelab.base.errors import ConfigError
@@ -27,9 +26,10 @@ from servelab.harness.models.load import (
     tokenizer_for,
 )
 from servelab.harness.models.model import ModelConfig
+from servelab.harness.models.spec import ModelSpec
 from servelab.harness.runner.clock import RunClock
-from servelab.harness.runner.settings import cache_dir_of
 from servelab.workloads.build import build_workload
+from servelab.workloads.config import WorkloadConfig
 from servelab.workloads.spec import Workload
 
 
@@ -68,14 +68,17 @@ class PeerInputs:
     model_config: ModelConfig  # the model's shape and context, as its file or shape says
 
 
-def peer_inputs(cfg: DictConfig, tokenizer: PreTrainedTokenizerBase | None = None) -> PeerInputs:
+def peer_inputs(
+    model: ModelSpec,
+    workload_config: WorkloadConfig,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> PeerInputs:
     """The workload, tokenised by `model`'s tokenizer within its context, and its model file."""
-    cache_dir = cache_dir_of(cfg)
-    path = resolve_model_path(cfg.model, cache_dir)
-    tokenizer = tokenizer or tokenizer_for(cfg.model, cache_dir)
-    config = model_config_of(cfg.model, cache_dir)
-    workload = build_workload(cfg.workload, tokenizer, config.max_context)
-    sha = checkpoint_id(cfg.model, path) if path is not None and path.is_file() else None
+    path = resolve_model_path(model)
+    tokenizer = tokenizer or tokenizer_for(model)
+    config = model_config_of(model)
+    workload = build_workload(workload_config, tokenizer, config.max_context)
+    sha = checkpoint_id(model, path) if path is not None and path.is_file() else None
     return PeerInputs(workload, tokenizer, path, sha, config)
 
 
@@ -86,7 +89,3 @@ def check_one_sample(workload: Workload, kind: str) -> None:
             "workload.sampling.n",
             f"{kind} is measured one sample per request; run n > 1 samples on the engine",
         )
-
-
-def seeds_of(cfg: DictConfig) -> dict[str, int]:
-    return {"engine": int(cfg.engine.get("seed", 0)), "workload": int(cfg.workload.get("seed", 0))}

@@ -25,10 +25,9 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
@@ -49,13 +48,11 @@ from servelab.harness.runner.backends.base import (
     PeerInputs,
     check_one_sample,
     peer_inputs,
-    seeds_of,
 )
 from servelab.harness.runner.backends.endpoint_settings import (
     EndpointSettings,
     auth_headers,
     choose_model,
-    endpoint_settings,
     request_body,
 )
 from servelab.harness.runner.backends.endpoint_workers import (
@@ -74,6 +71,9 @@ from servelab.harness.runner.collector import heap_frozen
 from servelab.harness.runner.early_stop import StoppedEarly, StopRecord, stop_rule
 from servelab.harness.runner.loop import fail_in_flight
 from servelab.harness.runner.replay import Client, progress_bar, requests_of
+
+if TYPE_CHECKING:
+    from servelab.harness.runner.spec import RunSpec
 
 Clock = Callable[[], float]
 StopRule = Callable[[float], StopRecord | None]
@@ -275,18 +275,20 @@ class EndpointBackend(Backend):
         return WorkerJob(index, self.settings, share, bodies, self.tokenizer)
 
     @classmethod
-    def prepare(cls, cfg: DictConfig) -> EndpointBackend:
-        settings = endpoint_settings(cfg.endpoint)
+    def prepare(cls, spec: RunSpec) -> EndpointBackend:
+        settings = spec.endpoint
+        if settings is None:
+            raise ConfigError("backend", f"backend={spec.backend} sends to no endpoint")
         session = HTTPSession(settings)
         try:
             models = session.models()
             model = choose_model(settings, models)
-            inputs = peer_inputs(cfg)
+            inputs = peer_inputs(spec.model, spec.workload)
             workload = inputs.workload
             check_one_sample(workload, "an endpoint, read as a stream (one choice),")
             requests = requests_of(workload)
             workers = workers_for(settings.workers, requests, workload.concurrency is not None)
-            slo = SLO.of_config(cfg)
+            slo = spec.slo
             if workers > 1 and slo.stop_early is not None:
                 raise ConfigError(
                     "slo.stop_early", "one client process watches the verdict; endpoint.workers=1"
@@ -299,7 +301,7 @@ class EndpointBackend(Backend):
                 else (None, "not scraped: endpoint.metrics_period_s=null")
             )
             return cls(
-                settings, session, model, models, inputs, seeds_of(cfg), requests, workers, slo,
+                settings, session, model, models, inputs, spec.seeds, requests, workers, slo,
                 gauges,
             )  # fmt: skip
         except BaseException:

@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import transformers
-from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.rundir import RunWriter
@@ -25,15 +24,17 @@ from servelab.harness.runner.backends.base import (
     PeerInputs,
     check_one_sample,
     peer_inputs,
-    seeds_of,
 )
 from servelab.harness.runner.backends.hf_continuous import ContinuousLimits, ContinuousRunner
 from servelab.harness.runner.backends.hf_model import transformers_model
 from servelab.harness.runner.backends.hf_static import replay_static
 from servelab.harness.runner.build import kv_budget_bytes
 from servelab.harness.runner.replay import to_request
-from servelab.harness.runner.settings import EngineSettings, cache_dir_of, engine_settings
+from servelab.harness.runner.settings import EngineSettings
 from servelab.workloads.spec import Workload
+
+if TYPE_CHECKING:
+    from servelab.harness.runner.spec import RunSpec
 
 PAGE_SIZE = 256  # transformers' default page (block) size, in tokens
 
@@ -94,13 +95,13 @@ class HFBackend(Backend):
         self.seeds = seeds
 
     @classmethod
-    def prepare(cls, cfg: DictConfig, continuous: bool, progress: bool) -> HFBackend:
+    def prepare(cls, spec: RunSpec, continuous: bool, progress: bool) -> HFBackend:
         del progress
         kind = "hf_continuous" if continuous else "hf_static"
-        settings = engine_settings(cfg.engine)
+        settings = spec.engine_or_fail().settings
         torch.manual_seed(settings.seed)
-        loaded = load_model(cfg.model, settings.dtype, settings.device, cache_dir_of(cfg))
-        inputs = peer_inputs(cfg, loaded.tokenizer)
+        loaded = load_model(spec.model, settings.dtype, settings.device)
+        inputs = peer_inputs(spec.model, spec.workload, loaded.tokenizer)
         check_one_sampling(inputs.workload, kind)
         check_one_sample(inputs.workload, kind)
         model = transformers_model(loaded)
@@ -111,7 +112,7 @@ class HFBackend(Backend):
             first = to_request(inputs.workload.requests[0], 0)
             runner = ContinuousRunner(model, limits, eos, first)
             runner.start()
-        return cls(kind, model, settings, limits, runner, eos, inputs, seeds_of(cfg))
+        return cls(kind, model, settings, limits, runner, eos, inputs, spec.seeds)
 
     def describe(self) -> dict[str, Any]:
         limits = asdict(self.limits) if self.limits else {"batch": self.settings.max_batch_size}

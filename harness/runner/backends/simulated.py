@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
 from servelab.harness.engine.engine import Engine
@@ -28,23 +27,25 @@ from servelab.harness.engine.step_update import StepUpdate
 from servelab.harness.measure.flags import SIMULATED, Flag
 from servelab.harness.measure.roofline import ModelShape
 from servelab.harness.measure.rundir import RunRecords, RunWriter
-from servelab.harness.measure.slo import SLO
 from servelab.harness.models.load import model_config_of
 from servelab.harness.models.model import LlamaModel, ModelConfig
-from servelab.harness.runner.backends.base import Backend, peer_inputs, seeds_of
+from servelab.harness.models.spec import ModelSpec
+from servelab.harness.runner.backends.base import Backend, peer_inputs
 from servelab.harness.runner.build import kv_budget_bytes, scheduler_over
 from servelab.harness.runner.clock import RunClock
 from servelab.harness.runner.early_stop import stop_rule
 from servelab.harness.runner.replay import requests_of
-from servelab.harness.runner.settings import EngineSettings, cache_dir_of, dtype_name
+from servelab.harness.runner.settings import EngineSettings, dtype_name
 from servelab.harness.runner.simulated_replay import simulate
-from servelab.harness.runner.startup import check_settings
 from servelab.harness.simulate.cost_model import StepCostModel
-from servelab.harness.simulate.hardware import PRESETS, Hardware, RooflineStepTime, hardware_preset
+from servelab.harness.simulate.hardware import Hardware, RooflineStepTime, hardware_preset
 from servelab.harness.simulate.runner import SimulatedRunner, StepTime, VirtualClock
 from servelab.strategies.decoding.speculative import SpeculativeConfig
 from servelab.strategies.decoding.standard import StandardDecoder
 from servelab.strategies.settings import StrategySettings
+
+if TYPE_CHECKING:
+    from servelab.harness.runner.spec import RunSpec
 
 META_DEVICE = torch.device("meta")
 
@@ -88,9 +89,9 @@ def simulated_engine(
     return Engine(SimulatedRunner(timing, clock), update)
 
 
-def meta_model(cfg: DictConfig, strategy: StrategySettings) -> LlamaModel:
-    """The configured model's shape, after the strategy's head layout, on the meta device."""
-    config = model_config_of(cfg.model, cache_dir_of(cfg))
+def meta_model(model_spec: ModelSpec, strategy: StrategySettings) -> LlamaModel:
+    """The model's shape, after the strategy's head layout, on the meta device."""
+    config = model_config_of(model_spec)
     layout = strategy.heads.build()
     target = min(layout.stored_kv_heads(config), config.num_kv_heads)
     with META_DEVICE:
@@ -123,55 +124,45 @@ def derived_timing(hardware: Hardware, model: LlamaModel, dtype: torch.dtype) ->
     )  # fmt: skip
 
 
-def model_name(cfg: DictConfig) -> str:
-    return str(cfg.model.get("name", cfg.model.get("shape", "model")))
-
-
 class SimulatedBackend(Backend):
     no_telemetry = (
         "simulated: its clock is virtual, and the machine running it is not the one it predicts"
     )
 
-    def __init__(self, cfg: DictConfig) -> None:
-        checked = check_settings(cfg)
-        settings, strategy = checked.settings, checked.strategy
+    def __init__(self, spec: RunSpec) -> None:
+        engine, simulation = spec.engine_or_fail(), spec.simulate
+        assert simulation is not None  # run_spec reads it for backend=simulated
+        settings, strategy = engine.settings, engine.strategy
         if isinstance(strategy.decoding.config, SpeculativeConfig):
             raise ConfigError(
                 "backend", "a simulation cannot speculate: accepted drafts need real tokens"
             )
-        node = cfg.get("simulate") or {}
-        path, preset = node.get("cost_model"), node.get("hardware")
-        if bool(path) == bool(preset):
-            raise ConfigError(
-                "simulate",
-                "backend=simulated needs one of simulate.cost_model (a fitted model file) or "
-                f"simulate.hardware (one of {', '.join(PRESETS)})",
-            )
-        inputs = peer_inputs(cfg)
+        path, preset = simulation.cost_model, simulation.hardware
+        inputs = peer_inputs(spec.model, spec.workload)
         if not all(spec.ignore_eos for spec in inputs.workload.requests):
             raise ConfigError(
                 "workload.ignore_eos",
                 "a simulation's output lengths are the workload's: set workload.ignore_eos=true",
             )
-        self.cfg = cfg
+        self.slo, self.skip_idle = spec.slo, spec.skip_idle
         self.workload = inputs.workload
         self.device = torch.device("cpu")  # where the simulation runs
         self.model_file, self.model_sha256 = inputs.model_file, inputs.model_sha256
-        self.seeds = seeds_of(cfg)
+        self.seeds = spec.seeds
         self.strategy = strategy
         self.clock = VirtualClock()
         self.timing: StepTime
-        if path:
-            fitted = StepCostModel.load(Path(str(path)))
-            fitted.check_describes(described_by(settings, strategy, model_name(cfg)))
-            self.timing, self.basis = fitted, fitted_record(Path(str(path)), fitted)
-            self.said = f"predicted by {Path(str(path)).name}, fitted on real runs"
+        if path is not None:
+            fitted = StepCostModel.load(path)
+            fitted.check_describes(described_by(settings, strategy, spec.model.name))
+            self.timing, self.basis = fitted, fitted_record(path, fitted)
+            self.said = f"predicted by {path.name}, fitted on real runs"
         else:
             if strategy.weights.value != "dense":
                 raise ConfigError(
                     "simulate.hardware", "a hardware preset describes dense weights only"
                 )
-            model = meta_model(cfg, strategy)
+            model = meta_model(spec.model, strategy)
             derived = derived_timing(hardware_preset(str(preset)), model, settings.dtype)
             self.timing, self.basis = derived, {"derived_from": derived.record()}
             self.said = (
@@ -188,8 +179,8 @@ class SimulatedBackend(Backend):
     def replay(self, clock: RunClock, writer: RunWriter, run_dir: Path, progress: bool) -> None:
         del run_dir  # the run's wall clock measures nothing here; its skipped spans are virtual
         requests = requests_of(self.workload)
-        stop = stop_rule(SLO.of_config(self.cfg), requests)
-        skipped = clock.skipped if bool(self.cfg.replay.skip_idle) else None
+        stop = stop_rule(self.slo, requests)
+        skipped = clock.skipped if self.skip_idle else None
         simulate(
             self.engine, requests, self.workload, self.clock, self.timing.gap_s, writer,
             progress=progress, stop=stop, skipped=skipped,
