@@ -19,7 +19,7 @@ import pandas as pd
 
 from servelab.base.records import RequestRecord, StepRecord
 from servelab.harness.measure.metrics import distribution, request_latency, summarize
-from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.slo.limits import SLO
 
 REQUEST_COLUMNS = [
     "id",

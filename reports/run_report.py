@@ -18,7 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from servelab.harness.measure.rundir import RunRecords
-from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.slo.limits import SLO
 from servelab.harness.measure.summary_schema import LATENCY_METRICS, METRICS, STAT_KEYS
 from servelab.reports.colors import assign_colors
 from servelab.reports.derive import (

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.slo.limits import SLO
 from servelab.harness.search.knee import Knee, knee_of_record
 from servelab.harness.search.ratio_knee import centre, knee_ratio, rate_text
 from servelab.reports.figures import new_figure

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
-from servelab.harness.measure.slo import PER_PROMPT_TOKEN
+from servelab.harness.measure.slo.limits import PER_PROMPT_TOKEN
 from servelab.reports.figures import new_figure
 from servelab.reports.grouping import Group, SweepRun
 from servelab.reports.html import esc

@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 from servelab.base.errors import ConfigError
-from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.slo.limits import SLO
 from servelab.harness.measure.summary_schema import label_of
 from servelab.reports.derive import slo_attainment
 from servelab.reports.grouping import Group, SweepRun

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from servelab.harness.measure.metrics import summarize
-from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.slo.limits import SLO
 from servelab.reports.load import load_run
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.harness.measure.metrics import measured_window, summarize
-from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.slo.limits import SLO
 from servelab.reports.load import load_run
 
 STRATEGIES = ("orca", "vllm")  # contiguous KV, paged KV (both iteration-level batching)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from servelab.harness.measure.metrics import summarize
-from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.slo.limits import SLO
 from servelab.reports.load import load_run
 
 

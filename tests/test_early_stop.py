@@ -14,8 +14,8 @@ import pytest
 from servelab.base.errors import ConfigError
 from servelab.harness.engine.request import Request, SamplingParams
 from servelab.harness.measure.rundir import read_requests
-from servelab.harness.measure.slo import SLO
-from servelab.harness.runner.early_stop import EarlyStop, wilson
+from servelab.harness.measure.slo.early_stop import EarlyStop, wilson
+from servelab.harness.measure.slo.limits import SLO
 
 ARRIVAL = 10.0
 

@@ -8,7 +8,7 @@ import pytest
 
 from servelab.base.records import RequestRecord, StepRecord
 from servelab.harness.measure.metrics import distribution, request_latency, summarize
-from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.slo.limits import SLO
 from servelab.harness.measure.summary_schema import DISTRIBUTIONS, METRICS, SCALARS, SPECULATIVE
 
 

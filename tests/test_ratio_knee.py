@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from servelab.base.records import RequestRecord
-from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.slo.limits import SLO
 from servelab.harness.search.ratio_knee import (
     FAR_ABOVE,
     ProbeRatios,

@@ -13,7 +13,7 @@ from reports_rundirs import RunSpec, requests_of, summary_of, write_run
 
 from servelab.base.errors import ConfigError
 from servelab.base.records import RequestRecord, StepRecord
-from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.slo.limits import SLO
 from servelab.reports.derive import (
     request_metrics,
     slo_attainment,

@@ -1,4 +1,4 @@
-"""The SLO a search scales from one request at a time (`harness.search.scaled_slo`): the TTFT
+"""The SLO a search scales from one request at a time (`harness.measure.slo.scaled`): the TTFT
 line in prompt length, the limits it gives, and the line that says them."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 
 from servelab.base.errors import ConfigError
 from servelab.base.records import RequestRecord
-from servelab.harness.measure.slo import SLO
-from servelab.harness.search.scaled_slo import (
+from servelab.harness.measure.slo.limits import SLO
+from servelab.harness.measure.slo.scaled import (
     PromptLine,
     SpeedDrift,
     limits_line,

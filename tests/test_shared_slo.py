@@ -11,8 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from servelab.base.errors import ConfigError
-from servelab.harness.measure.slo import SLO
-from servelab.harness.search.shared_slo import SourceSLO, judged_record, read_source, with_slo
+from servelab.harness.measure.slo.earlier_run import SourceSLO, judged_record, read_source, with_slo
+from servelab.harness.measure.slo.limits import SLO
 
 TINY = [
     "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",

@@ -16,7 +16,7 @@ import servelab.harness.measure.rundir as rundir
 from servelab.harness.commands.config import compose
 from servelab.harness.measure.metrics import summarize
 from servelab.harness.measure.rundir import read_requests, read_steps
-from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.slo.limits import SLO
 from servelab.harness.runner.run import run
 from servelab.harness.simulate.cost_model import StepCostModel
 

@@ -10,7 +10,7 @@ from reports_rundirs import RunSpec, write_run
 
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.metrics import request_latency
-from servelab.harness.measure.slo import SLO, RequestLatency
+from servelab.harness.measure.slo.limits import SLO, RequestLatency
 from servelab.reports.grouping import group_runs
 from servelab.reports.load import load_run
 from servelab.reports.sustain import group_slo, run_sustains

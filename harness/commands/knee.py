@@ -15,7 +15,7 @@ import yaml
 
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.rundir import REQUESTS, read_requests
-from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.slo.limits import SLO
 from servelab.harness.search.ratio_knee import (
     RatioKnee,
     centre,

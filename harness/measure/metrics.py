@@ -37,7 +37,7 @@ import numpy as np
 
 from servelab.base.records import RequestRecord, StepRecord
 from servelab.harness.measure.roofline import run_utilisation
-from servelab.harness.measure.slo import SLO, RequestLatency
+from servelab.harness.measure.slo.limits import SLO, RequestLatency
 from servelab.harness.measure.summary_schema import LATENCY_METRICS, STAT_KEYS
 from servelab.strategies.decoding.gamma import expected_speedup
 

@@ -20,7 +20,7 @@ from servelab.base.records import RequestRecord, StepRecord
 from servelab.harness.engine.engine import Engine
 from servelab.harness.engine.request import Request
 from servelab.harness.engine.step_update import StepResult
-from servelab.harness.runner.early_stop import StoppedEarly, StopRecord
+from servelab.harness.measure.slo.early_stop import StoppedEarly, StopRecord
 
 IDLE_WAIT_S = 0.5  # longest a loop blocks on an empty inbox before looking again
 

@@ -28,8 +28,8 @@ from servelab.harness.engine.engine import Engine
 from servelab.harness.engine.request import Request, SamplingParams
 from servelab.harness.engine.step_update import StepResult
 from servelab.harness.measure.rundir import RunWriter
+from servelab.harness.measure.slo.early_stop import StopRecord
 from servelab.harness.runner.clock import RunClock
-from servelab.harness.runner.early_stop import StopRecord
 from servelab.harness.runner.loop import IDLE_WAIT_S, EngineDriver, StepHook
 from servelab.workloads.spec import RequestSpec, Workload
 

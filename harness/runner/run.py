@@ -43,6 +43,7 @@ from servelab.harness.measure.profiling import StepProfiler
 from servelab.harness.measure.rundir import SCHEMA_VERSION, RunRecords, RunWriter
 from servelab.harness.measure.server_metrics import FILE as SERVER_METRICS
 from servelab.harness.measure.server_metrics import server_metrics_summary
+from servelab.harness.measure.slo.early_stop import StoppedEarly, StopRecord, stop_rule
 from servelab.harness.measure.telemetry import NoTelemetry, TelemetryResult, TelemetrySampler
 from servelab.harness.measure.weights_quality import read_quality, weights_summary
 from servelab.harness.runner.backends import ENGINE_LOOPS, peer_backend
@@ -50,7 +51,6 @@ from servelab.harness.runner.backends.base import Backend
 from servelab.harness.runner.build import ServedModel
 from servelab.harness.runner.clock import RunClock
 from servelab.harness.runner.collector import collector_paused
-from servelab.harness.runner.early_stop import StoppedEarly, StopRecord, stop_rule
 from servelab.harness.runner.replay import replay, requests_of
 from servelab.harness.runner.settings import EngineSettings, dtype_name
 from servelab.harness.runner.spec import RunRecord, RunSpec, config_hash, run_spec

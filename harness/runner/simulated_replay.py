@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from servelab.harness.engine.engine import Engine
 from servelab.harness.engine.request import Request
 from servelab.harness.measure.rundir import RunWriter
+from servelab.harness.measure.slo.early_stop import StopRecord
 from servelab.harness.runner.collector import collector_paused
-from servelab.harness.runner.early_stop import StopRecord
 from servelab.harness.runner.loop import EngineDriver, StepHook
 from servelab.harness.runner.replay import Arrivals, Tally
 from servelab.harness.simulate.runner import VirtualClock

@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from servelab.base.errors import ConfigError
-from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.slo.limits import SLO
 from servelab.harness.models.spec import ModelSpec
 from servelab.harness.runner.backends import ENGINE_LOOPS, STOPS_EARLY, backend_of
 from servelab.harness.runner.backends.endpoint_settings import EndpointSettings, endpoint_settings

@@ -1,7 +1,7 @@
 """A search's probes as runs: a typed probe (`knee.ProbeSpec`) set on the strategy's composed
 config, run in its own directory, and read back as every request's SLO ratio.
 
-The config is composed once per strategy, its SLO set (`shared_slo.with_slo`); each probe is
+The config is composed once per strategy, its SLO set (`slo.earlier_run.with_slo`); each probe is
 a copy with its arrivals, request count and seed set, so no probe composes Hydra overrides
 again. Each probe's directory (`out_dir/STRATEGY/NAME`) keeps its evidence: a rerun reuses
 a complete one, and `servelab report` draws them.
@@ -18,7 +18,7 @@ from omegaconf import DictConfig, open_dict
 
 from servelab.base.records import RequestRecord
 from servelab.harness.measure.rundir import read_requests
-from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.slo.limits import SLO
 from servelab.harness.search.knee import Outcome, ProbeSpec
 from servelab.harness.search.ratio_knee import probe_ratios
 
@@ -91,7 +91,7 @@ class RunProber:
     def reference(
         self, requests: int, name: str = "reference-floor"
     ) -> tuple[dict, list[RequestRecord]]:
-        """A floor run's summary and requests: what scaled limits scale (`scaled_slo`), and,
+        """A floor run's summary and requests: what scaled limits scale (`slo.scaled`), and,
         run again after the last probe, how far the machine's speed moved meanwhile."""
         summary, run_dir, _ = self._run(ProbeSpec("floor", requests), name)
         return summary, read_requests(run_dir)

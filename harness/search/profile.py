@@ -3,8 +3,8 @@ strategy's knee found (`knee.find_knees`) on runs of its config (`probes`), the 
 speed drift measured around them, and `search.json` written.
 
 The SLO is `slo.*` as given, or scaled from one request at a time on this machine
-(`search.slo_scale`, `scaled_slo`: the first strategy's reference floor run before any
-probe), or an earlier search's (`search.slo_from`, `shared_slo`), so a repeat judges against
+(`search.slo_scale`, `slo.scaled`: the first strategy's reference floor run before any
+probe), or an earlier search's (`search.slo_from`, `slo.earlier_run`), so a repeat judges against
 the same limits. Either of the last two runs the reference floor again after the last probe;
 the speed drift between the two widens every knee's interval. Over simulated runs the budget
 is in the seconds they simulate (`probes.SimulatedClock`). `servelab search` prints what this
@@ -23,35 +23,19 @@ from pathlib import Path
 from omegaconf import DictConfig, open_dict
 
 from servelab.base.errors import ConfigError
-from servelab.harness.measure.slo import LIMITS, PER_PROMPT_TOKEN, SLO
+from servelab.harness.measure.slo.earlier_run import SourceSLO, judged_record, read_source, with_slo
+from servelab.harness.measure.slo.limits import LIMITS, SLO
+from servelab.harness.measure.slo.scaled import limits_line, scaled_keys, scaled_limits, speed_drift
+from servelab.harness.measure.slo.sources import one_source_each
 from servelab.harness.runner.backends import backend_of
 from servelab.harness.search.knee import Knee, KneeSettings, ProbeSeen, find_knees
 from servelab.harness.search.probes import RunFn, RunProber, SimulatedClock
 from servelab.harness.search.ratio_knee import centre, fewest_requests
-from servelab.harness.search.scaled_slo import limits_line, scaled_keys, scaled_limits, speed_drift
-from servelab.harness.search.shared_slo import SourceSLO, judged_record, read_source, with_slo
 
 Say = Callable[[str], None]  # a line for the person watching, as the search goes
 # a strategy's config and a directory -> the file of a step-cost model of this machine for
 # it (`servelab profile-steps`, supplied by the command: a lower layer does not call it)
 Profiler = Callable[[DictConfig, Path], Path]
-
-
-SOURCES_RULE = (
-    "each limit has one source: search.slo_from (every limit, as the earlier search recorded "
-    "them), else search.slo_scale for the limits it names, else slo.* for the rest"
-)
-
-
-def one_source_each(scale: dict[str, float], slo_node: DictConfig, slo_from: object) -> None:
-    """Refuse two sources for one limit, before any run, with the rule that says which wins."""
-    given = {k for k in (*LIMITS, PER_PROMPT_TOKEN) if slo_node.get(k) is not None}
-    if slo_from is not None and (scale or given):
-        others = [f"search.slo_scale.{k}" for k in scale] + [f"slo.{k}" for k in sorted(given)]
-        raise ConfigError("search.slo_from", f"{SOURCES_RULE}; drop {', '.join(others)}")
-    both = sorted(scaled_keys(scale) & given)
-    if both:
-        raise ConfigError(f"slo.{both[0]}", f"{SOURCES_RULE}; search.slo_scale sets it too")
 
 
 @dataclass(frozen=True)
@@ -60,8 +44,10 @@ class SearchSettings:
     budget_s: float
     out_dir: Path
     knee: KneeSettings
-    slo_scale: dict[str, float]  # limit -> multiple of one request at a time (`scaled_slo`)
-    slo_from: SourceSLO | None  # an earlier search's SLO, judged against instead (`shared_slo`)
+    slo_scale: dict[str, float]  # limit -> multiple of one request at a time (`slo.scaled`)
+    slo_from: (
+        SourceSLO | None
+    )  # an earlier search's SLO, judged against instead (`slo.earlier_run`)
     predict: bool = False  # place the first rate probes around the simulator's knees (the
     # engine in this process only: a simulation needs none, a peer's steps are not profiled)
 

@@ -46,7 +46,7 @@ import numpy as np
 
 from servelab.base.records import RequestRecord
 from servelab.harness.measure.metrics import request_latency
-from servelab.harness.measure.slo import SLO, RequestLatency
+from servelab.harness.measure.slo.limits import SLO, RequestLatency
 
 FAR_ABOVE = 10.0  # the ratio a probe over capacity counts as (a bound, not a measurement)
 # a jump of the fitted ratio by more than this between adjacent probes is a cliff even with no

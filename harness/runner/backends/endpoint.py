@@ -42,7 +42,8 @@ from servelab.harness.measure.server_metrics import (
     ServerMetricsScraper,
     find_gauges,
 )
-from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.slo.early_stop import StoppedEarly, StopRecord, stop_rule
+from servelab.harness.measure.slo.limits import SLO
 from servelab.harness.runner.backends.base import (
     Backend,
     PeerInputs,
@@ -68,7 +69,6 @@ from servelab.harness.runner.backends.stream_tally import (
     StreamTally,
 )
 from servelab.harness.runner.collector import heap_frozen
-from servelab.harness.runner.early_stop import StoppedEarly, StopRecord, stop_rule
 from servelab.harness.runner.loop import fail_in_flight
 from servelab.harness.runner.replay import Client, progress_bar, requests_of
 

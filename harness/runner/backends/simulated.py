@@ -27,13 +27,13 @@ from servelab.harness.engine.step_update import StepUpdate
 from servelab.harness.measure.flags import SIMULATED, Flag
 from servelab.harness.measure.roofline import ModelShape
 from servelab.harness.measure.rundir import RunRecords, RunWriter
+from servelab.harness.measure.slo.early_stop import stop_rule
 from servelab.harness.models.load import model_config_of
 from servelab.harness.models.model import LlamaModel, ModelConfig
 from servelab.harness.models.spec import ModelSpec
 from servelab.harness.runner.backends.base import Backend, peer_inputs
 from servelab.harness.runner.build import kv_budget_bytes, scheduler_over
 from servelab.harness.runner.clock import RunClock
-from servelab.harness.runner.early_stop import stop_rule
 from servelab.harness.runner.replay import requests_of
 from servelab.harness.runner.settings import EngineSettings, dtype_name
 from servelab.harness.runner.simulated_replay import simulate

@@ -29,7 +29,7 @@ from statistics import NormalDist
 
 from servelab.harness.engine.request import Request
 from servelab.harness.measure.metrics import request_latency
-from servelab.harness.measure.slo import SLO
+from servelab.harness.measure.slo.limits import SLO
 
 
 def wilson(met: int, counted: int, confidence: float) -> tuple[float, float]:

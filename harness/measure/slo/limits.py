@@ -13,7 +13,7 @@ as misses. Goodput is the number that meet it per second of the run. A run susta
 when its attainment is at least `slo.attainment` (0.9 by default); with no limit configured
 there is nothing to sustain, and the answer is None. With `slo.stop_early` set (a
 confidence), an in-process run ends once its verdict can only be a failure at that
-confidence (`harness.runner.early_stop`).
+confidence (`harness.measure.slo.early_stop`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """The SLO of an earlier search (`search.slo_from`): judge against exactly the limits it judged
 against, so that two searches compare their knees and not two SLOs.
 
-A scaled SLO (`scaled_slo`) is one moment's: on a shared VM two `make run`s an hour apart
-scaled their limits from floors whose speeds differed, 24-44% tighter the second time, so
-the second search's knees moved with its SLO as much as with its probes. A repeat of a
-search therefore takes the limits its `search.json` records (every `slo.*` limit, set or
-null, replaced: no limit of this search's own configuration is mixed in) and keeps the
-attainment share it asked, refusing another. The reference floor still runs before the first
-probe and after the last (the drift within this search), and its median TPOT is set beside
-the earlier search's reference floor: how much faster or slower this machine is than when
-the limits were scaled, which moves every knee by about as much.
+A scaled SLO (`scaled`) is one moment's: on a shared VM two searches an hour apart scale
+their limits from floors of different speeds, so the second search's knees move with its SLO
+as much as with its probes. A repeat of a search therefore takes the limits its
+`search.json` records (every `slo.*` limit, set or null, replaced: no limit of this search's
+own configuration is mixed in) and keeps the attainment share it asked, refusing another.
+The reference floor still runs before the first probe and after the last (the drift within
+this search), and its median TPOT is set beside the earlier search's reference floor: how
+much faster or slower this machine is than when the limits were scaled, which moves every
+knee by about as much.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from omegaconf import DictConfig, open_dict
 
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.drift import Drift
-from servelab.harness.measure.slo import LIMITS, PER_PROMPT_TOKEN, SLO
+from servelab.harness.measure.slo.limits import LIMITS, PER_PROMPT_TOKEN, SLO
 
 SLO_KEYS = (*LIMITS, PER_PROMPT_TOKEN)
 FIELD = "search.slo_from"

@@ -14,12 +14,11 @@ the limit is that line times the multiple (the "slowdown" form of an SLO, relati
 request served alone): `slo.ttft_s` its fixed part, `slo.ttft_per_prompt_token_s` what it
 grows by per prompt token.
 
-Scaled limits assume the machine keeps the speed it had when they were scaled. A shared VM
-does not always: one search here scaled its SLO while a decode step took 21.5 ms and ran its
-rate probes while one took a fifth to a half longer, and every knee read low. So the
+Scaled limits assume the machine keeps the speed it had when they were scaled; a shared VM
+does not always, and a slower machine during the probes reads every knee low. So the
 reference floor runs again after the last probe, and the search says how far its median TPOT
 moved, flagged past `DRIFT_LIMIT`, and widens each knee's interval by the move
-(`RatioKnee.widened`). A search on the limits of an earlier one (`shared_slo`) measures the
+(`RatioKnee.widened`). A search on the limits of an earlier one (`earlier_run`) measures the
 same drift.
 """
 
@@ -33,7 +32,7 @@ from servelab.base.errors import ConfigError
 from servelab.base.records import RequestRecord
 from servelab.harness.measure.drift import DRIFT_LIMIT, Drift
 from servelab.harness.measure.metrics import request_latency
-from servelab.harness.measure.slo import PER_PROMPT_TOKEN
+from servelab.harness.measure.slo.limits import PER_PROMPT_TOKEN
 
 
 @dataclass(frozen=True)
