@@ -29,7 +29,6 @@ import torch
 if not torch.cuda.is_available():  # the Triton kernels under the interpreter, set before import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from servelab.harness.commands.config import compose  # noqa: E402
 from servelab.harness.engine.engine import Engine  # noqa: E402
 from servelab.harness.engine.kv_cache import KVLayout  # noqa: E402
 from servelab.harness.engine.request import Request, SamplingParams  # noqa: E402
@@ -37,6 +36,7 @@ from servelab.harness.measure.launches import Launches, count_launches  # noqa: 
 from servelab.harness.models.dummy import DUMMY_SHAPES  # noqa: E402
 from servelab.harness.models.model import ModelConfig  # noqa: E402
 from servelab.harness.runner.build import build_engine, random_model  # noqa: E402
+from servelab.harness.runner.compose import compose  # noqa: E402
 from servelab.harness.runner.settings import EngineSettings  # noqa: E402
 from servelab.strategies.settings import strategy_settings  # noqa: E402
 

@@ -23,11 +23,11 @@ import time
 
 import torch
 
-from servelab.harness.commands.config import compose
 from servelab.harness.engine.engine import Engine
 from servelab.harness.engine.request import Request, SamplingParams
 from servelab.harness.measure.roofline import step_cost, utilisation
 from servelab.harness.runner.build import build_engine
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.spec import engine_spec
 from servelab.harness.runner.startup import start_engine
 

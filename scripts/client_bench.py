@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from servelab.harness.commands.config import compose
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.run import run
 from servelab.harness.serving.process import start_fake_server
 from servelab.reports.run_report import reported

@@ -11,8 +11,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from servelab.harness.commands.config import compose
 from servelab.harness.models.load import dummy_tokenizer_path
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.settings import model_of
 
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from servelab.harness.commands.config import compose
 from servelab.harness.commands.fit_steps import main as fit_steps
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.run import run
 from servelab.harness.search.profile import search
 from servelab.reports.run_report import reported

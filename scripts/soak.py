@@ -92,8 +92,8 @@ def soak_engine(args: argparse.Namespace) -> dict:
     """N requests through one in-process engine, `in_flight` at a time."""
     import torch
 
-    from servelab.harness.commands.config import compose
     from servelab.harness.engine.request import Request, SamplingParams
+    from servelab.harness.runner.compose import compose
     from servelab.harness.runner.loop import EngineDriver, NothingScheduled
     from servelab.harness.runner.spec import engine_spec
     from servelab.harness.runner.startup import start_engine

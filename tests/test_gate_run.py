@@ -13,7 +13,7 @@ import torch
 from hydra.errors import ConfigCompositionException
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.config import compose
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.step_delay import step_delay_s
 from tests.conftest import servelab
 

@@ -11,11 +11,12 @@ import pytest
 
 from servelab.base.errors import ConfigError
 from servelab.harness.commands.cli import main
-from servelab.harness.commands.config import CONF_DIR, compose
 from servelab.harness.gate.collect import composed
 from servelab.harness.gate.fingerprint import fingerprint_of, machine_fingerprint
 from servelab.harness.gate.plan import plan_gate
 from servelab.harness.gate.spec import GateSpec, Side, load_gate, parse_gate
+from servelab.harness.runner.compose import compose
+from servelab.harness.runner.settings import CONF_DIR
 
 MACHINE = fingerprint_of({"cpu": "a test machine"})
 HEAD = """

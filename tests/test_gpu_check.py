@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from scripts.gpu_check_summary import steps_table
-from servelab.harness.commands.config import compose
 from servelab.harness.models.load import dummy_tokenizer_path
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.settings import model_of
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.config import compose
 from servelab.harness.models import load
 from servelab.harness.models.spec import model_spec
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.run import run
 from servelab.harness.runner.settings import model_of
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.config import compose
 from servelab.harness.commands.knee import main
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.run import run
 
 DELAY = 0.03  # every step delayed: the step time dwarfs the tiny model's own

@@ -16,7 +16,6 @@ from omegaconf import OmegaConf
 from scripts.client_bench import at_rate
 from servelab.base.errors import ConfigError
 from servelab.base.records import RequestRecord
-from servelab.harness.commands.config import compose
 from servelab.harness.engine.request import Request, SamplingParams
 from servelab.harness.measure.flags import ARRIVALS_OFF, SEND_LAG, refusals, summary_flags
 from servelab.harness.measure.load_generator import (
@@ -28,6 +27,7 @@ from servelab.harness.measure.load_generator import (
 from servelab.harness.runner.backends.base import peer_inputs
 from servelab.harness.runner.backends.endpoint_settings import endpoint_settings
 from servelab.harness.runner.backends.endpoint_workers import workers_for
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.settings import model_of
 from servelab.harness.serving.process import start_fake_server
 from servelab.reports.run_report import load_generator_rows

@@ -11,11 +11,19 @@ request.
 from __future__ import annotations
 
 import pytest
+from omegaconf import DictConfig
 
-from servelab.harness.commands.config import compose
-from servelab.harness.commands.verify import serve_outputs, verify
+from servelab.harness.commands.verify import verify
+from servelab.harness.runner import offline
+from servelab.harness.runner.compose import compose
+from servelab.harness.runner.spec import run_spec
 
 pytestmark = pytest.mark.integration
+
+
+def serve_outputs(cfg: DictConfig) -> offline.Served:
+    return offline.serve_outputs(run_spec(cfg))
+
 
 OVERRIDES = [
     "engine.dtype=fp32",

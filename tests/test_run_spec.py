@@ -11,8 +11,8 @@ import torch
 from omegaconf import open_dict
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.config import compose
 from servelab.harness.models.spec import model_spec
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.run import run_spec_into
 from servelab.harness.runner.spec import run_record, run_spec
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from servelab.harness.commands.config import compose
 from servelab.harness.engine.engine import Engine
 from servelab.harness.measure.metrics import summarize
 from servelab.harness.measure.rundir import read_requests, read_steps
 from servelab.harness.measure.slo.limits import SLO
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.run import run
 
 OVERRIDES = ["model=dummy-tiny", "telemetry.roofline=false", "engine.dtype=fp32"]

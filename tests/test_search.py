@@ -277,7 +277,7 @@ def test_a_strategy_slowed_on_purpose_moves_its_knee_down_by_the_factor(tmp_path
     SLO limit doubled: the whole system runs twice as slow (the delay dwarfs the tiny model's
     own step), so its knee should about halve: the two intervals hold a ratio near 2. Static
     batching, whose waits grow with the load well before its throughput ceiling."""
-    from servelab.harness.commands.config import compose
+    from servelab.harness.runner.compose import compose
     from servelab.harness.runner.run import run
     from servelab.harness.search.profile import search
     from servelab.harness.search.ratio_knee import knee_ratio
@@ -322,7 +322,7 @@ def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path) -> None:
 
     from omegaconf import OmegaConf
 
-    from servelab.harness.commands.config import compose
+    from servelab.harness.runner.compose import compose
     from servelab.harness.runner.run import run
     from servelab.harness.search.profile import search
 
@@ -358,7 +358,7 @@ def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path) -> None:
 
 def test_a_scaled_limit_must_name_a_limit() -> None:
     from servelab.base.errors import ConfigError
-    from servelab.harness.commands.config import compose
+    from servelab.harness.runner.compose import compose
     from servelab.harness.search.profile import SearchSettings
 
     with pytest.raises(ConfigError, match=r"search\.slo_scale\.ttft: not a limit"):
@@ -369,7 +369,7 @@ def test_a_probe_too_short_to_bound_the_quantile_is_refused_before_any_run() -> 
     """The 0.9-quantile of 35 requests has no upper bound at 95% (1 - 0.9^35 < 0.975): no
     probe that short could show a rate sustained."""
     from servelab.base.errors import ConfigError
-    from servelab.harness.commands.config import compose
+    from servelab.harness.runner.compose import compose
     from servelab.harness.search.profile import SearchSettings
 
     with pytest.raises(ConfigError, match=r"search\.requests: 35 requests .* at least 36"):
@@ -383,7 +383,7 @@ def test_a_repeat_probe_draws_the_workload_with_the_next_seed_in_its_own_directo
     """The prober behind `servelab search`: a repeat at a rate is a new run on other requests
     (workload seed + repeat, its own directory), never the first probe's run reused; its
     requests come back as their SLO ratios."""
-    from servelab.harness.commands.config import compose
+    from servelab.harness.runner.compose import compose
     from servelab.harness.search.probes import RunProber, SimulatedClock
 
     seen: list[tuple[int, str, str, object]] = []
@@ -435,8 +435,8 @@ def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_predi
     the same model), a simulated search under the same SLO, its knees recorded, and each
     strategy's first rate probe at 0.7x its predicted knee (below the ceiling; run, or named
     as the probe the budget had no room for)."""
-    from servelab.harness.commands.config import compose
     from servelab.harness.commands.search import profiled
+    from servelab.harness.runner.compose import compose
     from servelab.harness.runner.run import run
     from servelab.harness.search.profile import search
 

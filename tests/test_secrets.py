@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from servelab.harness.commands.config import compose
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.run import run
 from tests.server_process import start_server
 

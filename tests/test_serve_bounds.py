@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.config import compose
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.loop import EngineDriver
 from servelab.harness.serving.app import ServerState, create_app
 from servelab.harness.serving.engine_loop import EngineLoop

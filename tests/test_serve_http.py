@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servelab.base.errors import ConfigError
 from servelab.base.records import RequestRecord
-from servelab.harness.commands.config import compose
 from servelab.harness.measure.rundir import read_requests, read_steps
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.run import run
 from servelab.reports.grouping import group_runs
 from servelab.reports.load import load_run

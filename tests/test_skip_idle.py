@@ -87,7 +87,7 @@ def test_a_run_says_what_it_skipped_and_a_peer_cannot_skip(tmp_path) -> None:
     """Four requests at 0.05 req/s: the summary says what was skipped, and telemetry's jump
     over it is no dropout (nothing was in flight)."""
     from servelab.base.errors import ConfigError
-    from servelab.harness.commands.config import compose
+    from servelab.harness.runner.compose import compose
     from servelab.harness.runner.run import run
 
     overrides = [
@@ -110,7 +110,7 @@ def test_a_simulated_run_records_the_same_and_says_what_a_real_one_would_skip(tm
     """A simulation's clock jumps over idle spans either way: with `replay.skip_idle` its
     records are byte for byte the same, and its summary says what it skipped, as a real
     run's does (a search charges a simulated probe that much less)."""
-    from servelab.harness.commands.config import compose
+    from servelab.harness.runner.compose import compose
     from servelab.harness.runner.run import run
     from servelab.harness.simulate.cost_model import StepCostModel
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.config import compose
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.draft import draft_model_of
 from servelab.harness.runner.settings import model_of
 from servelab.strategies.settings import strategy_settings

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servelab.harness.commands.config import CONF_DIR, compose
 from servelab.harness.gate.collect import composed
 from servelab.harness.gate.fingerprint import machine_fingerprint
 from servelab.harness.gate.plan import plan_gate
 from servelab.harness.gate.spec import load_gate
+from servelab.harness.runner.compose import compose
+from servelab.harness.runner.settings import CONF_DIR
 
 
 def test_the_speculative_gate_composes_every_run_it_plans(tmp_path: Path) -> None:

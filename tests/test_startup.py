@@ -5,8 +5,8 @@ runs (no GPU timing: there is no GPU)."""
 
 from __future__ import annotations
 
-from servelab.harness.commands.config import compose
 from servelab.harness.runner import build, startup
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.spec import engine_spec
 
 

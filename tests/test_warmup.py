@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.config import compose
 from servelab.harness.engine.shapes import DECODE, PREFILL, Shape
 from servelab.harness.measure.rundir import read_requests
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.run import prepare, run
 from servelab.harness.runner.spec import run_spec
 from servelab.harness.runner.warmup import powers_up_to, warm_up, warmup_shapes

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from servelab.harness.commands.config import compose
+from servelab.harness.runner.compose import compose
 
 SUMMARY = "measure this machine's matmul and memory-copy peaks (cached per host)"
 USAGE = """usage: servelab calibrate [--refresh] [engine.device=cpu|cuda]

@@ -14,17 +14,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 from servelab.base.errors import ConfigError
 from servelab.harness.claims.knees import knee_measurement, read_knees
 from servelab.harness.claims.papers import parse_claims_file, read_measurements_path
 from servelab.harness.claims.record import claims_markdown, claims_record, render_claims
-from servelab.harness.commands.gate import GateArgs, run_gate
 from servelab.harness.gate.fingerprint import machine_fingerprint
+from servelab.harness.gate.run import GateArgs, run_gate
 from servelab.harness.gate.spec import load_gate
 from servelab.harness.measure.rundir import write_json_atomic
 from servelab.reports.claims_report import build_claims_report
+from servelab.reports.gate_report import build_gate_report
+from servelab.reports.run_report import reported
 
 SUMMARY = "the papers' claims beside what this machine measures for them, with verdicts"
 USAGE = """usage: servelab claims [claims=FILE] [out=DIR] [from=DIR] [repeats=N] [search=DIR]
@@ -93,7 +96,9 @@ def run_claims(args: ClaimsArgs) -> dict:
     if args.search_dir is not None:
         found = read_knees(args.search_dir)
         knees = [knee_measurement(k, found, args.search_dir) for k in claims.knees]
-    gate = run_gate(args.gate)
+    from servelab.harness.runner.run import run
+
+    gate = run_gate(args.gate, reported(partial(run, progress=False)), build_gate_report)
     search = None if args.search_dir is None else str(args.search_dir)
     record = claims_record(claims, gate, knees, search, time.perf_counter() - start)
     out = Path(gate["dir"])

@@ -9,12 +9,11 @@ seconds per unit of each term and how well the model reproduces the steps it was
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.rundir import read_steps
-from servelab.harness.simulate.cost_model import TERMS, fit
+from servelab.harness.simulate.cost_model import TERMS, described_of, fit
 
 SUMMARY = "fit a step-cost model on real runs' steps, for backend=simulated"
 USAGE = """usage: servelab fit-steps RUN_DIR [RUN_DIR ...] --out FILE
@@ -22,24 +21,6 @@ USAGE = """usage: servelab fit-steps RUN_DIR [RUN_DIR ...] --out FILE
 Fits each step's duration as seconds per step, per sequence, per token fed, per LM-head row,
 per attended (query, key) pair and per context token, on every step of the runs (one model,
 dtype, weights format, head layout and device); writes FILE for simulate.cost_model."""
-
-
-def described_of(run_dir: Path) -> dict[str, str]:
-    """What a run served, in the terms a cost model describes (`described_by`)."""
-    try:
-        meta = json.loads((run_dir / "meta.json").read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ConfigError("fit-steps", f"{run_dir} has no readable meta.json: {error}") from error
-    if "simulated" in meta:
-        raise ConfigError("fit-steps", f"{run_dir} is a simulated run: fit on real runs only")
-    strategy, model = meta.get("strategy") or {}, meta.get("config", {}).get("model", {})
-    return {
-        "model": str(model.get("name", model.get("shape", "model"))),
-        "dtype": str((meta.get("dtype") or {}).get("name")),
-        "weights": str(strategy.get("weights")),
-        "heads": str(strategy.get("heads")),
-        "device": str((meta.get("device") or {}).get("type")),
-    }
 
 
 def main(args: list[str]) -> None:

@@ -11,22 +11,15 @@ counts as passed, 1 otherwise (2 for bad input, before any work).
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import time
-from datetime import datetime
 from functools import partial
 from pathlib import Path
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.config import compose
-from servelab.harness.gate.collect import composed, measure, read_earlier
-from servelab.harness.gate.evaluate import evaluate
 from servelab.harness.gate.fingerprint import machine_fingerprint
-from servelab.harness.gate.plan import plan_gate
-from servelab.harness.gate.record import gate_record, render_gate
-from servelab.harness.gate.spec import POLICIES, GateSpec, load_gate
-from servelab.harness.measure.rundir import write_json_atomic
+from servelab.harness.gate.record import render_gate
+from servelab.harness.gate.run import GateArgs, run_gate
+from servelab.harness.gate.spec import POLICIES
 from servelab.reports.gate_report import build_gate_report
 from servelab.reports.run_report import reported
 
@@ -41,16 +34,6 @@ prints every claim's estimate, bootstrap interval and outcome and writes gate.js
 gate.html (into out=DIR, else beside the runs). OVERRIDEs apply to every run (e.g.
 model=dummy-tiny). Exit status 0 when every claim passes (inconclusive ones count as the
 gate file says), 1 otherwise."""
-
-
-@dataclasses.dataclass(frozen=True)
-class GateArgs:
-    path: Path
-    out: Path | None
-    read_from: Path | None
-    repeats: int | None
-    inconclusive: str | None
-    overrides: list[str]
 
 
 def parse_args(args: list[str]) -> GateArgs:
@@ -84,49 +67,15 @@ def parse_args(args: list[str]) -> GateArgs:
     )
 
 
-def with_arguments(spec: GateSpec, args: GateArgs) -> GateSpec:
-    """The gate file's settings with the command line's `repeats=` and `inconclusive=`."""
-    claims = spec.claims
-    if args.inconclusive is not None:
-        claims = tuple(dataclasses.replace(c, inconclusive=args.inconclusive) for c in claims)
-    repeats = spec.repeats if args.repeats is None else args.repeats
-    return dataclasses.replace(spec, claims=claims, repeats=repeats)
-
-
-def run_gate(args: GateArgs) -> dict:
-    """Plan, measure (or read), evaluate and record; returns the gate record."""
-    start = time.perf_counter()
-    machine = machine_fingerprint()
-    spec = with_arguments(load_gate(args.path, machine), args)
-    stamp = datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
-    root = args.read_from or args.out or Path("runs/gates") / spec.name / stamp
-    out = args.out or root
-    plan = plan_gate(spec, root, args.overrides)
-    configs = composed(plan, compose)
-    if args.read_from:
-        data = read_earlier(plan, configs)
-    else:
-        from servelab.harness.runner.run import run
-
-        data = measure(plan, configs, reported(partial(run, progress=False)))
-    results = evaluate(spec, plan, data)
-    elapsed = time.perf_counter() - start
-    source = None if args.read_from is None else str(args.read_from)
-    record = gate_record(spec, results, data, machine, elapsed, out, source)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "gate.json", record)
-    build_gate_report(out)
-    return record
-
-
 def main(args: list[str]) -> None:
     if args and args[0] == "fingerprint":
         machine = machine_fingerprint()
         print(f"fingerprint: {machine.id}")
         print(json.dumps(machine.parts, indent=2))
         return
-    gate_args = parse_args(args)
-    record = run_gate(gate_args)
+    from servelab.harness.runner.run import run
+
+    record = run_gate(parse_args(args), reported(partial(run, progress=False)), build_gate_report)
     print(render_gate(record))
     print(f"gate.json and gate.html in {record['dir']}")
     if not record["passed"]:

@@ -15,9 +15,10 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from servelab.harness.commands.config import compose, take_counts
+from servelab.harness.commands.config import take_counts
 from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
 from servelab.harness.models.model import ModelConfig
+from servelab.harness.runner.compose import compose
 from servelab.strategies.heads import HEADS
 
 ALLOCATION_LIMIT_BYTES = 4 * 2**30

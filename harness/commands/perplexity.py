@@ -6,7 +6,8 @@ The head layout and weights format of `strategy` apply, so a conversion's qualit
 
 from __future__ import annotations
 
-from servelab.harness.commands.config import compose, take_counts
+from servelab.harness.commands.config import take_counts
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.perplexity import served_perplexity
 from servelab.harness.runner.spec import engine_spec
 

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.config import compose
+from servelab.harness.runner.compose import compose
 from servelab.harness.simulate.hardware import (
     BANDWIDTH_EFFICIENCY,
     COMPUTE_EFFICIENCY,

@@ -28,8 +28,6 @@ from tqdm import tqdm
 
 from servelab.base.errors import ConfigError
 from servelab.base.records import StepRecord
-from servelab.harness.commands.config import compose
-from servelab.harness.commands.fit_steps import described_of
 from servelab.harness.engine.engine import Engine
 from servelab.harness.engine.shapes import DECODE, Shape, ShapeRunner
 from servelab.harness.measure.rundir import read_steps, write_json_atomic
@@ -37,12 +35,14 @@ from servelab.harness.models.load import model_config_of
 from servelab.harness.models.model import ModelConfig
 from servelab.harness.runner.backends.simulated import described_by
 from servelab.harness.runner.build import build_engine, kv_layout, load_for_strategy
+from servelab.harness.runner.compose import compose
 from servelab.harness.runner.spec import EngineSpec, engine_spec
 from servelab.harness.simulate.cost_model import (
     TERMS,
     StepCostModel,
     StepErrors,
     check_errors,
+    described_of,
     measured_steps,
 )
 from servelab.harness.simulate.profile import (

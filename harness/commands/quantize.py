@@ -18,16 +18,18 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.config import compose, take_counts
-from servelab.harness.commands.verify import Served, serve_outputs
+from servelab.harness.commands.config import take_counts
 from servelab.harness.measure.perplexity import window_logits
 from servelab.harness.measure.weights_quality import perplexity_entry, quality_path, record_quality
+from servelab.harness.runner.compose import compose, serving_weights
+from servelab.harness.runner.offline import Served, serve_outputs
 from servelab.harness.runner.settings import cache_dir_of
+from servelab.harness.runner.spec import run_spec
 from servelab.workloads.text import text_section
 
 METHODS = ("awq", "rtn")
@@ -68,17 +70,8 @@ def _method(args: list[str]) -> tuple[str, list[str]]:
     return methods[0], rest
 
 
-def configured(cfg: DictConfig, weights: str) -> DictConfig:
-    """`cfg` serving `weights`, in float32, without the roofline's peak measurement."""
-    copy = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    copy.strategy.weights = weights
-    copy.engine.dtype = "fp32"
-    copy.telemetry.roofline = False
-    return copy
-
-
 def measure(cfg: DictConfig, windows: int) -> Measured:
-    served = serve_outputs(cfg)
+    served = serve_outputs(run_spec(cfg))
     prepared = served.prepared
     tokenizer = prepared.served.loaded.tokenizer
     if tokenizer is None:
@@ -127,8 +120,8 @@ def agreement(reference: Measured, other: Measured) -> dict[str, Any]:
 
 
 def quantize_main(cfg: DictConfig, method: str, windows: int) -> str:
-    quantised = measure(configured(cfg, f"int4-{method}"), windows)
-    dense = measure(configured(cfg, "dense"), windows)
+    quantised = measure(serving_weights(cfg, f"int4-{method}"), windows)
+    dense = measure(serving_weights(cfg, "dense"), windows)
     cache_dir = cache_dir_of(cfg)
     shared = agreement(dense, quantised)
     made = quantised.served.prepared.served.weights.record() or {}

@@ -13,7 +13,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.config import CONF_DIR, check_group_choices
+from servelab.harness.runner.compose import check_group_choices
+from servelab.harness.runner.settings import CONF_DIR
 
 SUMMARY = "run one configuration (the default verb; -m sweeps)"
 USAGE = """usage: servelab [OVERRIDE ...]        one run, e.g. strategy=vllm workload=offline

@@ -27,8 +27,6 @@ from rich.table import Table
 from tqdm import tqdm
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.config import compose
-from servelab.harness.commands.quantize import configured
 from servelab.harness.measure.perplexity import perplexity
 from servelab.harness.measure.rundir import write_json_atomic
 from servelab.harness.models.load import build_model, tokenizer_for
@@ -36,6 +34,7 @@ from servelab.harness.models.model import LlamaModel
 from servelab.harness.models.spec import ModelSpec
 from servelab.harness.models.weights_format import CalibrationText, WeightsContext
 from servelab.harness.runner.build import ServedModel, calibration_text, load_for_strategy
+from servelab.harness.runner.compose import compose, serving_weights
 from servelab.harness.runner.settings import (
     EngineSettings,
     dtype_name,
@@ -176,7 +175,7 @@ def parse_args(args: list[str]) -> tuple[SalientArgs, list[str]]:
 
 
 def setup(cfg: DictConfig) -> Setup:
-    dense_cfg, awq_cfg = configured(cfg, "dense"), configured(cfg, "int4-awq")
+    dense_cfg, awq_cfg = serving_weights(cfg, "dense"), serving_weights(cfg, "int4-awq")
     return Setup(
         awq_cfg,
         model_of(awq_cfg),

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from servelab.harness.commands.config import compose
+from servelab.harness.runner.compose import compose
 from servelab.harness.search.knee import Knee, Probe
 from servelab.harness.search.profile import search
 from servelab.harness.search.ratio_knee import (

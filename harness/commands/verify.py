@@ -11,7 +11,6 @@ logits at the first differing position: a tiny margin explains a flip, a large o
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,14 +21,11 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.base.batch import ForwardBatch
-from servelab.base.errors import ConfigError
-from servelab.harness.commands.config import check_group_choices, compose
 from servelab.harness.engine.engine import Engine
 from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
-from servelab.harness.engine.step_update import StepResult
 from servelab.harness.models.model import AttentionFn, LlamaModel
-from servelab.harness.runner.replay import serve_all
-from servelab.harness.runner.run import Prepared, prepare
+from servelab.harness.runner.compose import check_group_choices, compose
+from servelab.harness.runner.offline import serve_outputs
 from servelab.harness.runner.spec import run_spec
 
 REFERENCE = "fastertransformer"
@@ -62,25 +58,6 @@ class StrategyCheck:
         return self.identical / self.requests if self.requests else 0.0
 
 
-@dataclass
-class Served:
-    outputs: dict[str, list[int]]  # output ids by request id
-    prepared: Prepared
-    steps: list[StepResult]
-
-
-def serve_outputs(cfg: DictConfig) -> Served:
-    """Serve the workload offline under `cfg`."""
-    start = time.perf_counter()
-    prepared = prepare(run_spec(cfg), lambda: time.perf_counter() - start)
-    requests = prepared.requests
-    if any(not r.sampling.greedy for r in requests):
-        raise ConfigError("workload.sampling.temperature", "verify compares greedy outputs; use 0")
-    steps = serve_all(prepared.engine, requests)
-    return Served({r.id: r.output_ids for r in requests}, prepared, steps)
-
-
-@torch.inference_mode()
 def next_token_margin(model: LlamaModel, attention: AttentionFn, tokens: list[int]) -> float:
     """Top-1 minus top-2 logit of the next token after `tokens`, computed cache-free."""
     config = model.config
@@ -135,12 +112,12 @@ def verify(
     compose: Callable[[list[str]], DictConfig],
     out: Path | None,
 ) -> list[StrategyCheck]:
-    reference = serve_outputs(compose(reference_overrides(overrides)))
+    reference = serve_outputs(run_spec(compose(reference_overrides(overrides))))
     requests = reference.prepared.workload.requests
     prompts = {s.id: list(s.prompt_ids) for s in requests}
     checks = []
     for strategy in strategies:
-        served = serve_outputs(compose([*overrides, f"strategy={strategy}"]))
+        served = serve_outputs(run_spec(compose([*overrides, f"strategy={strategy}"])))
         checks.append(
             compare(strategy, reference.outputs, served.outputs, prompts, reference.prepared.engine)
         )

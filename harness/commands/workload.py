@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.config import compose
+from servelab.harness.runner.compose import compose
 
 SUMMARY = "describe what a workload sends (no model loaded)"
 USAGE = """usage: servelab workload show [workload=NAME] [OVERRIDE ...]

@@ -26,10 +26,10 @@ from typing import Any
 import yaml
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.config import check_group_choices
 from servelab.harness.gate.fingerprint import Fingerprint
 from servelab.harness.measure.bootstrap import DIRECTIONS
 from servelab.harness.measure.summary_schema import metric_names
+from servelab.harness.runner.compose import check_group_choices
 
 KINDS = ("metric", "identical", "perplexity")
 POLICIES = ("pass", "fail")

@@ -244,3 +244,21 @@ def _nonnegative_least_squares(rows: np.ndarray, seconds: np.ndarray) -> np.ndar
         if not negative:
             return solution / scale
         active.remove(min(negative, key=lambda i: solution[i]))
+
+
+def described_of(run_dir: Path) -> dict[str, str]:
+    """What a run served, in the terms a cost model describes (`described_by`)."""
+    try:
+        meta = json.loads((run_dir / "meta.json").read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ConfigError("fit-steps", f"{run_dir} has no readable meta.json: {error}") from error
+    if "simulated" in meta:
+        raise ConfigError("fit-steps", f"{run_dir} is a simulated run: fit on real runs only")
+    strategy, model = meta.get("strategy") or {}, meta.get("config", {}).get("model", {})
+    return {
+        "model": str(model.get("name", model.get("shape", "model"))),
+        "dtype": str((meta.get("dtype") or {}).get("name")),
+        "weights": str(strategy.get("weights")),
+        "heads": str(strategy.get("heads")),
+        "device": str((meta.get("device") or {}).get("type")),
+    }
