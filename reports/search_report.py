@@ -75,6 +75,12 @@ def add_search_section(page: Page, path: Path, record: dict) -> None:
             f"The machine's speed moved {drift['change']:+.1%} between the first probe and the "
             "last (median TPOT one request at a time); every interval is widened by it."
         )
+    busy = record.get("busy_probes") or []
+    if busy:
+        notes.append(
+            f"Other processes shared the machine during {len(busy)} probe(s) ({', '.join(busy)}):"
+            " their requests ran slower than this machine runs alone (flag busy_machine)."
+        )
     unresolved = [k.strategy for k in knees if not k.resolved]
     if unresolved:
         notes.append(

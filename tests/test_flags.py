@@ -19,11 +19,13 @@ from servelab.harness.gate.plan import plan_gate
 from servelab.harness.gate.spec import parse_gate
 from servelab.harness.measure.bootstrap import Outcome
 from servelab.harness.measure.flags import (
+    BUSY_MACHINE,
     PREEMPTION_STORM,
     SEND_LAG,
     TELEMETRY_DROPOUT,
     Flag,
     add_flags,
+    busy_machine,
     in_flight_spans,
     refusals,
     step_dropouts,
@@ -201,3 +203,36 @@ def test_every_report_that_shows_a_run_shows_its_flags(tmp_path: Path) -> None:
     assert f"Flagged: {html.escape(flag)}" in page
     sweep = build_sweep_report([tmp_path / "sweep"], tmp_path / "sweep.html").read_text()
     assert sweep.count(html.escape(flag)) == 2  # above the group's figures, and in its row
+
+
+def test_other_processes_busy_while_requests_were_in_flight_flag_the_run(tmp_path: Path) -> None:
+    """Samples every second to 10 s, other processes at 90% of a core from 5 s to 10 s and
+    at 10% before: flagged over a request in flight from 4 to 10 s (mean 77%), not over one
+    from 0 to 5 s (10%); a file without the column flags nothing."""
+    path = tmp_path / "telemetry.csv"
+    shares = [10.0] * 6 + [90.0] * 5  # the row at t is the share since t - 1
+    path.write_text("t,others_cpu_pct\n" + "".join(f"{t},{s}\n" for t, s in enumerate(shares)))
+    (flag,) = busy_machine(path, in_flight_spans([served_record("a", 4.0, 10.0)]))
+    assert flag.code == BUSY_MACHINE and flag.text.startswith("other processes used 77% of a")
+    assert busy_machine(path, in_flight_spans([served_record("a", 0.0, 5.0)])) == []
+    path.write_text("t,cpu_pct\n0,100\n1,100\n")
+    assert busy_machine(path, in_flight_spans([served_record("a", 0.0, 1.0)])) == []
+
+
+def test_the_summary_on_screen_ends_with_the_flags() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from servelab.harness.measure.summary_table import render_summary
+    from tests.reports_rundirs import RunSpec, requests_of, summary_of
+
+    spec = RunSpec(extra_summary={"preemptions": 0})
+    summary = summary_of(spec, requests_of(spec))
+    add_flags(summary, [Flag(BUSY_MACHINE, "other processes used 77% of a core")])
+    out = StringIO()
+    render_summary(summary, "runs/x", Console(file=out, width=120))
+    assert out.getvalue().splitlines()[-2:] == [
+        "flag: other processes used 77% of a core",
+        "run directory: runs/x",
+    ]

@@ -70,14 +70,16 @@ def test_a_slowed_strategy_fails_the_gate(measured) -> None:
     assert outcomes == {"slowed": "fail", "waste": "pass", "lossless": "pass", "heads": "pass"}
     slowed = record["claims"][0]
     assert slowed["high"] < 0.8 and slowed["samples"] == 2
-    assert slowed["notes"] == [
+    # the suite's other workers share the machine, so a run may carry `busy_machine` too
+    notes = [note for note in slowed["notes"] if not note.startswith("other processes used")]
+    assert notes == [
         "engine.test_step_delay_s=0.5: every step delayed on purpose (test-only); not real figures"
     ]
     summary = json.loads(
         (root / "out/small/orca_engine.test_step_delay_s-0.5/rep-1/summary.json").read_text()
     )
     assert summary["test_step_delay_s"] == 0.5
-    assert summary["flags"] == slowed["notes"]
+    assert set(summary["flags"]) <= set(slowed["notes"]) and notes[0] in summary["flags"]
     assert record["passed"] is False
     page = (root / "out" / "gate.html").read_text()
     assert page.count("<svg") == 4 and "fail" in page

@@ -65,9 +65,11 @@ def test_a_search_directory_opens_its_report_with_the_answer(tmp_path: Path) -> 
                                                    rate=rate, ttft=0.1, slo=SLO))  # fmt: skip
     predicted = RunSpec(name="rate-3-n10", strategy="simulated-only", rate=3.0, slo=SLO)
     write_run(tmp_path / "predicted" / "vllm", predicted)
-    (tmp_path / "search.json").write_text(json.dumps(search_record(rates)))
+    record = {**search_record(rates), "busy_probes": ["orca/rate-2-n10"]}
+    (tmp_path / "search.json").write_text(json.dumps(record))
     page = page_text(build_sweep_report([tmp_path], tmp_path / "report.html"))
     assert page.index("<h2>The answer</h2>") < page.index("All runs")
+    assert "shared the machine during 1 probe(s) (orca/rate-2-n10)" in page
     answer = "vllm sustains 2x [1.64, 2.44] orca&#x27;s rate at this SLO on this machine."
     assert answer in page
     assert "moved +5.0% between the first probe and the last" in page

@@ -484,3 +484,13 @@ def test_the_prediction_is_set_beside_what_was_measured() -> None:
     assert predicted_text(measured(None, 0.113)) == "1.12 (measured below 0.113)"
     assert predicted_text(measured(2.5, None)) == "1.12 (measured above 2.5)"
     assert predicted_text(Knee("s")) == "-"
+
+
+def test_the_probes_that_shared_the_machine_are_named(tmp_path: Path) -> None:
+    from servelab.harness.search.profile import busy_probes
+
+    for name, codes in [("vllm/rate-1", ["busy_machine"]), ("orca/rate-2", ["send_lag"]),
+                        ("predicted/vllm/rate-3", ["busy_machine"])]:  # fmt: skip
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "summary.json").write_text(json.dumps({"flag_codes": codes}))
+    assert busy_probes(tmp_path) == ["vllm/rate-1"]  # simulated probes sample no machine

@@ -17,7 +17,7 @@ from servelab.base.errors import ConfigError
 from servelab.harness.measure import telemetry
 from servelab.harness.measure.telemetry import TelemetrySampler
 
-HOST_COLUMNS = ["cpu_pct", "rss_mib", "sys_mem_used_mib"]
+HOST_COLUMNS = ["cpu_pct", "others_cpu_pct", "rss_mib", "sys_mem_used_mib"]
 GPU_COLUMNS = [
     "gpu_util_pct",
     "mem_util_pct",
@@ -133,8 +133,8 @@ def test_psutil_path_writes_rows_on_the_given_clock(tmp_path: Path) -> None:
     assert times[0] >= 100.0
     assert all(b > a for a, b in itertools.pairwise(times))
     for row in rows:
-        cpu_pct, rss_mib, sys_used_mib = (float(cell) for cell in row[1:])
-        assert cpu_pct >= 0.0
+        cpu_pct, others_pct, rss_mib, sys_used_mib = (float(cell) for cell in row[1:])
+        assert cpu_pct >= 0.0 and others_pct >= 0.0
         assert rss_mib > 10.0
         assert sys_used_mib > rss_mib
 
@@ -229,3 +229,26 @@ def test_nvml_that_will_not_start_falls_back_to_psutil(
 def test_sampler_rejects_a_non_positive_period(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^telemetry\.period_s: must be a positive"):
         TelemetrySampler(tmp_path / "t.csv", 0.0, time.monotonic, torch.device("cpu"))
+
+
+def test_another_process_spinning_counts_as_others_cpu_and_this_ones_does_not() -> None:
+    """A child spinning for a second is another process until it is waited for: its core
+    shows in `others_cpu_pct`; this process spinning as long does not."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    others = telemetry.OthersCpu(psutil.Process())
+    spin = "import time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end: pass"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    time.sleep(0.9)
+    while_child = others.read()
+    child.wait()
+    others.read()
+    end = time.monotonic() + 0.9
+    while time.monotonic() < end:  # this process busy, no child running
+        pass
+    while_self = others.read()
+    assert while_child > 30.0  # a core, less what a loaded machine gives it
+    assert while_self < while_child

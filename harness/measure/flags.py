@@ -22,10 +22,14 @@ reports show) and the codes in `flag_codes`; gates refuse a run with any code in
   longer than `DROPOUT_MIN_GAP_S` and `DROPOUT_SAMPLE_FACTOR` sampling periods.
 - `incomplete`: the run stopped before writing its own summary (rebuilt from its records).
 
-Three codes say something without refusing the run: `test_step_delay` (the test-only knob
+Four codes say something without refusing the run: `test_step_delay` (the test-only knob
 slowed every step on purpose, which is how a gate is shown to fail on its ratios),
-`peaks_beaten` (steps beat the calibrated peaks, so MFU and MBU read high) and `estimated`
-(a peer server did not report its token counts or times, so they were estimated). One more
+`peaks_beaten` (steps beat the calibrated peaks, so MFU and MBU read high), `estimated`
+(a peer server did not report its token counts or times, so they were estimated) and
+`busy_machine` (while requests were in flight, other processes, or on a VM other guests,
+used more than `BUSY_OTHERS_PCT` percent of a core on average: a run served in this process
+shared the machine, and its speed reads low; gates interleave their runs, so it does not
+refuse one). One more
 refuses it: `simulated` (`backend=simulated`: every step's duration was predicted by a
 step-cost model, so the run measured nothing).
 """
@@ -60,6 +64,9 @@ TEST_STEP_DELAY = "test_step_delay"
 PEAKS_BEATEN = "peaks_beaten"
 ESTIMATED = "estimated"
 SIMULATED = "simulated"
+BUSY_MACHINE = "busy_machine"
+BUSY_OTHERS_PCT = 50.0  # percent of one core
+OTHERS_CPU = "others_cpu_pct"  # telemetry.csv's column of the CPU other processes used
 REFUSED = frozenset(
     {
         FAILED_REQUESTS,
@@ -193,6 +200,35 @@ def telemetry_dropouts(
             TELEMETRY_DROPOUT,
             f"{len(gaps)} gap(s) in telemetry.csv while requests were in flight, longest "
             f"{max(gaps):.2f} s > {bound:.2f} s",
+        )
+    ]
+
+
+def busy_machine(path: Path, in_flight: Sequence[tuple[float, float]]) -> list[Flag]:
+    """Other processes' CPU (telemetry.csv's `others_cpu_pct`, each row the share since the
+    row before) averaged over the time requests were in flight, flagged past the bound."""
+    if not path.is_file():
+        return []
+    weighted = spent = 0.0
+    with path.open(newline="") as handle:
+        before = None
+        for row in csv.DictReader(handle):
+            try:
+                t, share = float(row["t"]), float(row[OTHERS_CPU])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if before is not None:
+                overlap = _overlap(before, t, in_flight)
+                weighted, spent = weighted + share * overlap, spent + overlap
+            before = t
+    if spent <= 0 or weighted / spent <= BUSY_OTHERS_PCT:
+        return []
+    return [
+        Flag(
+            BUSY_MACHINE,
+            f"other processes used {weighted / spent:.0f}% of a core on average while "
+            f"requests were in flight (> {BUSY_OTHERS_PCT:.0f}%): the run shared the machine, "
+            "its speed reads low",
         )
     ]
 

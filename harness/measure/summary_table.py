@@ -81,4 +81,6 @@ def render_summary(summary: dict, run_dir: str, console: Console | None = None) 
         values = summary[name]
         latency.add_row(name, *(_ms(values[c]) for c in ("mean", "p50", "p90", "p99")))
     console.print(latency)
+    for line in summary.get("flags") or []:  # what makes these figures doubtful
+        console.print(f"flag: {line}")
     console.print(f"run directory: {run_dir}")

@@ -3,7 +3,9 @@
 Users need to see how full the device was while a strategy ran, on the same clock as the
 request timestamps. On an NVIDIA GPU the sampler reads NVML (utilisation, memory, power,
 clocks, temperature and the total-energy counter); everywhere it also records the process's
-CPU use, its resident memory and the system's used memory through psutil. Telemetry is a
+CPU use, the CPU other processes used meanwhile (a shared machine's load, which slows a run
+without showing in its own figures), its resident memory and the system's used memory
+through psutil. Telemetry is a
 witness, never a cause of failure: a reading that fails is left empty from then on, the
 failure is said once in the result's note, and nothing raises into the run. A run with
 nothing to sample (a simulation: its clock is virtual, and the machine running it is not the
@@ -26,6 +28,7 @@ import pynvml
 import torch
 
 from servelab.base.errors import ConfigError
+from servelab.harness.measure.flags import OTHERS_CPU
 
 MIB = 1024 * 1024
 
@@ -96,11 +99,38 @@ def _cuda_uuid(index: int) -> str | None:
     return raw if raw.startswith(("GPU-", "MIG-")) else f"GPU-{raw}"
 
 
+class OthersCpu:
+    """The CPU that processes other than this one (and its children) used since the last
+    read, in percent of one core: the machine's busy time less this process's, over the wall
+    time between. On a VM the busy time includes what the hypervisor gave other guests
+    (steal), which slows a run the same way."""
+
+    def __init__(self, process: psutil.Process) -> None:
+        self.process = process
+        self.last = self._totals()
+
+    def _totals(self) -> tuple[float, float, float]:
+        times = psutil.cpu_times()
+        idle = times.idle + getattr(times, "iowait", 0.0)
+        guests = getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)  # in user
+        own = self.process.cpu_times()
+        mine = own.user + own.system + own.children_user + own.children_system
+        return time.monotonic(), sum(times) - idle - guests, mine
+
+    def read(self) -> float:
+        now = self._totals()
+        wall, busy, own = (b - a for a, b in zip(self.last, now, strict=True))
+        self.last = now
+        return max(busy - own, 0.0) / wall * 100 if wall > 0 else 0.0
+
+
 def _psutil_columns() -> list[_Column]:
     process = psutil.Process()
     process.cpu_percent(None)  # the first call only starts psutil's interval
+    others = OthersCpu(process)
     return [
         _Column("cpu_pct", lambda: process.cpu_percent(None)),
+        _Column(OTHERS_CPU, others.read),
         _Column("rss_mib", lambda: process.memory_info().rss / MIB),
         _Column("sys_mem_used_mib", lambda: psutil.virtual_memory().used / MIB),
     ]

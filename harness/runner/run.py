@@ -31,6 +31,7 @@ from servelab.harness.measure.flags import (
     TEST_STEP_DELAY,
     Flag,
     add_flags,
+    busy_machine,
     in_flight_spans,
     step_dropouts,
     summary_flags,
@@ -46,7 +47,7 @@ from servelab.harness.measure.server_metrics import server_metrics_summary
 from servelab.harness.measure.slo.early_stop import StoppedEarly, StopRecord, stop_rule
 from servelab.harness.measure.telemetry import NoTelemetry, TelemetryResult, TelemetrySampler
 from servelab.harness.measure.weights_quality import read_quality, weights_summary
-from servelab.harness.runner.backends import ENGINE_LOOPS, peer_backend
+from servelab.harness.runner.backends import ENGINE_LOOPS, SERVED_HERE, peer_backend
 from servelab.harness.runner.backends.base import Backend
 from servelab.harness.runner.build import ServedModel
 from servelab.harness.runner.clock import RunClock
@@ -369,9 +370,10 @@ def summary_for(
     tokens = summary["output_tokens"]
     summary["j_per_token"] = telemetry.energy_j / tokens if telemetry.energy_j and tokens else None
     flags = summary_flags(summary) + step_dropouts(steps)
-    flags += telemetry_dropouts(
-        run_dir / "telemetry.csv", record.telemetry_period_s, in_flight_spans(requests)
-    )
+    spans = in_flight_spans(requests)
+    flags += telemetry_dropouts(run_dir / "telemetry.csv", record.telemetry_period_s, spans)
+    if record.backend in SERVED_HERE:  # a peer server is one of the other processes
+        flags += busy_machine(run_dir / "telemetry.csv", spans)
     delay = record.step_delay_s
     if delay > 0:
         summary["test_step_delay_s"] = delay

@@ -23,6 +23,7 @@ from pathlib import Path
 from omegaconf import DictConfig, open_dict
 
 from servelab.base.errors import ConfigError
+from servelab.harness.measure.flags import BUSY_MACHINE
 from servelab.harness.measure.slo.earlier_run import SourceSLO, judged_record, read_source, with_slo
 from servelab.harness.measure.slo.limits import LIMITS, SLO
 from servelab.harness.measure.slo.scaled import limits_line, scaled_keys, scaled_limits, speed_drift
@@ -205,10 +206,30 @@ def search(
             for knee in knees:  # resolved only if still within the resolution once widened
                 knee.found = None if knee.found is None else knee.found.widened(drift.factor)
                 knee.resolved = knee.resolved and knee.width <= 1 + settings.knee.resolution
+    busy = busy_probes(settings.out_dir)
+    if busy:
+        say(
+            f"other processes shared the machine in {len(busy)} probe(s) ({', '.join(busy)}; "
+            "flag busy_machine): their requests ran slower than this machine runs alone"
+        )
+        record["busy_probes"] = busy
     record["knees"] = [knee.to_json() for knee in knees]
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     (settings.out_dir / "search.json").write_text(json.dumps(record, indent=2))
     return SearchResult(knees, settings, record)
+
+
+def busy_probes(out_dir: Path) -> list[str]:
+    """The probes (STRATEGY/PROBE) whose runs shared the machine (`flags.BUSY_MACHINE`)."""
+    busy = []
+    for path in sorted(out_dir.glob("*/*/summary.json")):
+        try:
+            codes = json.loads(path.read_text()).get("flag_codes") or []
+        except (OSError, json.JSONDecodeError):
+            continue
+        if BUSY_MACHINE in codes:
+            busy.append(f"{path.parent.parent.name}/{path.parent.name}")
+    return busy
 
 
 def predicted_knees(

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 BACKENDS = ("inprocess", "openai", "hf_static", "hf_continuous", "simulated")
 ENGINE_LOOPS = ("inprocess", "simulated")  # backends that run the engine's own loop
 STOPS_EARLY = (*ENGINE_LOOPS, "openai")  # backends whose runs can stop early (slo.stop_early)
+SERVED_HERE = ("inprocess", "hf_static", "hf_continuous")  # a model served in this process
 
 
 def backend_of(cfg: Mapping[str, Any]) -> str:
