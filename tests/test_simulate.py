@@ -98,7 +98,7 @@ def real_and_simulated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, 
 def test_a_simulated_run_schedules_every_step_as_the_real_one(real_and_simulated) -> None:
     """Offline, the real scheduler's plan does not depend on timing: the simulation runs the
     same steps, of the same shapes, and takes the time the fit says those steps take."""
-    real_dir, simulated_dir, _ = real_and_simulated
+    real_dir, simulated_dir, cost = real_and_simulated
     real, simulated = read_steps(real_dir), read_steps(simulated_dir)
 
     def shape(step: StepRecord) -> tuple[int, ...]:
@@ -114,12 +114,15 @@ def test_a_simulated_run_schedules_every_step_as_the_real_one(real_and_simulated
     assert summary["completed"] == real_summary["completed"] == 24
     assert summary["status"] == "complete"
     # least squares with a step term leaves residuals summing to zero: the fitted steps take,
-    # simulated, exactly the time they took for real (the warm-up steps are not fitted)
+    # simulated, exactly the time they took for real (the warm-up steps are not fitted); not
+    # where the fit held the step term at its bound, zero (a loaded machine's noisy steps can
+    # make the unbounded fit's per-step cost negative), and then only about as long
 
     def busy(steps: list[StepRecord]) -> float:
         return sum(s.t_end - s.t_start for s in steps[WARMUP_STEPS:])
 
-    assert busy(simulated) == pytest.approx(busy(real), rel=1e-6)
+    free = StepCostModel.load(cost).seconds_per_unit["step"] > 0
+    assert busy(simulated) == pytest.approx(busy(real), rel=1e-6 if free else 0.01)
 
 
 def test_a_simulated_run_is_marked_and_refused_by_gates(real_and_simulated) -> None:
