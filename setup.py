@@ -9,7 +9,10 @@ of the wheel.
 
 from setuptools import find_namespace_packages, setup
 
-LAYERS = ("base", "harness", "strategies", "kernels", "workloads", "reports", "conf")
+LAYERS = (
+    "base", "kernels", "workloads", "engine", "models", "strategies", "harness", "reports",
+    "commands", "conf",
+)  # fmt: skip
 NOT_INSTALLED = ("reports.published", "reports.published.*")  # results, not code
 
 packages = ["servelab"]

@@ -39,11 +39,11 @@ import torch
 from benchmarks.timing import time_call
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.calibrate import measure_peaks
-from servelab.harness.models.dummy import DUMMY_SHAPES
-from servelab.harness.models.model import ModelConfig
 from servelab.kernels.int4_layout import num_groups, pack_int4
 from servelab.kernels.int4_linear import Int4Linear
 from servelab.kernels.int4_matmul import choose_kernel
+from servelab.models.dummy import DUMMY_SHAPES
+from servelab.models.model import ModelConfig
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -60,7 +60,7 @@ def layer_shapes(shape: ModelConfig) -> tuple[tuple[int, int], ...]:
 class BenchConfig:
     batches: tuple[int, ...] = (1, 32)
     dtypes: tuple[str, ...] = ("bf16", "fp32")
-    shape: str = "smollm2-135m"  # a named shape (`harness.models.dummy`): its layers' linears
+    shape: str = "smollm2-135m"  # a named shape (`models.dummy`): its layers' linears
     layers: int | None = None  # None: the shape's own
     group_size: int = 128
     device: str = "cpu"

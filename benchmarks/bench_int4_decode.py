@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from servelab.harness.engine.request import Request, SamplingParams
-from servelab.harness.models.model import LlamaModel
+from servelab.engine.request import Request, SamplingParams
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.replay import serve_all
 from servelab.harness.runner.spec import engine_spec
 from servelab.harness.runner.startup import start_engine
+from servelab.models.model import LlamaModel
 from servelab.workloads.text import text_section
 
 

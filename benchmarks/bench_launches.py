@@ -1,7 +1,7 @@
 """Count what one decode step of the GPU code path launches, per layer and per step.
 
 The GPU code path is the one `engine.device=cuda` runs: the Triton attention and, where they
-apply, the fused layers (`harness/models/gpu_layers.py`). A `strategy=vllm` engine serves
+apply, the fused layers (`models/gpu_layers.py`). A `strategy=vllm` engine serves
 `--batches` requests until every one of them decodes, then one more decode step is counted
 (`count_launches`: operators that launch kernels, views, syncs, host-to-device transfers,
 Triton launches). The count does not depend on sizes or speed, so on a CPU it runs the Triton
@@ -29,15 +29,15 @@ import torch
 if not torch.cuda.is_available():  # the Triton kernels under the interpreter, set before import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from servelab.harness.engine.engine import Engine  # noqa: E402
-from servelab.harness.engine.kv_cache import KVLayout  # noqa: E402
-from servelab.harness.engine.request import Request, SamplingParams  # noqa: E402
+from servelab.engine.engine import Engine  # noqa: E402
+from servelab.engine.kv_cache import KVLayout  # noqa: E402
+from servelab.engine.request import Request, SamplingParams  # noqa: E402
 from servelab.harness.measure.launches import Launches, count_launches  # noqa: E402
-from servelab.harness.models.dummy import DUMMY_SHAPES  # noqa: E402
-from servelab.harness.models.model import ModelConfig  # noqa: E402
 from servelab.harness.runner.build import build_engine, random_model  # noqa: E402
 from servelab.harness.runner.compose import compose  # noqa: E402
 from servelab.harness.runner.settings import EngineSettings  # noqa: E402
+from servelab.models.dummy import DUMMY_SHAPES  # noqa: E402
+from servelab.models.model import ModelConfig  # noqa: E402
 from servelab.strategies.settings import strategy_settings  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from servelab.base.records import StepRecord
-from servelab.harness.engine.request import Request
+from servelab.engine.request import Request
 from servelab.harness.measure.metrics import speculative_summary
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.replay import serve_all, to_request

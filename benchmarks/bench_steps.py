@@ -23,8 +23,8 @@ import time
 
 import torch
 
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.request import Request, SamplingParams
+from servelab.engine.engine import Engine
+from servelab.engine.request import Request, SamplingParams
 from servelab.harness.measure.roofline import step_cost, utilisation
 from servelab.harness.runner.build import build_engine
 from servelab.harness.runner.compose import compose

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
-from servelab.harness.engine.request import Request, SamplingParams
+from servelab.engine.kv_cache import KVLayout, allocate_kv_cache
+from servelab.engine.request import Request, SamplingParams
 from servelab.strategies.kv.block_pool import BlockPool
 from servelab.strategies.kv.paged import PagedConfig, PagedKVManager
 from servelab.strategies.kv.prefix_cache import CachedBlock, PrefixCache

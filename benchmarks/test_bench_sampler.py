@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from servelab.harness.engine.request import Request, SamplingParams
-from servelab.harness.engine.sampler import sample
+from servelab.engine.request import Request, SamplingParams
+from servelab.engine.sampler import sample
 
 VOCAB = 49152
 ROWS = 64

@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
-from servelab.harness.engine.request import Request, SamplingParams
-from servelab.harness.engine.scheduling import Scheduler, SchedulerLimits, SchedulerOutput
+from servelab.engine.kv_cache import KVLayout, allocate_kv_cache
+from servelab.engine.request import Request, SamplingParams
+from servelab.engine.scheduling import Scheduler, SchedulerLimits, SchedulerOutput
 from tests.tiny import strategy
 
 PROMPT = 64

@@ -12,7 +12,7 @@ same roundings to the activation dtype at the same points):
   and the values into one layer's cache at the batch's slots;
 - `silu_mul`: `silu(gate) * up` of a fused gate-up projection.
 
-The references are the eager modules (`harness.models.model`); the tests compare them through
+The references are the eager modules (`models.model`); the tests compare them through
 the interpreter (`TRITON_INTERPRET=1`, set before triton is imported).
 """
 

@@ -114,7 +114,7 @@ def fused_layer(run: RunKernels) -> Path:
     if run.fused_layer and run.attention_impl == "triton":
         return Path(
             "fused layers: concatenated qkv and gate-up products, Triton add-RMSNorm, rotary "
-            "with the cache write, SiLU-and-multiply (harness/models/gpu_layers.py)",
+            "with the cache write, SiLU-and-multiply (models/gpu_layers.py)",
             "the Triton attention, plain linear layers",
         )
     if run.fused_layer:

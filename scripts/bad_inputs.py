@@ -29,7 +29,7 @@ MODEL = "dummy-tiny"
 
 def servelab(args: list[str]) -> str:
     """Run `servelab ARGS` through its entry point: `exit N: the last line on stderr`."""
-    from servelab.harness.commands.cli import main as servelab_main
+    from servelab.commands.cli import main as servelab_main
 
     os.environ.update({"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     captured = io.StringIO()
@@ -48,8 +48,8 @@ def servelab(args: list[str]) -> str:
 
 def files(root: Path) -> dict[str, Path]:
     """Bad workload, trace and checkpoint files."""
-    from servelab.harness.models.dummy import DUMMY_SHAPES
-    from servelab.harness.models.hf_folder import hf_config_dict
+    from servelab.models.dummy import DUMMY_SHAPES
+    from servelab.models.hf_folder import hf_config_dict
 
     made = {}
 

@@ -26,8 +26,8 @@ import yaml
 
 from servelab.harness.measure.profiling import SUMMARY_NAME
 from servelab.harness.measure.rundir import read_steps
-from servelab.harness.models.dummy import DUMMY_SHAPES
 from servelab.harness.simulate.hardware import PRESETS
+from servelab.models.dummy import DUMMY_SHAPES
 
 TIMED_OUT = 124  # timeout(1)'s status
 

@@ -11,9 +11,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from servelab.harness.models.load import dummy_tokenizer_path
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.settings import model_of
+from servelab.models.load import dummy_tokenizer_path
 
 
 def main() -> None:

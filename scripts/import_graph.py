@@ -14,7 +14,10 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("base", "kernels", "workloads", "strategies", "harness", "reports")
+PACKAGES = (  # lowest first: each may import only those before it
+    "base", "kernels", "workloads", "engine", "models", "strategies", "harness", "reports",
+    "commands",
+)  # fmt: skip
 
 
 def package_of(parts: tuple[str, ...], split_harness: bool) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from servelab.harness.commands.fit_steps import main as fit_steps
+from servelab.commands.fit_steps import main as fit_steps
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.run import run
 from servelab.harness.search.profile import search

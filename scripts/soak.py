@@ -92,7 +92,7 @@ def soak_engine(args: argparse.Namespace) -> dict:
     """N requests through one in-process engine, `in_flight` at a time."""
     import torch
 
-    from servelab.harness.engine.request import Request, SamplingParams
+    from servelab.engine.request import Request, SamplingParams
     from servelab.harness.runner.compose import compose
     from servelab.harness.runner.loop import EngineDriver, NothingScheduled
     from servelab.harness.runner.spec import engine_spec

@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
-    from servelab.harness.engine.decoding import Decoder
-    from servelab.harness.engine.kv_cache import KVCache
-    from servelab.harness.engine.kv_manager import KVManager
-    from servelab.harness.engine.scheduling import AdmissionPolicy, Scheduler, SchedulerLimits
-    from servelab.harness.models.head_layout import HeadLayout
-    from servelab.harness.models.weights_format import WeightsFormat
+    from servelab.engine.decoding import Decoder
+    from servelab.engine.kv_cache import KVCache
+    from servelab.engine.kv_manager import KVManager
+    from servelab.engine.scheduling import AdmissionPolicy, Scheduler, SchedulerLimits
+    from servelab.models.head_layout import HeadLayout
+    from servelab.models.weights_format import WeightsFormat
     from servelab.strategies.decoding.context import DecoderContext
     from servelab.strategies.decoding.proposers import DraftSource
     from servelab.strategies.registry import Choice, Option

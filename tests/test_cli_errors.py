@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from servelab.harness.commands.cli import main
-from servelab.harness.models.embedded import EMBEDDED_MODELS
+from servelab.commands.cli import main
+from servelab.models.embedded import EMBEDDED_MODELS
 
 
 def _fail(monkeypatch, capsys, tmp_path: Path, *args: str) -> str:

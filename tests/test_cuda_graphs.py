@@ -1,4 +1,4 @@
-"""Decode steps replayed per batch-size bucket (`harness/engine/cuda_graphs.py`): the buckets,
+"""Decode steps replayed per batch-size bucket (`engine/cuda_graphs.py`): the buckets,
 the padded static path serving the eager engine's tokens (its portable twin runs the padded
 forwards eagerly, the Triton kernels interpreted on a CPU; on CUDA the captured graphs), and
 padded rows writing no KV."""
@@ -15,8 +15,8 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from servelab.base.batch import ForwardBatch  # noqa: E402
-from servelab.harness.engine.cuda_graphs import DecodeGraphs, buckets_for  # noqa: E402
-from servelab.harness.engine.kv_cache import KVLayout  # noqa: E402
+from servelab.engine.cuda_graphs import DecodeGraphs, buckets_for  # noqa: E402
+from servelab.engine.kv_cache import KVLayout  # noqa: E402
 from servelab.harness.runner.build import build_engine  # noqa: E402
 from servelab.kernels.layer_triton import rotary_write_kv  # noqa: E402
 from tests.tiny import (  # noqa: E402

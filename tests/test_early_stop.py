@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from servelab.base.errors import ConfigError
-from servelab.harness.engine.request import Request, SamplingParams
+from servelab.engine.request import Request, SamplingParams
 from servelab.harness.measure.rundir import read_requests
 from servelab.harness.measure.slo.early_stop import EarlyStop, wilson
 from servelab.harness.measure.slo.limits import SLO

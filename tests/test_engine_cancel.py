@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.request import Request
-from servelab.harness.models.model import LlamaModel
+from servelab.engine.engine import Engine
+from servelab.engine.request import Request
+from servelab.models.model import LlamaModel
 from tests.tiny import (
     greedy_reference,
     make_engine,

@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from scripts.import_graph import PACKAGES
+
 ROOT = Path(__file__).resolve().parent.parent
 CHECKED = [
     "-p",
     "servelab.strategies",
     "-p",
-    "servelab.harness.engine",
+    "servelab.engine",
     "-p",
     "servelab.harness.simulate",
     "-m",
@@ -33,7 +35,7 @@ def namespace_view(tmp_path_factory: pytest.TempPathFactory) -> Path:
     modules from files and cannot follow the editable install's import hook."""
     view = tmp_path_factory.mktemp("view")
     (view / "servelab").mkdir()
-    for layer in ("harness", "strategies", "kernels", "workloads", "reports"):
+    for layer in PACKAGES:
         (view / "servelab" / layer).symlink_to(ROOT / layer, target_is_directory=True)
     return view
 

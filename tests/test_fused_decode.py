@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from servelab.base.batch import ForwardBatch
-from servelab.harness.models.fused_decode import fused_decode_layers
 from servelab.kernels.attention import Attention, AttentionConfig
 from servelab.kernels.capabilities import torch_int4_block
 from servelab.kernels.cpu_attention import FLASH_ROWS
+from servelab.models.fused_decode import fused_decode_layers
 from tests.conftest import CpuBuild
 from tests.int4_cases import (
     context,

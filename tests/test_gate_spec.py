@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.cli import main
+from servelab.commands.cli import main
 from servelab.harness.gate.collect import composed
 from servelab.harness.gate.fingerprint import fingerprint_of, machine_fingerprint
 from servelab.harness.gate.plan import plan_gate

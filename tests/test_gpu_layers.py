@@ -1,4 +1,4 @@
-"""The fused GPU layers (`harness/models/gpu_layers.py`) serve the same tokens as the layer modules,
+"""The fused GPU layers (`models/gpu_layers.py`) serve the same tokens as the layer modules,
 on the Triton attention (interpreted on a CPU), for prefill, chunked and decode steps, paged
 and contiguous; where they cannot apply the modules run."""
 
@@ -13,13 +13,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from servelab.harness.engine.kv_cache import KVLayout  # noqa: E402
-from servelab.harness.models.dummy import DUMMY_SHAPES  # noqa: E402
-from servelab.harness.models.gpu_layers import GpuLayers, gpu_layers  # noqa: E402
-from servelab.harness.models.load import build_model  # noqa: E402
+from servelab.engine.kv_cache import KVLayout  # noqa: E402
 from servelab.harness.runner.build import build_engine, random_model  # noqa: E402
 from servelab.kernels.attention import Attention, AttentionConfig  # noqa: E402
 from servelab.kernels.linear import PackedLinear, packed_linear  # noqa: E402
+from servelab.models.dummy import DUMMY_SHAPES  # noqa: E402
+from servelab.models.gpu_layers import GpuLayers, gpu_layers  # noqa: E402
+from servelab.models.load import build_model  # noqa: E402
 from tests.tiny import (  # noqa: E402
     engine_settings,
     make_requests,

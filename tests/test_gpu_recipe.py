@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from servelab.base.errors import ConfigError
-from servelab.harness.models import load
-from servelab.harness.models.spec import model_spec
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.run import run
 from servelab.harness.runner.settings import model_of
+from servelab.models import load
+from servelab.models.spec import model_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 THIS_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"

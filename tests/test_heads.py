@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from servelab.base.errors import ConfigError
-from servelab.harness.engine.kv_cache import KVLayout
-from servelab.harness.models.dummy import DUMMY_SHAPES
-from servelab.harness.models.model import LlamaModel
+from servelab.engine.kv_cache import KVLayout
+from servelab.models.dummy import DUMMY_SHAPES
+from servelab.models.model import LlamaModel
 from servelab.strategies.heads import HEADS
 from tests.tiny import make_engine, make_requests, random_prompts, serve, strategy, tiny_model
 

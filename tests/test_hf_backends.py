@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from servelab.harness.engine.request import Request, SamplingParams
+from servelab.engine.request import Request, SamplingParams
 from servelab.harness.measure.rundir import RunWriter, read_requests
-from servelab.harness.models.load import LoadedModel
-from servelab.harness.models.model import LlamaModel
 from servelab.harness.runner.backends.hf_continuous import ContinuousLimits, ContinuousRunner
 from servelab.harness.runner.backends.hf_model import transformers_model
 from servelab.harness.runner.backends.hf_static import run_batch
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.run import run
+from servelab.models.load import LoadedModel
+from servelab.models.model import LlamaModel
 from servelab.workloads.spec import RequestSpec, Workload
 from tests.tiny import greedy_reference, random_prompts, tiny_model
 

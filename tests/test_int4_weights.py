@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from servelab.base.errors import ConfigError
-from servelab.harness.models.hf_folder import hf_config_dict, load_hf_folder, read_hf_config
-from servelab.harness.models.load import INIT_STD, build_model
 from servelab.kernels.cpu_build import cpu_ops
 from servelab.kernels.int4_layout import dequantize
 from servelab.kernels.int4_matmul_triton import interpreted
+from servelab.models.hf_folder import hf_config_dict, load_hf_folder, read_hf_config
+from servelab.models.load import INIT_STD, build_model
 from servelab.strategies.heads import HEADS
 from servelab.strategies.weights.int4_checkpoint import RECORD_FILE
 from servelab.strategies.weights.int4_format import LINEARS

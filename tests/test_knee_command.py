@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.knee import main
+from servelab.commands.knee import main
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.run import run
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from servelab.base.errors import ConfigError
-from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
-from servelab.harness.engine.request import Request, SamplingParams
+from servelab.engine.kv_cache import KVLayout, allocate_kv_cache
+from servelab.engine.request import Request, SamplingParams
 from servelab.strategies.kv import KV, prefix_cache
 from servelab.strategies.kv.paged import PagedConfig, PagedKVManager
 

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.request import Request, SamplingParams
-from servelab.harness.models.model import LlamaModel
+from servelab.engine.engine import Engine
+from servelab.engine.request import Request, SamplingParams
+from servelab.models.model import LlamaModel
 from tests.tiny import (
     greedy_reference,
     make_engine,

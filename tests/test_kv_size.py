@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from servelab.harness.commands.kv_size import kv_sizes
-from servelab.harness.engine.kv_cache import KVLayout
-from servelab.harness.models.dummy import DUMMY_SHAPES
+from servelab.commands.kv_size import kv_sizes
+from servelab.engine.kv_cache import KVLayout
+from servelab.models.dummy import DUMMY_SHAPES
 
 CPU = torch.device("cpu")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
-from servelab.harness.engine.request import Request, SamplingParams
+from servelab.engine.kv_cache import KVLayout, allocate_kv_cache
+from servelab.engine.request import Request, SamplingParams
 from servelab.strategies.kv.contiguous import ContiguousKVManager
 from servelab.strategies.kv.paged import PagedConfig, PagedKVManager
 

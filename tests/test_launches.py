@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
 
 from benchmarks.bench_launches import step_launches  # noqa: E402
 from servelab.harness.measure.launches import count_launches  # noqa: E402
-from servelab.harness.models.dummy import DUMMY_SHAPES  # noqa: E402
+from servelab.models.dummy import DUMMY_SHAPES  # noqa: E402
 
 CPU = torch.device("cpu")
 # A decode step of the GPU code path: a few launches a layer, the step's metadata in one copy,

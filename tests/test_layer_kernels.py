@@ -13,8 +13,8 @@ import torch.nn.functional as F
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from servelab.harness.models.model import RMSNorm, RotaryEmbedding, apply_rotary  # noqa: E402
 from servelab.kernels.layer_triton import add_rmsnorm, rotary_write_kv, silu_mul  # noqa: E402
+from servelab.models.model import RMSNorm, RotaryEmbedding, apply_rotary  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.float32, torch.float16]

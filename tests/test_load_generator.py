@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from scripts.client_bench import at_rate
 from servelab.base.errors import ConfigError
 from servelab.base.records import RequestRecord
-from servelab.harness.engine.request import Request, SamplingParams
+from servelab.engine.request import Request, SamplingParams
 from servelab.harness.measure.flags import ARRIVALS_OFF, SEND_LAG, refusals, summary_flags
 from servelab.harness.measure.load_generator import (
     LATE_S,

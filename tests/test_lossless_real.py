@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import DictConfig
 
-from servelab.harness.commands.verify import verify
+from servelab.commands.verify import verify
 from servelab.harness.runner import offline
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.spec import run_spec

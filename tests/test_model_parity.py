@@ -15,9 +15,9 @@ import torch
 from omegaconf import OmegaConf
 
 from servelab.base.batch import ForwardBatch
-from servelab.harness.engine.request import Request, SamplingParams
-from servelab.harness.models.load import load_model
-from servelab.harness.models.spec import model_spec
+from servelab.engine.request import Request, SamplingParams
+from servelab.models.load import load_model
+from servelab.models.spec import model_spec
 from servelab.workloads.text import section_chunks
 from tests.tiny import dense_attention, make_engine, serve, strategy
 

@@ -84,10 +84,10 @@ def test_a_pickled_checkpoint_is_refused_unopened(tmp_path: Path) -> None:
     import pickle
 
     from servelab.base.errors import ConfigError
-    from servelab.harness.models.dummy import DUMMY_SHAPES
-    from servelab.harness.models.hf_folder import hf_config_dict
-    from servelab.harness.models.load import load_model
-    from servelab.harness.models.spec import model_spec
+    from servelab.models.dummy import DUMMY_SHAPES
+    from servelab.models.hf_folder import hf_config_dict
+    from servelab.models.load import load_model
+    from servelab.models.spec import model_spec
 
     marker = tmp_path / "unpickled"
 

@@ -13,11 +13,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.request import Request, SamplingParams
-from servelab.harness.engine.sampler import DRAFT_STREAM, TARGET_STREAM, generator_for
-from servelab.harness.models.model import LlamaModel
+from servelab.engine.engine import Engine
+from servelab.engine.request import Request, SamplingParams
+from servelab.engine.sampler import DRAFT_STREAM, TARGET_STREAM, generator_for
 from servelab.harness.runner.replay import serve_all
+from servelab.models.model import LlamaModel
 from tests.tiny import greedy_reference, make_engine, random_prompts, strategy, tiny_model
 
 PROMPT_LEN = 10  # not a multiple of the block size (4): the last prompt block is partial

@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from servelab.harness.engine.model_runner import StepShape
+from servelab.engine.model_runner import StepShape
 from servelab.harness.measure.roofline import ModelShape, step_cost
-from servelab.harness.models.dummy import DUMMY_SHAPES
 from servelab.harness.simulate.cost_model import StepCounts
 from servelab.harness.simulate.hardware import PRESETS, Hardware, RooflineStepTime
+from servelab.models.dummy import DUMMY_SHAPES
 
 LLAMA2_13B = DUMMY_SHAPES["llama2-13b"]
 
@@ -45,7 +45,7 @@ def test_more_bandwidth_makes_a_decode_step_faster_and_leaves_a_prefill_step_alo
 
 
 def test_plan_tells_devices_memory_and_cost_for_a_13b_shape(tmp_path, capsys) -> None:
-    from servelab.harness.commands.plan import main
+    from servelab.commands.plan import main
 
     main([
         "model=dummy-llama2-13b", "workload=random", "workload.num_requests=32",

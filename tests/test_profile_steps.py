@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.profile_steps import ProfileArgs, parse_args, profile_steps
-from servelab.harness.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
+from servelab.commands.profile_steps import ProfileArgs, parse_args, profile_steps
+from servelab.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
 from servelab.harness.runner.backends.simulated import SimulatedBackend
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.run import run

@@ -11,8 +11,8 @@ import torch
 
 from servelab.base.errors import ConfigError
 from servelab.base.records import StepRecord
-from servelab.harness.engine.model_runner import StepShape
-from servelab.harness.engine.step_update import StepResult
+from servelab.engine.model_runner import StepShape
+from servelab.engine.step_update import StepResult
 from servelab.harness.measure.profiling import SUMMARY_NAME, TRACE_NAME, StepProfiler
 from servelab.harness.measure.trace_steps import step_traces
 from servelab.harness.runner.compose import compose

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from servelab.harness.models.model import LlamaModel
+from servelab.models.model import LlamaModel
 from tests.random_load import (
     VOCAB,
     Arrival,

@@ -192,7 +192,7 @@ def test_the_command_that_asked_for_a_run_draws_its_report(monkeypatch, tmp_path
     runner itself draws none, so a search's or a gate's caller decides (`reported`)."""
     import sys
 
-    from servelab.harness.commands.cli import main
+    from servelab.commands.cli import main
     from servelab.harness.runner.compose import compose
     from servelab.harness.runner.run import run
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servelab.harness.engine.model_runner import attended_pairs
+from servelab.engine.model_runner import attended_pairs
 from servelab.harness.measure.calibrate import Peaks
 from servelab.harness.measure.roofline import ModelShape, StepCost, step_cost, utilisation
 

@@ -11,10 +11,10 @@ import torch
 from omegaconf import open_dict
 
 from servelab.base.errors import ConfigError
-from servelab.harness.models.spec import model_spec
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.run import run_spec_into
 from servelab.harness.runner.spec import run_record, run_spec
+from servelab.models.spec import model_spec
 
 TINY = [
     "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",

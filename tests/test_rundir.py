@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.harness.engine.engine import Engine
+from servelab.engine.engine import Engine
 from servelab.harness.measure.metrics import summarize
 from servelab.harness.measure.rundir import read_requests, read_steps
 from servelab.harness.measure.slo.limits import SLO

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from servelab.base.errors import ConfigError
-from servelab.harness.commands.salient import parse_args
+from servelab.commands.salient import parse_args
 from servelab.strategies.weights.int4_format import LINEARS
 from servelab.strategies.weights.int4_quant import quantize
 from servelab.strategies.weights.salient import (

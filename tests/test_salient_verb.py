@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from servelab.harness.commands.salient import main
-from servelab.harness.models.dummy import DUMMY_SHAPES
-from servelab.harness.models.embedded import EMBEDDED_MODELS
-from servelab.harness.models.fetch import DEFAULT_CACHE_DIR, fetch_wheel_model
-from servelab.harness.models.load import converted_gguf
+from servelab.commands.salient import main
+from servelab.models.dummy import DUMMY_SHAPES
+from servelab.models.embedded import EMBEDDED_MODELS
+from servelab.models.fetch import DEFAULT_CACHE_DIR, fetch_wheel_model
+from servelab.models.load import converted_gguf
 from servelab.strategies.weights.int4_format import linear_shapes
 from servelab.strategies.weights.salient import kept_count
 

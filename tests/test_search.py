@@ -240,7 +240,7 @@ def test_a_knee_with_no_lower_end_alone_goes_first_whatever_its_share() -> None:
 
 
 def test_a_probe_line_says_what_ran_and_what_it_showed() -> None:
-    from servelab.harness.commands.search import probe_line
+    from servelab.commands.search import probe_line
 
     stopped_ratios = ProbeRatios(0.58, (0.5,) * 10 + (3.0,) * 38, (False,) * 10 + (True,) * 38)
     stopped = Outcome("d", stopped_ratios, 0.9, 41.2, 40.0, stopped=True)
@@ -435,7 +435,7 @@ def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_predi
     the same model), a simulated search under the same SLO, its knees recorded, and each
     strategy's first rate probe at 0.7x its predicted knee (below the ceiling; run, or named
     as the probe the budget had no room for)."""
-    from servelab.harness.commands.search import profiled
+    from servelab.commands.search import profiled
     from servelab.harness.runner.compose import compose
     from servelab.harness.runner.run import run
     from servelab.harness.search.profile import search
@@ -474,7 +474,7 @@ def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_predi
 
 
 def test_the_prediction_is_set_beside_what_was_measured() -> None:
-    from servelab.harness.commands.search import predicted_text
+    from servelab.commands.search import predicted_text
     from servelab.harness.search.ratio_knee import RatioKnee
 
     def measured(low: float | None, high: float | None) -> Knee:

@@ -87,7 +87,7 @@ def real_and_simulated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, 
     offline = [*TINY, "workload.arrival.process=offline", "strategy=vllm", "engine.kv_budget=2MiB"]
     run(compose(offline), root / "real", progress=False)
     cost = root / "cost.json"
-    from servelab.harness.commands.fit_steps import main as fit_steps
+    from servelab.commands.fit_steps import main as fit_steps
 
     fit_steps([str(root / "real"), "--out", str(cost)])
     simulated = [*offline, "backend=simulated", f"simulate.cost_model={cost}"]
@@ -133,7 +133,7 @@ def test_a_simulated_run_is_marked_and_refused_by_gates(real_and_simulated) -> N
     assert summary[SIMULATED]["cost_model"] == str(cost) == meta[SIMULATED]["cost_model"]
     assert summary[SIMULATED]["fitted_on"]["model"] == "dummy-tiny"
     with pytest.raises(ConfigError, match="simulated run"):
-        from servelab.harness.commands.fit_steps import main as fit_steps
+        from servelab.commands.fit_steps import main as fit_steps
 
         fit_steps([str(simulated_dir), "--out", str(cost.parent / "again.json")])
 

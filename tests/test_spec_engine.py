@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from servelab.base.records import StepRecord
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.request import Request, SamplingParams
+from servelab.engine.engine import Engine
+from servelab.engine.request import Request, SamplingParams
 from servelab.harness.measure.metrics import speculative_summary
-from servelab.harness.models.model import LlamaModel
+from servelab.models.model import LlamaModel
 from servelab.strategies.decoding.model_drafter import ModelDrafter
 from servelab.strategies.kv.paged import PagedKVManager
 from servelab.strategies.settings import StrategySettings

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from servelab.harness.engine.request import Request, SamplingParams
-from servelab.harness.engine.sampler import draw, generator_for, probabilities, sample
+from servelab.engine.request import Request, SamplingParams
+from servelab.engine.sampler import draw, generator_for, probabilities, sample
 from servelab.strategies.decoding.acceptance import accept_greedy, accept_sampled
 from servelab.strategies.decoding.gamma import choose_gamma, expected_speedup
 from servelab.strategies.decoding.ngram import lookup

@@ -35,9 +35,9 @@ import pytest
 import torch
 
 from servelab.base.batch import ForwardBatch
-from servelab.harness.engine.request import Request, SamplingParams
-from servelab.harness.engine.sampler import probabilities
-from servelab.harness.models.model import LlamaModel
+from servelab.engine.request import Request, SamplingParams
+from servelab.engine.sampler import probabilities
+from servelab.models.model import LlamaModel
 from servelab.strategies.decoding import acceptance
 from servelab.strategies.decoding.ngram import lookup
 from tests.tiny import dense_attention, make_engine, serve, strategy, tiny_model

@@ -8,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from servelab.harness.engine.request import Request, SamplingParams
+from servelab.engine.request import Request, SamplingParams
 from servelab.harness.runner.backends.endpoint import request_body
 from servelab.harness.runner.backends.stream_tally import StreamTally
 

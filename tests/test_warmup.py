@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from servelab.base.errors import ConfigError
-from servelab.harness.engine.shapes import DECODE, PREFILL, Shape
+from servelab.engine.shapes import DECODE, PREFILL, Shape
 from servelab.harness.measure.rundir import read_requests
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.run import prepare, run

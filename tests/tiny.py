@@ -12,15 +12,15 @@ import torch
 import torch.nn.functional as F
 
 from servelab.base.batch import ForwardBatch
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.kv_cache import KVLayout
-from servelab.harness.engine.request import Request, SamplingParams
-from servelab.harness.models.dummy import DUMMY_SHAPES
-from servelab.harness.models.load import build_model
-from servelab.harness.models.model import LlamaModel
+from servelab.engine.engine import Engine
+from servelab.engine.kv_cache import KVLayout
+from servelab.engine.request import Request, SamplingParams
 from servelab.harness.runner.build import build_engine
 from servelab.harness.runner.replay import serve_all
 from servelab.harness.runner.settings import EngineSettings
+from servelab.models.dummy import DUMMY_SHAPES
+from servelab.models.load import build_model
+from servelab.models.model import LlamaModel
 from servelab.strategies.settings import StrategySettings, strategy_settings
 
 CPU = torch.device("cpu")

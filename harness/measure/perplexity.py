@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from servelab.base.batch import ForwardBatch
-from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
-from servelab.harness.models.model import AttentionFn, LlamaModel
+from servelab.engine.kv_cache import KVLayout, allocate_kv_cache
+from servelab.models.model import AttentionFn, LlamaModel
 
 
 def perplexity(

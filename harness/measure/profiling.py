@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from servelab.base.errors import ConfigError
 from servelab.base.records import StepRecord
-from servelab.harness.engine.step_update import StepResult
+from servelab.engine.step_update import StepResult
 from servelab.harness.measure.trace_steps import read_trace
 
 TRACE_NAME = "profile_trace.json"

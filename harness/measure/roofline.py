@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from servelab.base.records import StepRecord
-from servelab.harness.engine.model_runner import attended_pairs
-from servelab.harness.models.model import ModelConfig
+from servelab.engine.model_runner import attended_pairs
+from servelab.models.model import ModelConfig
 
 if TYPE_CHECKING:
     from servelab.harness.measure.calibrate import Peaks

@@ -20,27 +20,27 @@ from pathlib import Path
 
 import torch
 
-from servelab.harness.engine.cuda_graphs import DecodeGraphs, GraphsRecord, buckets_for
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.kv_cache import KVCache, KVLayout, allocate_kv_cache
-from servelab.harness.engine.model_runner import ModelRunner
-from servelab.harness.engine.scheduling import Scheduler, SchedulerLimits
-from servelab.harness.engine.step_update import StepUpdate
-from servelab.harness.models.fused_decode import fused_decode_layers
-from servelab.harness.models.gpu_layers import GpuLayers, gpu_layers
-from servelab.harness.models.load import (
+from servelab.engine.cuda_graphs import DecodeGraphs, GraphsRecord, buckets_for
+from servelab.engine.engine import Engine
+from servelab.engine.kv_cache import KVCache, KVLayout, allocate_kv_cache
+from servelab.engine.model_runner import ModelRunner
+from servelab.engine.scheduling import Scheduler, SchedulerLimits
+from servelab.engine.step_update import StepUpdate
+from servelab.harness.runner.settings import EngineSettings
+from servelab.kernels.attention import Attention, AttentionConfig
+from servelab.kernels.linear import pack_ahead
+from servelab.models.fused_decode import fused_decode_layers
+from servelab.models.gpu_layers import GpuLayers, gpu_layers
+from servelab.models.load import (
     Checkpoint,
     LoadedModel,
     build_model,
     load_model,
     tokenizer_for,
 )
-from servelab.harness.models.model import LlamaModel, ModelConfig
-from servelab.harness.models.spec import ModelSpec
-from servelab.harness.models.weights_format import CalibrationText, WeightsContext, WeightsFormat
-from servelab.harness.runner.settings import EngineSettings
-from servelab.kernels.attention import Attention, AttentionConfig
-from servelab.kernels.linear import pack_ahead
+from servelab.models.model import LlamaModel, ModelConfig
+from servelab.models.spec import ModelSpec
+from servelab.models.weights_format import CalibrationText, WeightsContext, WeightsFormat
 from servelab.strategies.decoding.context import DecoderContext
 from servelab.strategies.factories import HeadsChoice, WeightsChoice
 from servelab.strategies.settings import StrategySettings

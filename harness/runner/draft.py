@@ -15,11 +15,11 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from servelab.base.errors import ConfigError
-from servelab.harness.models.load import model_config_of
-from servelab.harness.models.model import LlamaModel
-from servelab.harness.models.spec import ModelSpec, model_spec
 from servelab.harness.runner.build import ServedModel, load_served
 from servelab.harness.runner.settings import CONF_DIR, EngineSettings
+from servelab.models.load import model_config_of
+from servelab.models.model import LlamaModel
+from servelab.models.spec import ModelSpec, model_spec
 from servelab.strategies.decoding.proposers import TARGET, DraftModelSource
 from servelab.strategies.heads import HEADS
 from servelab.strategies.settings import StrategySettings

@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from typing import Protocol
 
 from servelab.base.records import RequestRecord, StepRecord
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.request import Request
-from servelab.harness.engine.step_update import StepResult
+from servelab.engine.engine import Engine
+from servelab.engine.request import Request
+from servelab.engine.step_update import StepResult
 from servelab.harness.measure.slo.early_stop import StoppedEarly, StopRecord
 
 IDLE_WAIT_S = 0.5  # longest a loop blocks on an empty inbox before looking again

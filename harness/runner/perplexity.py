@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 from servelab.harness.measure.perplexity import perplexity
 from servelab.harness.measure.weights_quality import perplexity_entry, record_quality
-from servelab.harness.models.load import tokenizer_for
 from servelab.harness.runner.build import load_for_strategy
 from servelab.harness.runner.settings import dtype_name
 from servelab.harness.runner.spec import EngineSpec
 from servelab.kernels.attention import Attention, AttentionConfig
+from servelab.models.load import tokenizer_for
 from servelab.workloads.text import text_section
 
 

@@ -24,9 +24,9 @@ from typing import Protocol
 
 from tqdm import tqdm
 
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.request import Request, SamplingParams
-from servelab.harness.engine.step_update import StepResult
+from servelab.engine.engine import Engine
+from servelab.engine.request import Request, SamplingParams
+from servelab.engine.step_update import StepResult
 from servelab.harness.measure.rundir import RunWriter
 from servelab.harness.measure.slo.early_stop import StopRecord
 from servelab.harness.runner.clock import RunClock

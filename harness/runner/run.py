@@ -22,8 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from servelab.base.errors import ConfigError
 from servelab.base.records import StepRecord
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.request import Request
+from servelab.engine.engine import Engine
+from servelab.engine.request import Request
 from servelab.harness.measure.calibrate import Peaks, provenance, remeasure_if_beaten
 from servelab.harness.measure.flags import (
     PEAKS_BEATEN,

@@ -16,10 +16,10 @@ import torch
 from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
-from servelab.harness.engine.kv_cache import parse_bytes
-from servelab.harness.models.spec import ModelSpec, model_spec
+from servelab.engine.kv_cache import parse_bytes
 from servelab.kernels.attention import IMPLS
 from servelab.kernels.capabilities import capabilities
+from servelab.models.spec import ModelSpec, model_spec
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the Hydra config tree and its presets
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -47,9 +47,7 @@ class EngineSettings:
     max_batch_size: int
     max_num_batched_tokens: int
     attention: str
-    fused_decode: (
-        bool  # the fused layers where they apply (harness/models/fused_decode.py, gpu_layers.py)
-    )
+    fused_decode: bool  # the fused layers where they apply (models/fused_decode.py, gpu_layers.py)
     cuda_graphs: bool  # decode steps replayed from CUDA graphs where they apply
     seed: int
     warmup: bool  # each step-shape bucket run once before the measured window

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.request import Request
+from servelab.engine.engine import Engine
+from servelab.engine.request import Request
 from servelab.harness.measure.rundir import RunWriter
 from servelab.harness.measure.slo.early_stop import StopRecord
 from servelab.harness.runner.collector import collector_paused

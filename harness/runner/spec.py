@@ -19,7 +19,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.slo.limits import SLO
-from servelab.harness.models.spec import ModelSpec
 from servelab.harness.runner.backends import ENGINE_LOOPS, STOPS_EARLY, backend_of
 from servelab.harness.runner.backends.endpoint_settings import EndpointSettings, endpoint_settings
 from servelab.harness.runner.draft import draft_model_of
@@ -30,6 +29,7 @@ from servelab.harness.runner.settings import (
     model_of,
 )
 from servelab.harness.runner.step_delay import step_delay_s
+from servelab.models.spec import ModelSpec
 from servelab.strategies.settings import StrategySettings, strategy_settings
 from servelab.workloads.arrivals import ArrivalSpec, parse_arrival_spec
 from servelab.workloads.config import WorkloadConfig, parse_workload_config

@@ -18,18 +18,18 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.model_runner import ModelRunner
-from servelab.harness.engine.step_update import StepResult
+from servelab.engine.engine import Engine
+from servelab.engine.model_runner import ModelRunner
+from servelab.engine.step_update import StepResult
 from servelab.harness.measure.calibrate import Peaks, measure_peaks
 from servelab.harness.measure.roofline import ModelShape, StepRoofline
-from servelab.harness.models.load import tokenizer_for
 from servelab.harness.runner.build import ServedModel, build_engine, load_for_strategy
 from servelab.harness.runner.draft import load_draft
 from servelab.harness.runner.loop import StepHook
 from servelab.harness.runner.settings import EngineSettings
 from servelab.harness.runner.spec import EngineSpec
 from servelab.harness.runner.step_delay import StepDelay
+from servelab.models.load import tokenizer_for
 from servelab.strategies.settings import StrategySettings
 
 

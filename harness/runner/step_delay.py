@@ -13,7 +13,7 @@ import time
 from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
-from servelab.harness.engine.step_update import StepResult
+from servelab.engine.step_update import StepResult
 
 KEY = "test_step_delay_s"
 

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 
 from tqdm import tqdm
 
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.shapes import DECODE, PREFILL, NoRoom, Shape, ShapeRunner
+from servelab.engine.engine import Engine
+from servelab.engine.shapes import DECODE, PREFILL, NoRoom, Shape, ShapeRunner
 
 FIRST_CHUNK = 16  # the shortest prefill bucket, tokens
 DECODE_CONTEXT = 16  # tokens of context each decode row attends

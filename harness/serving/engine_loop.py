@@ -27,8 +27,8 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.request import Request
+from servelab.engine.engine import Engine
+from servelab.engine.request import Request
 from servelab.harness.runner.loop import IDLE_WAIT_S, EngineDriver, fail_in_flight
 
 MAX_IN_FLIGHT = 512  # requests in the loop at once, unless told otherwise

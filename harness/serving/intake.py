@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.request import Request, SamplingParams
+from servelab.engine.engine import Engine
+from servelab.engine.request import Request, SamplingParams
 from servelab.harness.serving.errors import APIError
 from servelab.harness.serving.protocol import ChatRequest, CompletionRequest, Sampling
 

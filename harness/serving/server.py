@@ -22,7 +22,7 @@ import uvicorn
 from omegaconf import DictConfig, OmegaConf
 
 from servelab.base.errors import ConfigError
-from servelab.harness.engine.kv_cache import parse_bytes
+from servelab.engine.kv_cache import parse_bytes
 from servelab.harness.measure.rundir import RunWriter
 from servelab.harness.runner.loop import EngineDriver
 from servelab.harness.runner.settings import api_key_from_env

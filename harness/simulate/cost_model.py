@@ -32,7 +32,7 @@ import numpy as np
 
 from servelab.base.errors import ConfigError
 from servelab.base.records import StepRecord
-from servelab.harness.engine.model_runner import StepShape
+from servelab.engine.model_runner import StepShape
 
 TERMS = ("step", "seqs", "tokens", "logits_rows", "attended_pairs", "context_tokens")
 WARMUP_STEPS = 2  # each run's first steps, left out of a fit

@@ -3,7 +3,7 @@ profile-steps`), rather than from whatever shapes real runs happened to serve.
 
 The grid's shapes are prefill chunks (one sequence, many tokens, after an empty or a filled
 cache) and decode batches (many sequences, one token each, at a context length), each fed to
-the model runner as `harness.engine.shapes` feeds one (its logits accepted, which is what a
+the model runner as `engine.shapes` feeds one (its logits accepted, which is what a
 step record's `model_s` times); its time is the best of `repeats` after `warmup` untimed
 forwards. Its counts are the engine's own (the feed's `StepShape`, `StepCounts`), so the
 table and a run's steps are counted alike and fitted by the one function (`fit_counts`).
@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import TypeVar
 
 from servelab.base.errors import ConfigError
-from servelab.harness.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
+from servelab.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
 from servelab.harness.measure.drift import DRIFT_LIMIT, Drift
 from servelab.harness.simulate.cost_model import (
     TERMS,

@@ -15,8 +15,8 @@ from typing import Protocol
 
 import torch
 
-from servelab.harness.engine.kv_manager import KVManager
-from servelab.harness.engine.model_runner import Feed
+from servelab.engine.kv_manager import KVManager
+from servelab.engine.model_runner import Feed
 from servelab.harness.simulate.cost_model import StepCounts
 
 

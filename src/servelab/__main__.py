@@ -11,6 +11,6 @@ only as namespace portions, which an installed package of the same name always w
 folders only below a namespace parent.
 """
 
-from servelab.harness.commands.cli import main
+from servelab.commands.cli import main
 
 main()

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections import deque
 
 from servelab.base.errors import ConfigError
-from servelab.harness.engine.kv_manager import KVManager
-from servelab.harness.engine.request import Request, RequestState
-from servelab.harness.engine.scheduling import (
+from servelab.engine.kv_manager import KVManager
+from servelab.engine.request import Request, RequestState
+from servelab.engine.scheduling import (
     AdmissionPolicy,
     ScheduledSeq,
     Scheduler,

@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from servelab.harness.engine.kv_manager import KVManager
-from servelab.harness.engine.request import Request
-from servelab.harness.engine.scheduling import (
+from servelab.engine.kv_manager import KVManager
+from servelab.engine.request import Request
+from servelab.engine.scheduling import (
     AdmissionPolicy,
     ScheduledSeq,
     SchedulerLimits,

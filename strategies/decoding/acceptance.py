@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from servelab.harness.engine.request import SamplingParams
-from servelab.harness.engine.sampler import draw, generator_for, probabilities
+from servelab.engine.request import SamplingParams
+from servelab.engine.sampler import draw, generator_for, probabilities
 
 
 def accept_greedy(logits: torch.Tensor, drafts: list[int]) -> list[int]:

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from servelab.base.batch import AttentionFn
-from servelab.harness.engine.kv_cache import KVCache
-from servelab.harness.engine.kv_manager import KVManager
-from servelab.harness.models.model import LlamaModel
+from servelab.engine.kv_cache import KVCache
+from servelab.engine.kv_manager import KVManager
+from servelab.models.model import LlamaModel
 
 if TYPE_CHECKING:
     from servelab.strategies.decoding.proposers import DraftSource

@@ -14,7 +14,7 @@ token of its own), nor what its context has room for.
 
 from __future__ import annotations
 
-from servelab.harness.engine.request import Request
+from servelab.engine.request import Request
 
 RULES = ("fixed", "adaptive")
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from torch import nn
 
-from servelab.harness.models.model import LlamaModel
+from servelab.models.model import LlamaModel
 
 
 def early_exit(model: LlamaModel, num_layers: int) -> LlamaModel:

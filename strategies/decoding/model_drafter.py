@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
-from servelab.harness.engine.kv_manager import KVManager
-from servelab.harness.engine.model_runner import Feed, ModelRunner
-from servelab.harness.engine.request import Request
-from servelab.harness.engine.sampler import DRAFT_STREAM, draw, generator_for, probabilities
+from servelab.engine.kv_manager import KVManager
+from servelab.engine.model_runner import Feed, ModelRunner
+from servelab.engine.request import Request
+from servelab.engine.sampler import DRAFT_STREAM, draw, generator_for, probabilities
 from servelab.strategies.decoding.proposer import Proposal, Proposer, Want
 
 

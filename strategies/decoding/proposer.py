@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from servelab.harness.engine.request import Request
+from servelab.engine.request import Request
 
 
 @dataclass

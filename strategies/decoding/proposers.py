@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from servelab.base.errors import ConfigError
-from servelab.harness.engine.model_runner import ModelRunner
-from servelab.harness.models.model import LlamaModel, ModelConfig
+from servelab.engine.model_runner import ModelRunner
+from servelab.models.model import LlamaModel, ModelConfig
 from servelab.strategies.decoding.context import DecoderContext
 from servelab.strategies.decoding.layerskip import early_exit
 from servelab.strategies.decoding.model_drafter import ModelDrafter

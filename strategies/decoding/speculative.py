@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from servelab.harness.engine.decoding import Decoder, Verification
-from servelab.harness.engine.request import Request
+from servelab.engine.decoding import Decoder, Verification
+from servelab.engine.request import Request
 from servelab.strategies.decoding.acceptance import accept_greedy, accept_sampled
 from servelab.strategies.decoding.context import DecoderContext
 from servelab.strategies.decoding.gamma import RULES, choose_gamma

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from servelab.harness.engine.decoding import Decoder, Verification
-from servelab.harness.engine.sampler import sample
+from servelab.engine.decoding import Decoder, Verification
+from servelab.engine.sampler import sample
 from servelab.strategies.registry import NoConfig, Option
 
 if TYPE_CHECKING:

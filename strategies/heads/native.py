@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from servelab.harness.models.head_layout import HeadLayout
-from servelab.harness.models.model import ModelConfig
+from servelab.models.head_layout import HeadLayout
+from servelab.models.model import ModelConfig
 from servelab.strategies.registry import NoConfig, Option
 
 if TYPE_CHECKING:

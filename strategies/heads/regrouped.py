@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from servelab.base.errors import ConfigError
-from servelab.harness.models.head_layout import HeadLayout
-from servelab.harness.models.load import Checkpoint
-from servelab.harness.models.model import ModelConfig
+from servelab.models.head_layout import HeadLayout
+from servelab.models.load import Checkpoint
+from servelab.models.model import ModelConfig
 from servelab.strategies.registry import NoConfig, Option
 
 if TYPE_CHECKING:

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from servelab.harness.engine.kv_cache import KVCache
-from servelab.harness.engine.kv_manager import KVManager, KVStats, check_continues
-from servelab.harness.engine.request import Request
+from servelab.engine.kv_cache import KVCache
+from servelab.engine.kv_manager import KVManager, KVStats, check_continues
+from servelab.engine.request import Request
 from servelab.strategies.kv.block_pool import expect
 from servelab.strategies.registry import Option
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from servelab.harness.engine.kv_cache import KVCache
+from servelab.engine.kv_cache import KVCache
 
 HOST = torch.device("cpu")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from servelab.harness.engine.kv_manager import KVManager
-from servelab.harness.engine.request import Request
-from servelab.harness.engine.scheduling import AdmissionPolicy
+from servelab.engine.kv_manager import KVManager
+from servelab.engine.request import Request
+from servelab.engine.scheduling import AdmissionPolicy
 from servelab.strategies.registry import NoConfig, Option
 
 if TYPE_CHECKING:

@@ -18,8 +18,8 @@ import torch
 from tqdm import tqdm
 
 from servelab.base.errors import ConfigError
-from servelab.harness.models.load import Checkpoint, StateDict, build_model
-from servelab.harness.models.weights_format import WeightsContext
+from servelab.models.load import Checkpoint, StateDict, build_model
+from servelab.models.weights_format import WeightsContext
 from servelab.strategies.registry import Option
 from servelab.strategies.weights.awq_search import awq_layer
 from servelab.strategies.weights.calibration import LayerRunner, calibration_windows

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from servelab.harness.models.model import DecoderLayer
+from servelab.models.model import DecoderLayer
 from servelab.strategies.weights.calibration import InputStats
 from servelab.strategies.weights.int4_quant import QuantizedWeight, fake_quantize, grouped, quantize
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from servelab.base.errors import ConfigError
-from servelab.harness.models.model import DecoderLayer, LlamaModel
+from servelab.models.model import DecoderLayer, LlamaModel
 
 # the linear whose input each group's statistics are taken from
 INPUT_POINTS = {

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from servelab.base.errors import ConfigError
-from servelab.harness.models.load import Checkpoint
-from servelab.harness.models.weights_format import WeightsContext, WeightsFormat
 from servelab.kernels.linear import packed_linear
+from servelab.models.load import Checkpoint
+from servelab.models.weights_format import WeightsContext, WeightsFormat
 from servelab.strategies.registry import NoConfig, Option
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ gemm}`, `model.safetensors` with AutoAWQ's tensors under Hugging Face names) plu
 `calibration.json`, the record of how it was made (method, settings, calibration text and
 tokens, per-layer choices, time, peak memory). It lives in
 `CACHE/quantized/CHECKPOINT_ID-SETTINGS/` and is read back through
-`harness.models.hf_folder`, the reader published AWQ checkpoints go through. Folders are
+`models.hf_folder`, the reader published AWQ checkpoints go through. Folders are
 written under a temporary name and renamed when complete, so an interrupted run leaves no
 half-written checkpoint behind.
 """
@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from servelab.harness.models.hf_folder import hf_config_dict, hf_name, load_hf_folder
-from servelab.harness.models.load import Checkpoint
-from servelab.harness.models.model import ModelConfig
+from servelab.models.hf_folder import hf_config_dict, hf_name, load_hf_folder
+from servelab.models.load import Checkpoint
+from servelab.models.model import ModelConfig
 
 QUANTIZED_DIR = "quantized"
 RECORD_FILE = "calibration.json"

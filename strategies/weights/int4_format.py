@@ -25,13 +25,13 @@ import torch
 from torch import nn
 
 from servelab.base.errors import ConfigError
-from servelab.harness.models.load import Checkpoint, StateDict
-from servelab.harness.models.model import ModelConfig
-from servelab.harness.models.weights_format import WeightsContext, WeightsFormat
 from servelab.kernels.int4_layout import PACK, num_groups
 from servelab.kernels.int4_linear import AWQ_TENSORS, Int4Linear
 from servelab.kernels.int4_matmul import IMPLS, choose_kernel
 from servelab.kernels.linear import packed_linear
+from servelab.models.load import Checkpoint, StateDict
+from servelab.models.model import ModelConfig
+from servelab.models.weights_format import WeightsContext, WeightsFormat
 from servelab.strategies.weights.int4_checkpoint import (
     checkpoint_folder,
     is_complete,

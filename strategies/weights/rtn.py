@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from servelab.harness.models.load import Checkpoint, StateDict
-from servelab.harness.models.weights_format import WeightsContext
+from servelab.models.load import Checkpoint, StateDict
+from servelab.models.weights_format import WeightsContext
 from servelab.strategies.registry import Option
 from servelab.strategies.weights.int4_format import (
     LINEARS,

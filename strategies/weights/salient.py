@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 from tqdm import tqdm
 
-from servelab.harness.models.model import LlamaModel
+from servelab.models.model import LlamaModel
 from servelab.strategies.weights.awq_search import scale_groups
 from servelab.strategies.weights.calibration import LayerRunner
 from servelab.strategies.weights.int4_format import LINEARS

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
 
-from servelab.harness.engine.request import Request
+from servelab.engine.request import Request
 from servelab.harness.measure.metrics import request_latency
 from servelab.harness.measure.slo.limits import SLO
 

@@ -19,15 +19,15 @@ from transformers import PreTrainedTokenizerBase
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.flags import Flag
 from servelab.harness.measure.rundir import RunRecords, RunWriter
-from servelab.harness.models.load import (
+from servelab.harness.runner.clock import RunClock
+from servelab.models.load import (
     checkpoint_id,
     model_config_of,
     resolve_model_path,
     tokenizer_for,
 )
-from servelab.harness.models.model import ModelConfig
-from servelab.harness.models.spec import ModelSpec
-from servelab.harness.runner.clock import RunClock
+from servelab.models.model import ModelConfig
+from servelab.models.spec import ModelSpec
 from servelab.workloads.build import build_workload
 from servelab.workloads.config import WorkloadConfig
 from servelab.workloads.spec import Workload

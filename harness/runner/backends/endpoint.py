@@ -33,7 +33,7 @@ from transformers import PreTrainedTokenizerBase
 
 from servelab.base.errors import ConfigError
 from servelab.base.records import RequestRecord
-from servelab.harness.engine.request import Request
+from servelab.engine.request import Request
 from servelab.harness.measure.flags import ESTIMATED, Flag
 from servelab.harness.measure.rundir import RunRecords, RunWriter
 from servelab.harness.measure.server_metrics import (

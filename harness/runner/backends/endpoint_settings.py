@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from servelab.base.errors import ConfigError
-from servelab.harness.engine.request import Request
+from servelab.engine.request import Request
 from servelab.harness.runner.settings import api_key_from_env
 
 

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from servelab.base.errors import ConfigError
 from servelab.base.records import RequestRecord
-from servelab.harness.engine.request import Request
+from servelab.engine.request import Request
 from servelab.harness.runner.backends.endpoint_settings import EndpointSettings
 from servelab.harness.runner.collector import heap_frozen
 

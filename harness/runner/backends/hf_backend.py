@@ -18,7 +18,6 @@ import transformers
 
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.rundir import RunWriter
-from servelab.harness.models.load import load_model
 from servelab.harness.runner.backends.base import (
     Backend,
     PeerInputs,
@@ -31,6 +30,7 @@ from servelab.harness.runner.backends.hf_static import replay_static
 from servelab.harness.runner.build import kv_budget_bytes
 from servelab.harness.runner.replay import to_request
 from servelab.harness.runner.settings import EngineSettings
+from servelab.models.load import load_model
 from servelab.workloads.spec import Workload
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from typing import Any
 from transformers import GenerationConfig, LlamaForCausalLM
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from servelab.harness.engine.request import Request
+from servelab.engine.request import Request
 from servelab.harness.measure.rundir import RunWriter
 from servelab.harness.runner.backends.hf_static import generation_config
 from servelab.harness.runner.loop import IDLE_WAIT_S, fail_in_flight

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from servelab.harness.models.load import LoadedModel
+from servelab.models.load import LoadedModel
 
 RENAMED = {"input_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm"}
 

@@ -20,7 +20,7 @@ import torch
 from transformers import GenerationConfig, LlamaForCausalLM
 from transformers.generation.streamers import BaseStreamer
 
-from servelab.harness.engine.request import Request
+from servelab.engine.request import Request
 from servelab.harness.measure.rundir import RunWriter
 from servelab.harness.runner.loop import IDLE_WAIT_S, fail_in_flight
 from servelab.harness.runner.replay import Client, progress_bar, requests_of

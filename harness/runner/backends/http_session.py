@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from servelab.base.errors import ConfigError
-from servelab.harness.engine.request import Request
+from servelab.engine.request import Request
 from servelab.harness.runner.backends.endpoint_settings import EndpointSettings, auth_headers
 
 PROBE_TIMEOUT_S = 10.0

@@ -21,16 +21,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from servelab.base.errors import ConfigError
-from servelab.harness.engine.engine import Engine
-from servelab.harness.engine.kv_cache import KVLayout, allocate_kv_cache
-from servelab.harness.engine.step_update import StepUpdate
+from servelab.engine.engine import Engine
+from servelab.engine.kv_cache import KVLayout, allocate_kv_cache
+from servelab.engine.step_update import StepUpdate
 from servelab.harness.measure.flags import SIMULATED, Flag
 from servelab.harness.measure.roofline import ModelShape
 from servelab.harness.measure.rundir import RunRecords, RunWriter
 from servelab.harness.measure.slo.early_stop import stop_rule
-from servelab.harness.models.load import model_config_of
-from servelab.harness.models.model import LlamaModel, ModelConfig
-from servelab.harness.models.spec import ModelSpec
 from servelab.harness.runner.backends.base import Backend, peer_inputs
 from servelab.harness.runner.build import kv_budget_bytes, scheduler_over
 from servelab.harness.runner.clock import RunClock
@@ -40,6 +37,9 @@ from servelab.harness.runner.simulated_replay import simulate
 from servelab.harness.simulate.cost_model import StepCostModel
 from servelab.harness.simulate.hardware import Hardware, RooflineStepTime, hardware_preset
 from servelab.harness.simulate.runner import SimulatedRunner, StepTime, VirtualClock
+from servelab.models.load import model_config_of
+from servelab.models.model import LlamaModel, ModelConfig
+from servelab.models.spec import ModelSpec
 from servelab.strategies.decoding.speculative import SpeculativeConfig
 from servelab.strategies.decoding.standard import StandardDecoder
 from servelab.strategies.settings import StrategySettings
