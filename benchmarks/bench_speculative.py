@@ -32,8 +32,8 @@ from servelab.engine.request import Request
 from servelab.harness.measure.metrics import speculative_summary
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.replay import serve_all, to_request
-from servelab.harness.runner.run import Prepared, prepare
 from servelab.harness.runner.spec import run_spec
+from servelab.harness.runs.run import Prepared, prepare
 
 
 @dataclass

@@ -31,10 +31,10 @@ from servelab.base.records import StepRecord
 from servelab.engine.engine import Engine
 from servelab.engine.shapes import DECODE, Shape, ShapeRunner
 from servelab.harness.measure.rundir import read_steps, write_json_atomic
-from servelab.harness.runner.backends.simulated import described_by
 from servelab.harness.runner.build import build_engine, kv_layout, load_for_strategy
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.spec import EngineSpec, engine_spec
+from servelab.harness.simulate.backend import described_by
 from servelab.harness.simulate.cost_model import (
     TERMS,
     StepCostModel,

@@ -32,7 +32,7 @@ def main(args: list[str]) -> None:
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
     def job(cfg: DictConfig) -> None:
         from servelab.harness.measure.summary_table import render_summary
-        from servelab.harness.runner.run import completed_summary, run
+        from servelab.harness.runs.run import completed_summary, run
         from servelab.reports.run_report import write_run_report
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)

@@ -123,8 +123,8 @@ def profiled(cfg: DictConfig, out_dir: Path) -> Path:
     (`servelab profile-steps` on `PREDICTION_GRID`), profiled once per search and kind of
     model served (strategies that serve the same one share it)."""
     from servelab.commands.profile_steps import ProfileArgs, profile_steps
-    from servelab.harness.runner.backends.simulated import described_by
     from servelab.harness.runner.spec import engine_spec
+    from servelab.harness.simulate.backend import described_by
     from servelab.models.load import model_config_of
 
     checked = engine_spec(cfg)
@@ -145,7 +145,7 @@ def profiled(cfg: DictConfig, out_dir: Path) -> Path:
 
 
 def main(args: list[str]) -> None:
-    from servelab.harness.runner.run import completed_summary, run
+    from servelab.harness.runs.run import completed_summary, run
     from servelab.reports.run_report import reported
 
     probe = reported(partial(run, progress=False))

@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 
 from servelab.harness.runner.compose import compose
-from servelab.harness.runner.run import run
+from servelab.harness.runs.run import run
 from servelab.harness.serving.process import start_fake_server
 from servelab.reports.run_report import reported
 

@@ -109,7 +109,7 @@ def test_a_run_over_saturation_stops_with_the_verdict_the_whole_run_gets(tmp_pat
     delivered as `stopped`), and the same run served to its end fails too, with no more
     requests meeting the SLO than the stopped run's best case allowed."""
     from servelab.harness.runner.compose import compose
-    from servelab.harness.runner.run import run
+    from servelab.harness.runs.run import run
 
     def summary(*extra: str) -> dict:
         overrides = [
@@ -144,7 +144,7 @@ def test_an_endpoint_run_stops_early_as_an_in_process_one_does(tmp_path: Path) -
     failure is certain, every planned request recorded (those not delivered as `stopped`);
     with worker processes the same setting is refused before any request is sent."""
     from servelab.harness.runner.compose import compose
-    from servelab.harness.runner.run import run
+    from servelab.harness.runs.run import run
     from servelab.harness.serving.process import start_fake_server
 
     server = start_fake_server(tokens=3)

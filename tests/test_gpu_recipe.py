@@ -15,8 +15,8 @@ import pytest
 
 from servelab.base.errors import ConfigError
 from servelab.harness.runner.compose import compose
-from servelab.harness.runner.run import run
 from servelab.harness.runner.settings import model_of
+from servelab.harness.runs.run import run
 from servelab.models import load
 from servelab.models.spec import model_spec
 

@@ -19,7 +19,7 @@ from servelab.harness.runner.backends.hf_continuous import ContinuousLimits, Con
 from servelab.harness.runner.backends.hf_model import transformers_model
 from servelab.harness.runner.backends.hf_static import run_batch
 from servelab.harness.runner.compose import compose
-from servelab.harness.runner.run import run
+from servelab.harness.runs.run import run
 from servelab.models.load import LoadedModel
 from servelab.models.model import LlamaModel
 from servelab.workloads.spec import RequestSpec, Workload

@@ -2,8 +2,8 @@
 `TYPE_CHECKING` blocks too): each top-level package imports only packages below it in
 `PACKAGES` (base, kernels, workloads, engine, models, strategies, harness, reports,
 commands), so no import points back up; within them `kernels` and `workloads` import only
-`base`, the engine and the model only `base` and the kernels, and nothing in the harness
-imports `reports` (a run's report is drawn by the command that asked for it)."""
+`base`, the engine and the model only `base` and the kernels; and no two parts of the
+harness import each other (measure < runner < search < simulate < runs < serving, gate)."""
 
 from __future__ import annotations
 
@@ -32,3 +32,9 @@ def test_the_lowest_layers_import_only_what_they_need() -> None:
     for package, allowed in ALLOWED.items():
         imports = {target for (source, target) in graph if source == package}
         assert imports <= allowed, (package, {t: graph[(package, t)] for t in imports - allowed})
+
+
+def test_no_two_parts_of_the_harness_import_each_other() -> None:
+    graph = edges(split_harness=True)
+    both = sorted((a, b) for (a, b) in graph if a < b and (b, a) in graph)
+    assert both == [], {pair: (graph[pair], graph[pair[::-1]]) for pair in both}

@@ -14,9 +14,9 @@ import pytest
 from omegaconf import DictConfig
 
 from servelab.commands.verify import verify
-from servelab.harness.runner import offline
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.spec import run_spec
+from servelab.harness.runs import offline
 
 pytestmark = pytest.mark.integration
 

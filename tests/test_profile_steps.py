@@ -12,10 +12,10 @@ import pytest
 from servelab.base.errors import ConfigError
 from servelab.commands.profile_steps import ProfileArgs, parse_args, profile_steps
 from servelab.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
-from servelab.harness.runner.backends.simulated import SimulatedBackend
 from servelab.harness.runner.compose import compose
-from servelab.harness.runner.run import run
 from servelab.harness.runner.spec import run_spec
+from servelab.harness.runs.run import run
+from servelab.harness.simulate.backend import SimulatedBackend
 from servelab.harness.simulate.cost_model import TERMS, StepCostModel, StepCounts
 from servelab.harness.simulate.profile import Grid, ShapeTimer, fit_table
 from tests.conftest import servelab

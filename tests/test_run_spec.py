@@ -12,8 +12,8 @@ from omegaconf import open_dict
 
 from servelab.base.errors import ConfigError
 from servelab.harness.runner.compose import compose
-from servelab.harness.runner.run import run_spec_into
 from servelab.harness.runner.spec import run_record, run_spec
+from servelab.harness.runs.run import run_spec_into
 from servelab.models.spec import model_spec
 
 TINY = [

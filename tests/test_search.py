@@ -278,7 +278,7 @@ def test_a_strategy_slowed_on_purpose_moves_its_knee_down_by_the_factor(tmp_path
     own step), so its knee should about halve: the two intervals hold a ratio near 2. Static
     batching, whose waits grow with the load well before its throughput ceiling."""
     from servelab.harness.runner.compose import compose
-    from servelab.harness.runner.run import run
+    from servelab.harness.runs.run import run
     from servelab.harness.search.profile import search
     from servelab.harness.search.ratio_knee import knee_ratio
 
@@ -323,7 +323,7 @@ def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path) -> None:
     from omegaconf import OmegaConf
 
     from servelab.harness.runner.compose import compose
-    from servelab.harness.runner.run import run
+    from servelab.harness.runs.run import run
     from servelab.harness.search.profile import search
 
     overrides = [
@@ -437,7 +437,7 @@ def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_predi
     as the probe the budget had no room for)."""
     from servelab.commands.search import profiled
     from servelab.harness.runner.compose import compose
-    from servelab.harness.runner.run import run
+    from servelab.harness.runs.run import run
     from servelab.harness.search.profile import search
 
     profiles: list[Path] = []

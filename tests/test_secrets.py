@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from servelab.harness.runner.compose import compose
-from servelab.harness.runner.run import run
+from servelab.harness.runs.run import run
 from tests.server_process import start_server
 
 KEY_ENV = "SERVELAB_TEST_SECRET_KEY"

@@ -27,7 +27,7 @@ from servelab.base.errors import ConfigError
 from servelab.base.records import RequestRecord
 from servelab.harness.measure.rundir import read_requests, read_steps
 from servelab.harness.runner.compose import compose
-from servelab.harness.runner.run import run
+from servelab.harness.runs.run import run
 from servelab.reports.grouping import group_runs
 from servelab.reports.load import load_run
 from tests.server_process import ServerProcess, start_server

@@ -111,7 +111,7 @@ def test_a_repeat_judges_every_probe_against_the_first_search_s_slo(tmp_path) ->
     search's limits exactly, both record the one SLO, and the repeat sets its reference floor
     beside the first's and measures its own drift."""
     from servelab.harness.runner.compose import compose
-    from servelab.harness.runner.run import run
+    from servelab.harness.runs.run import run
     from servelab.harness.search.profile import search
 
     def run_quietly(cfg, d):
@@ -156,7 +156,7 @@ def test_a_search_whose_machine_slowed_widens_its_fitted_knees_by_the_drift(tmp_
     that slowed while the search ran): the second records a +25% drift and every fitted
     knee's interval is the first's moved out by 1.25 on each side."""
     from servelab.harness.runner.compose import compose
-    from servelab.harness.runner.run import run
+    from servelab.harness.runs.run import run
     from servelab.harness.search.profile import search
     from servelab.harness.simulate.cost_model import StepCostModel
 

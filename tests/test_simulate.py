@@ -14,7 +14,7 @@ from servelab.harness.measure.flags import SIMULATED, refusals
 from servelab.harness.measure.rundir import read_steps
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.replay import Arrivals
-from servelab.harness.runner.run import run
+from servelab.harness.runs.run import run
 from servelab.harness.simulate.cost_model import TERMS, WARMUP_STEPS, StepCostModel, StepCounts, fit
 from tests.tiny import make_requests
 

@@ -17,7 +17,7 @@ from servelab.harness.measure.metrics import summarize
 from servelab.harness.measure.rundir import read_requests, read_steps
 from servelab.harness.measure.slo.limits import SLO
 from servelab.harness.runner.compose import compose
-from servelab.harness.runner.run import run
+from servelab.harness.runs.run import run
 from servelab.harness.simulate.cost_model import StepCostModel
 
 SECONDS_PER_UNIT = {

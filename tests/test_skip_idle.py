@@ -88,7 +88,7 @@ def test_a_run_says_what_it_skipped_and_a_peer_cannot_skip(tmp_path) -> None:
     over it is no dropout (nothing was in flight)."""
     from servelab.base.errors import ConfigError
     from servelab.harness.runner.compose import compose
-    from servelab.harness.runner.run import run
+    from servelab.harness.runs.run import run
 
     overrides = [
         "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
@@ -111,7 +111,7 @@ def test_a_simulated_run_records_the_same_and_says_what_a_real_one_would_skip(tm
     records are byte for byte the same, and its summary says what it skipped, as a real
     run's does (a search charges a simulated probe that much less)."""
     from servelab.harness.runner.compose import compose
-    from servelab.harness.runner.run import run
+    from servelab.harness.runs.run import run
     from servelab.harness.simulate.cost_model import StepCostModel
 
     cost = tmp_path / "cost.json"

@@ -12,9 +12,9 @@ from servelab.base.errors import ConfigError
 from servelab.engine.shapes import DECODE, PREFILL, Shape
 from servelab.harness.measure.rundir import read_requests
 from servelab.harness.runner.compose import compose
-from servelab.harness.runner.run import prepare, run
 from servelab.harness.runner.spec import run_spec
 from servelab.harness.runner.warmup import powers_up_to, warm_up, warmup_shapes
+from servelab.harness.runs.run import prepare, run
 
 TINY = [
     "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",

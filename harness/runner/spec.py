@@ -169,12 +169,10 @@ def run_spec(cfg: DictConfig) -> RunSpec:
 def simulate_settings(node: Mapping[str, Any]) -> SimulateSettings:
     path, preset = node.get("cost_model"), node.get("hardware")
     if bool(path) == bool(preset):
-        from servelab.harness.simulate.hardware import PRESETS
-
         raise ConfigError(
             "simulate",
             "backend=simulated needs one of simulate.cost_model (a fitted model file) or "
-            f"simulate.hardware (one of {', '.join(PRESETS)})",
+            "simulate.hardware (a GPU preset: harness/simulate/hardware.py)",
         )
     return SimulateSettings(
         cost_model=Path(str(path)) if path else None, hardware=str(preset) if preset else None

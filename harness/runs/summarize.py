@@ -19,7 +19,7 @@ from servelab.base.errors import ConfigError
 from servelab.harness.measure.flags import INCOMPLETE, Flag, add_flags
 from servelab.harness.measure.rundir import RunRecords, torn_tail, write_json_atomic
 from servelab.harness.measure.telemetry import TelemetryResult
-from servelab.harness.runner.run import summary_for
+from servelab.harness.runs.run import summary_for
 from servelab.harness.runner.spec import run_record
 
 STOPPED = "the run stopped before writing its summary; rebuilt from its records"

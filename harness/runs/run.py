@@ -47,7 +47,7 @@ from servelab.harness.measure.server_metrics import server_metrics_summary
 from servelab.harness.measure.slo.early_stop import StoppedEarly, StopRecord, stop_rule
 from servelab.harness.measure.telemetry import NoTelemetry, TelemetryResult, TelemetrySampler
 from servelab.harness.measure.weights_quality import read_quality, weights_summary
-from servelab.harness.runner.backends import ENGINE_LOOPS, SERVED_HERE, peer_backend
+from servelab.harness.runner.backends import ENGINE_LOOPS, SERVED_HERE
 from servelab.harness.runner.backends.base import Backend
 from servelab.harness.runner.build import ServedModel
 from servelab.harness.runner.clock import RunClock
@@ -207,6 +207,21 @@ def run_kernels(prepared: Prepared) -> RunKernels:
             if isinstance(getattr(module, "kernel", None), Int4Kernel)
         ),
     )
+
+
+def peer_backend(spec: RunSpec, progress: bool) -> Backend:
+    """A prepared peer backend: everything checked and loaded, nothing sent yet."""
+    if spec.backend == "openai":
+        from servelab.harness.runner.backends.endpoint import EndpointBackend
+
+        return EndpointBackend.prepare(spec)
+    if spec.backend == "simulated":
+        from servelab.harness.simulate.backend import SimulatedBackend
+
+        return SimulatedBackend(spec)
+    from servelab.harness.runner.backends.hf_backend import HFBackend
+
+    return HFBackend.prepare(spec, continuous=spec.backend == "hf_continuous", progress=progress)
 
 
 def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from servelab.base.errors import ConfigError
 from servelab.engine.step_update import StepResult
 from servelab.harness.runner.replay import serve_all
-from servelab.harness.runner.run import Prepared, prepare
+from servelab.harness.runs.run import Prepared, prepare
 from servelab.harness.runner.spec import RunSpec
 
 

@@ -33,9 +33,9 @@ from servelab.harness.runner.build import kv_budget_bytes, scheduler_over
 from servelab.harness.runner.clock import RunClock
 from servelab.harness.runner.replay import requests_of
 from servelab.harness.runner.settings import EngineSettings, dtype_name
-from servelab.harness.runner.simulated_replay import simulate
 from servelab.harness.simulate.cost_model import StepCostModel
 from servelab.harness.simulate.hardware import Hardware, RooflineStepTime, hardware_preset
+from servelab.harness.simulate.replay import simulate
 from servelab.harness.simulate.runner import SimulatedRunner, StepTime, VirtualClock
 from servelab.models.load import model_config_of
 from servelab.models.model import LlamaModel, ModelConfig
@@ -138,6 +138,7 @@ class SimulatedBackend(Backend):
                 "backend", "a simulation cannot speculate: accepted drafts need real tokens"
             )
         path, preset = simulation.cost_model, simulation.hardware
+        hardware = None if preset is None else hardware_preset(preset)  # a name it knows
         inputs = peer_inputs(spec.model, spec.workload)
         if not all(spec.ignore_eos for spec in inputs.workload.requests):
             raise ConfigError(
@@ -163,7 +164,8 @@ class SimulatedBackend(Backend):
                     "simulate.hardware", "a hardware preset describes dense weights only"
                 )
             model = meta_model(spec.model, strategy)
-            derived = derived_timing(hardware_preset(str(preset)), model, settings.dtype)
+            assert hardware is not None  # simulate_settings: one of the two is given
+            derived = derived_timing(hardware, model, settings.dtype)
             self.timing, self.basis = derived, {"derived_from": derived.record()}
             self.said = (
                 f"derived from the published specifications of {derived.hardware.name} "

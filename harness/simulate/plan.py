@@ -1,0 +1,141 @@
+"""The planner's arithmetic (`servelab plan`): for a hardware preset and a strategy, the weights
+of `model`'s shape, the KV memory left beside them (`plan.memory_utilization` of the device)
+and the requests of the workload's mean length it holds; the sustained rate per device from
+the knee search on simulated runs; the devices a traffic needs, what bounds a device's batch,
+and the cost per million output tokens. A prediction from published specifications and
+stated efficiencies, never a measurement.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from servelab.base.errors import ConfigError
+from servelab.harness.runner.backends.base import peer_inputs
+from servelab.harness.runner.build import kv_layout
+from servelab.harness.runner.compose import compose
+from servelab.harness.runner.settings import engine_settings, model_of
+from servelab.harness.search.probes import RunFn
+from servelab.harness.search.profile import search
+from servelab.harness.simulate.backend import derived_timing, meta_model
+from servelab.harness.simulate.hardware import (
+    BANDWIDTH_EFFICIENCY,
+    COMPUTE_EFFICIENCY,
+    STEP_OVERHEAD_S,
+    hardware_preset,
+)
+from servelab.strategies.settings import strategy_settings
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    hardware: str
+    strategy: str
+    weight_gb: float
+    kv_gb: float
+    requests_held: int  # requests of the workload's mean length the KV memory holds
+    sustained: float | None  # req/s per device: the knee interval's low end
+    devices: int | None  # for plan.rate
+    bound: str  # what bounds a device's batch: its KV memory or the step limit
+    cost_per_million: float | None  # output tokens, at plan.price_per_hour
+    note: str
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    hardware: list[str]
+    strategies: list[str]
+    rate: float
+    price_per_hour: float
+    memory_utilization: float
+    requests: int
+    out_dir: Path
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> PlanSettings:
+        node = cfg.plan
+        settings = cls(
+            hardware=[str(h) for h in node.hardware],
+            strategies=[str(s) for s in node.strategies],
+            rate=float(node.rate),
+            price_per_hour=float(node.price_per_hour),
+            memory_utilization=float(node.memory_utilization),
+            requests=int(node.requests),
+            out_dir=Path(str(node.out_dir)),
+        )
+        if settings.rate <= 0 or settings.price_per_hour < 0 or settings.requests < 1:
+            raise ConfigError("plan", "rate and requests must be positive, the price not negative")
+        if not 0 < settings.memory_utilization <= 1:
+            raise ConfigError("plan.memory_utilization", "a share of device memory, in (0, 1]")
+        for name in settings.hardware:
+            hardware_preset(name)
+        return settings
+
+
+def predicted_line() -> str:
+    return (
+        f"Predicted from published specifications (compute efficiency {COMPUTE_EFFICIENCY:.0%}, "
+        f"bandwidth efficiency {BANDWIDTH_EFFICIENCY:.0%}, {STEP_OVERHEAD_S * 1e3:g} ms a step): "
+        "a simulation, not a measurement."
+    )
+
+
+def plan_row(
+    overrides: list[str], preset: str, strategy: str, settings: PlanSettings, run: RunFn
+) -> PlanRow:
+    """One preset and strategy: the memory arithmetic, then the knee search on simulated runs
+    (each run by `run`, which the command supplies)."""
+    cfg = compose([*overrides, f"strategy={strategy}"])
+    engine, model_spec = engine_settings(cfg.engine), model_of(cfg)
+    model = meta_model(model_spec, strategy_settings(cfg.strategy))
+    timing = derived_timing(hardware_preset(preset), model, engine.dtype)
+    kv_bytes = settings.memory_utilization * timing.hardware.memory_bytes - timing.weight_bytes
+    requests = peer_inputs(model_spec, cfg.workload).workload.requests
+    mean_tokens = statistics.mean(len(r.prompt_ids) + r.max_tokens for r in requests)
+    mean_output = statistics.mean(r.max_tokens for r in requests)
+    held = int(max(kv_bytes, 0) // (kv_layout(model, engine.dtype).bytes_per_token * mean_tokens))
+    row = PlanRow(preset, strategy, timing.weight_bytes / 1e9, max(kv_bytes, 0) / 1e9, held,
+                  None, None, "memory", None, "")  # fmt: skip
+    if held < 1:
+        return _with(row, note="the weights leave no room for one request's KV")
+    searched = [
+        *overrides, "backend=simulated", f"simulate.hardware={preset}",
+        f"engine.kv_budget={int(kv_bytes)}", f"search.strategies=[{strategy}]",
+        f"search.out_dir={settings.out_dir / preset}", "search.budget_s=1e9",
+        f"search.requests={settings.requests}", f"search.max_requests={2 * settings.requests}",
+        f"search.ceiling_requests={settings.requests}",  # enough at once to fill a device
+    ]  # fmt: skip
+    (knee,) = search(searched, compose, run).knees
+    bound = f"memory ({held} requests)"
+    if held >= engine.max_batch_size:
+        bound = f"step limit ({engine.max_batch_size} a batch)"
+    if not knee.low:
+        return _with(row, bound=bound, note=knee.note or "no rate is sustained")
+    devices = math.ceil(settings.rate / knee.low)
+    cost = devices * settings.price_per_hour / (settings.rate * mean_output * 3600) * 1e6
+    return _with(row, sustained=knee.low, devices=devices, bound=bound,
+                 cost_per_million=cost, note=knee.note)  # fmt: skip
+
+
+def _with(row: PlanRow, **changes: object) -> PlanRow:
+    return PlanRow(**{**asdict(row), **changes})
+
+
+def spread_line(rows: list[PlanRow], rate: float) -> str | None:
+    """The seeds' question in one line: the fewest and the most devices for this traffic."""
+    counted = [r for r in rows if r.devices is not None]
+    if len(counted) < 2:
+        return None
+    fewest = min(counted, key=lambda r: r.devices or 0)
+    most = max(counted, key=lambda r: r.devices or 0)
+    if fewest.devices == most.devices:
+        return f"{rate:g} req/s: {fewest.devices} devices whichever preset and strategy"
+    return (
+        f"{rate:g} req/s: {fewest.devices} x {fewest.hardware} under {fewest.strategy}, or "
+        f"{most.devices} x {most.hardware} under {most.strategy}"
+    )
