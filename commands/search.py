@@ -122,9 +122,9 @@ def profiled(cfg: DictConfig, out_dir: Path) -> Path:
     """A step-cost model of this machine serving `cfg`'s model as its strategy serves it
     (`servelab profile-steps` on `PREDICTION_GRID`), profiled once per search and kind of
     model served (strategies that serve the same one share it)."""
-    from servelab.commands.profile_steps import ProfileArgs, profile_steps
     from servelab.harness.runner.spec import engine_spec
     from servelab.harness.simulate.backend import described_by
+    from servelab.harness.simulate.profile_steps import ProfileArgs, profile_steps
     from servelab.models.load import model_config_of
 
     checked = engine_spec(cfg)
@@ -140,7 +140,7 @@ def profiled(cfg: DictConfig, out_dir: Path) -> Path:
             for name, sizes in PREDICTION_GRID.items()
         }
         options = ProfileArgs(out=str(path), repeats=2, warmup=1, subsets="1", **within)
-        profile_steps(cfg, options, [], progress=False)
+        profile_steps(checked, options, [], progress=False)
     return path
 
 

@@ -3,11 +3,12 @@
 `PACKAGES` (base, kernels, workloads, engine, models, strategies, harness, reports,
 commands), so no import points back up; within them `kernels` and `workloads` import only
 `base`, the engine and the model only `base` and the kernels; and no two parts of the
-harness import each other (measure < runner < search < simulate < runs < serving, gate)."""
+harness import each other (measure < runner < search < simulate < runs < serving, gate); and
+no verb imports another."""
 
 from __future__ import annotations
 
-from scripts.import_graph import PACKAGES, edges
+from scripts.import_graph import PACKAGES, ROOT, edges, imported
 
 ALLOWED = {
     "base": set(),
@@ -38,3 +39,15 @@ def test_no_two_parts_of_the_harness_import_each_other() -> None:
     graph = edges(split_harness=True)
     both = sorted((a, b) for (a, b) in graph if a < b and (b, a) in graph)
     assert both == [], {pair: (graph[pair], graph[pair[::-1]]) for pair in both}
+
+
+def test_a_verb_imports_no_other_verb() -> None:
+    """The commands share their argument helpers (`commands.config`) and nothing else: what
+    two verbs both need lives in the layers below them."""
+    shared = {("commands", "config")}
+    borrowed = {
+        path.name: sorted(".".join(m) for m in imported(path) if m[0] == "commands")
+        for path in sorted((ROOT / "commands").glob("*.py"))
+        if {m[:2] for m in imported(path) if m[0] == "commands"} - shared
+    }
+    assert borrowed == {}

@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 
 from servelab.base.errors import ConfigError
-from servelab.commands.profile_steps import ProfileArgs, parse_args, profile_steps
+from servelab.commands.profile_steps import parse_args
 from servelab.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
 from servelab.harness.runner.compose import compose
-from servelab.harness.runner.spec import run_spec
+from servelab.harness.runner.spec import engine_spec, run_spec
 from servelab.harness.runs.run import run
 from servelab.harness.simulate.backend import SimulatedBackend
 from servelab.harness.simulate.cost_model import TERMS, StepCostModel, StepCounts
 from servelab.harness.simulate.profile import Grid, ShapeTimer, fit_table
+from servelab.harness.simulate.profile_steps import ProfileArgs, profile_steps
 from tests.conftest import servelab
 from tests.test_simulate import TRUE_SECONDS
 
@@ -133,7 +134,9 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_a_profile_writes_its_table_and_a_model_that_drives_a_simulated_run(profiled) -> None:
     root, real = profiled
     options, _, overrides = parse_args([*SMALL_GRID, f"out={root / 'cost.json'}"])
-    profile = profile_steps(compose([*TINY, *overrides]), options, [real], progress=False)
+    profile = profile_steps(
+        engine_spec(compose([*TINY, *overrides])), options, [real], progress=False
+    )
     table = json.loads((root / "cost.grid.json").read_text())
     assert table["described"]["model"] == "dummy-tiny" and table["repeats"] == 2
     assert len(table["shapes"]) == 15 and len(profile.table) == 15
@@ -158,7 +161,9 @@ def test_a_held_out_run_of_something_else_is_refused(profiled) -> None:
     root, real = profiled
     options, _, overrides = parse_args(SMALL_GRID)
     with pytest.raises(ConfigError, match="this profile is of"):
-        profile_steps(compose([*TINY, "strategy.heads=mha", *overrides]), options, [real])
+        profile_steps(
+            engine_spec(compose([*TINY, "strategy.heads=mha", *overrides])), options, [real]
+        )
 
 
 def _simulated_timer(root: Path, seconds_per_unit: dict[str, float]) -> ShapeTimer:
