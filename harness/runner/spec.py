@@ -24,7 +24,6 @@ from servelab.harness.runner.backends.endpoint_settings import EndpointSettings,
 from servelab.harness.runner.draft import draft_model_of
 from servelab.harness.runner.settings import (
     EngineSettings,
-    cache_dir_of,
     engine_settings,
     model_of,
 )
@@ -45,7 +44,11 @@ class EngineSpec:
     model: ModelSpec
     draft: ModelSpec | None  # the second model a strategy drafts with
     roofline: bool  # measure this machine's peaks for the roofline counters (telemetry.roofline)
-    cache_dir: Path  # model files and measured peaks (`engine.cache_dir`)
+
+    @property
+    def cache_dir(self) -> Path:
+        """Model files and measured peaks (`engine.cache_dir`), where the model is kept."""
+        return self.model.cache_dir
 
 
 def engine_spec(cfg: DictConfig) -> EngineSpec:
@@ -57,7 +60,7 @@ def engine_spec(cfg: DictConfig) -> EngineSpec:
     model = model_of(cfg)
     draft = draft_model_of(model, strategy)
     roofline = bool(cfg.telemetry.get("roofline", True))
-    return EngineSpec(settings, strategy, delay, model, draft, roofline, cache_dir_of(cfg))
+    return EngineSpec(settings, strategy, delay, model, draft, roofline)
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,11 @@ class RunRecord:
     arrival: ArrivalSpec
     telemetry_period_s: float
     step_delay_s: float
-    strategy: dict[str, Any]  # the strategy node as configured, every key
+
+    @property
+    def strategy(self) -> dict[str, Any]:
+        """The strategy node as configured, every key."""
+        return self.config.get("strategy") or {}
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -93,7 +100,6 @@ def run_record(cfg: DictConfig) -> RunRecord:
         arrival=parse_arrival_spec(cfg.workload.get("arrival"), "workload.arrival"),
         telemetry_period_s=float(cfg.telemetry.period_s),
         step_delay_s=step_delay_s(cfg.engine),
-        strategy=config.get("strategy") or {},
     )
 
 
