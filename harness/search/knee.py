@@ -23,9 +23,12 @@ unserved requests are censored, known only to be above what they had waited.
 
 The budget (`find_knees`): every strategy's anchors run first; then each rate probe goes to a
 strategy whose knee has no lower end before any other (a ratio over it is unbounded), among
-equals to the one that has spent least on rate probes, and none past an equal share of what
-is left while another's probe fits in its own. A probe that does not fit what is left is not
-run, and the knee says so.
+equals to the one that has spent least on rate probes, and none past an equal share of the
+rate probes' time while another's probe fits in its own. The share binds a knee with no lower
+end too: a strategy whose quantile stays uncertain at every rate it can afford (static
+batching's rare long waits) would otherwise spend the whole budget on minutes-long probes at
+its low rates and leave every other knee one probe wide. A probe that does not fit what is
+left is not run, and the knee says so.
 """
 
 from __future__ import annotations
@@ -371,10 +374,7 @@ def find_knees(
             for search in waiting:
                 search.out_of_budget()
             break
-        chosen = fitting[0]
-        if not (chosen.unbounded and sum(s.unbounded for s in waiting) == 1):  # it alone: first
-            share_s = (left_s + sum(s.spent_s for s in waiting)) / len(waiting)
-            within = [s for s in fitting if s.spent_s + s.next.cost_s <= share_s]
-            chosen = (within or fitting)[0]
-        chosen.probe_rate()
+        share_s = (left_s + sum(s.spent_s for s in waiting)) / len(waiting)
+        within = [s for s in fitting if s.spent_s + s.next.cost_s <= share_s]
+        (within or fitting)[0].probe_rate()
     return [s.knee for s in searches]
