@@ -5,8 +5,16 @@ Up to `GEMV_ROWS` rows (decode batches) a split-K GEMV runs (`_int4_gemv_kernel`
 handful of programs would stream the weights on a GPU of over a hundred multiprocessors.
 Each program takes one column tile and one slice of the input dimension, loads the packed
 words once each (eight channels a word, unpacked in registers), dequantises in registers,
-accumulates `x * w` in float32, and writes its partial sums; one reduction kernel adds the
-slices and casts. The number of slices fills the GPU (`_splits`).
+accumulates `x * w` in float32, and writes its partial sums. The same launch adds the slices:
+each program then counts itself in on its tile's counter, and the program that arrives last
+adds every slice's partials in slice order (the sum is the same whichever program that is),
+casts, writes the tile and puts the counter back to zero for the next launch, as the split-K
+GEMMs of CUTLASS and Marlin fix up their partial tiles. The count is ordered after the
+partials by a barrier across the program's threads and the atomic's release, and the last
+program's reads after it by the atomic's acquire; they read through the L2 cache (`.cg`).
+The number of slices fills the GPU (`_splits`). The counters are one zeroed buffer a device
+(`_counters`), which a launch leaves zeroed: launches on one stream at a time, as a decode
+step's are.
 
 Beyond that the tiled GEMM runs: each program computes one `[BLOCK_M, BLOCK_N]` tile of
 `y = x @ W`. Along the input dimension it loads a `[BLOCK_K, BLOCK_N]` tile of packed words
@@ -32,6 +40,7 @@ BLOCK_K = 64
 GEMV_ROWS = 8  # rows up to which the split-K GEMV runs
 GEMV_BLOCK_K = 32  # input rows of one GEMV step (x: [rows, 32], packed words: [32, 8])
 PROGRAMS_PER_SM = 4  # the GEMV's split fills about this many programs per multiprocessor
+COUNTERS = 4096  # the GEMV's arrival counters made at first: column tiles up to 262,144 outputs
 
 
 @triton.jit(do_not_specialize=["M"])  # the batch's rows: one compile for every batch size
@@ -95,10 +104,10 @@ def _int4_matmul_kernel(
     )
 
 
-@triton.jit(do_not_specialize=["M", "split_len"])
+@triton.jit(do_not_specialize=["M", "split_len", "splits"])
 def _int4_gemv_kernel(
-    x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, partial_ptr,
-    M, N, K, group_size, split_len,
+    x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, partial_ptr, y_ptr, counter_ptr,
+    M, N, K, group_size, split_len, splits,
     stride_xm, stride_wk, stride_zg, stride_sg,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
@@ -132,18 +141,18 @@ def _int4_gemv_kernel(
                          mask=mask_k[:, None] & mask_n[None, :], other=0.0)  # fmt: skip
         w = ((q - z).to(tl.float32) * scales.to(tl.float32)).to(x.dtype).to(tl.float32)
         acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
-    tl.store(partial_ptr + (split * M + offs_m[:, None]) * N + offs_n[None, :], acc,
-             mask=mask_m[:, None] & mask_n[None, :])  # fmt: skip
-
-
-@triton.jit
-def _sum_splits_kernel(partial_ptr, y_ptr, splits, MN, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    total = tl.zeros((BLOCK,), dtype=tl.float32)
-    for split in range(0, splits):
-        total += tl.load(partial_ptr + split * MN + offs, mask=mask, other=0.0)
-    tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=mask)
+    tile = offs_m[:, None] * N + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    tl.store(partial_ptr + split * M * N + tile, acc, mask=mask)
+    tl.debug_barrier()  # every thread's partials stored before the count says so
+    arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+    if arrived == splits - 1:  # the tile's last slice: every partial is in
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in range(0, splits):
+            total += tl.load(partial_ptr + s * M * N + tile, mask=mask, other=0.0,
+                             cache_modifier=".cg")  # fmt: skip
+        tl.store(y_ptr + tile, total.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
 
 def int4_gemv_triton(
@@ -169,16 +178,25 @@ def int4_gemv_triton(
     splits = triton.cdiv(in_features, split_len)
     partial = torch.empty(splits, rows, out_features, dtype=torch.float32, device=x.device)
     _int4_gemv_kernel[(tiles, splits)](
-        x, qweight, qzeros, scales, partial,
-        rows, out_features, in_features, group_size, split_len,
+        x, qweight, qzeros, scales, partial, y, _counters(x.device, tiles),
+        rows, out_features, in_features, group_size, split_len, splits,
         x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0),
         BLOCK_M=max(1, triton.next_power_of_2(rows)), BLOCK_N=BLOCK_N, BLOCK_K=GEMV_BLOCK_K,
     )  # fmt: skip
-    block = 256
-    _sum_splits_kernel[(triton.cdiv(rows * out_features, block),)](
-        partial, y, splits, rows * out_features, BLOCK=block
-    )
     return y
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """The device's arrival counters, one a column tile, zero between launches: made once
+    (before any graph capture, by the eager forward that precedes it), grown on demand."""
+    counters = _COUNTERS.get(device)
+    if counters is None or counters.numel() < tiles:
+        counters = torch.zeros(max(tiles, COUNTERS), dtype=torch.int32, device=device)
+        _COUNTERS[device] = counters
+    return counters
 
 
 def _splits(tiles: int, steps: int, device: torch.device) -> int:

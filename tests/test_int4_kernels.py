@@ -98,6 +98,22 @@ def test_split_k_gemv_matches_reference(rows, in_features, out_features, group, 
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("splits", [1, 2, 5])
+def test_the_gemv_leaves_its_counters_at_zero_and_repeats_exactly(splits):
+    """The last slice of each column tile adds the partials and resets the tile's counter, so
+    the next launch (or a graph's replay) starts from zero and sums the same way."""
+    from servelab.kernels.int4_matmul_triton import _counters
+
+    qweight, qzeros, scales, _ = random_int4(320, 200, 64, seed=7)  # four column tiles
+    x = torch.randn(3, 320, generator=torch.Generator().manual_seed(8))
+    on = [t.to(KERNEL_DEVICE) for t in (x, qweight, qzeros, scales)]
+    first = int4_gemv_triton(*on, 64, splits)
+    assert not _counters(KERNEL_DEVICE, 4).any()
+    assert torch.equal(int4_gemv_triton(*on, 64, splits), first)
+    expected = int4_matmul_ref(x, qweight, qzeros, scales, 64)
+    torch.testing.assert_close(first.cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
 def test_decode_batches_take_the_gemv_and_larger_ones_the_tiled_gemm():
     qweight, qzeros, scales, _ = random_int4(256, 64, 64, seed=2)
     on = [t.to(KERNEL_DEVICE) for t in (qweight, qzeros, scales)]
