@@ -10,8 +10,10 @@
 #   scripts/gpu_check.sh [--cpu] [OUT]      (OUT: runs/gpu-check)
 #
 # Steps (below): end-to-end runs of vllm, vllm-awq (random int4 weights), orca and
-# fastertransformer on dummy-llama3-8b with NVML telemetry, a profile window, the kernel tests with the Triton kernels compiled, kernel
-# timings (CUDA events around loops of calls), the calibrated peaks, and `servelab serve`.
+# fastertransformer on dummy-llama3-8b with NVML telemetry, vllm where KV memory decides the
+# batch (up to 256 sequences), a profile window, the kernel tests with the Triton kernels
+# compiled, kernel timings (CUDA events around loops of calls), the calibrated peaks, and
+# `servelab serve`.
 # --cpu runs the same steps on the CPU (Triton interpreted, dummy-tiny, fewer requests and
 # kernel tests), so the script is tested where there is no GPU (tests/test_gpu_check.py) and
 # does not rot.
@@ -33,14 +35,16 @@ source scripts/gpu_recipe.sh  # PYTHONPATH for the recipe and servelab, TOKENIZE
 export PYTHONUNBUFFERED=1
 SERVELAB=("$PYTHON" -m servelab)
 
-# Steps in the order of what they tell: the machine, four strategies end to end, a profile
-# window over decode steps, the kernel tests, the kernel timings, the calibrated peaks
-# (measured by the first run), and `servelab serve` measured through backend=openai. Each
-# limit is 1.5-2 times the step's time on an H200 (their sum is 8 minutes); --cpu scales
-# them by SLOW. Everything is written under OUT; summary.md opens with the verdict.
+# Steps in the order of what they tell: the machine, four strategies end to end, vllm with
+# its batch bounded by KV memory, a profile window over decode steps, the kernel tests, the
+# kernel timings, the calibrated peaks (measured by the first run), and `servelab serve`
+# measured through backend=openai. Each limit is 1.3-2 times the step's time on an H200
+# (docs/gpu.md; their sum is 8 minutes); --cpu scales them by SLOW. Everything is written under OUT; summary.md opens with the verdict.
 if [[ $MODE == cuda ]]; then
   unset TRITON_INTERPRET
   DEVICE=cuda MODEL=dummy-llama3-8b REQUESTS=64 RATE=16 DTYPE=bf16 KV_BUDGET=0.8 SLOW=1
+  MEMORY=(engine.kv_budget=4GiB engine.max_batch_size=256 engine.max_num_batched_tokens=8192
+    workload.num_requests=256 workload.length_scale=0.5 workload.arrival.rate=32)
   PROFILE=(workload.num_requests=32 profile.first_step=12 profile.num_steps=4)
   KERNEL_TESTS=(-n 8 tests/test_kernels_paged_attention.py tests/test_attention_entry.py
     tests/test_int4_kernels.py tests/test_gpu_layers.py tests/test_cuda_graphs.py)
@@ -50,6 +54,8 @@ if [[ $MODE == cuda ]]; then
 else  # the same steps, small: the kernel tests' cases run in the test suite already
   export TRITON_INTERPRET=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
   DEVICE=cpu MODEL=dummy-tiny REQUESTS=8 RATE=40 DTYPE=fp32 KV_BUDGET=16MiB SLOW=3
+  MEMORY=(engine.kv_budget=256KiB engine.max_batch_size=16 engine.max_num_batched_tokens=256
+    workload.num_requests=16 workload.length_scale=0.25 workload.arrival.rate=40)
   PROFILE=(workload.num_requests=8 profile.first_step=6 profile.num_steps=3)
   KERNEL_TESTS=(tests/test_attention_entry.py -k "triton and decode")
   ATTENTION=(--device cpu --dtype fp32 --batches 2 --contexts 64 --iters 2)
@@ -57,8 +63,9 @@ else  # the same steps, small: the kernel tests' cases run in the test suite alr
 fi
 # the model and engine every run and the server share; the check's own cache (peaks measured
 # afresh on this machine, nothing downloaded where the recipe brings the tokenizer)
-ENGINE=("model=$MODEL" "${TOKENIZER[@]}" "engine.device=$DEVICE" "engine.dtype=$DTYPE"
-  "engine.kv_budget=$KV_BUDGET" "engine.cache_dir=$OUT/cache")
+MODEL_ON=("model=$MODEL" "${TOKENIZER[@]}" "engine.device=$DEVICE" "engine.dtype=$DTYPE"
+  "engine.cache_dir=$OUT/cache")
+ENGINE=("${MODEL_ON[@]}" "engine.kv_budget=$KV_BUDGET")
 WORKLOAD=(workload=sharegpt_like workload.length_scale=0.25)
 
 step() {  # step NAME LIMIT_S COMMAND...: run it, keep its log, record its status and time
@@ -73,22 +80,24 @@ step() {  # step NAME LIMIT_S COMMAND...: run it, keep its log, record its statu
   echo "-- $name: exit $rc in $((SECONDS - start)) s"
 }
 
-step machine 20 "$PYTHON" -m scripts.gpu_check_machine "$DEVICE"
+step machine 10 "$PYTHON" -m scripts.gpu_check_machine "$DEVICE"
 for strategy in vllm vllm-awq orca fastertransformer; do
-  step "run-$strategy-$RATE" 45 "${SERVELAB[@]}" "strategy=$strategy" "${ENGINE[@]}" \
+  step "run-$strategy-$RATE" 40 "${SERVELAB[@]}" "strategy=$strategy" "${ENGINE[@]}" \
     "${WORKLOAD[@]}" "workload.num_requests=$REQUESTS" "workload.arrival.rate=$RATE" \
     "hydra.run.dir=$OUT/runs/$strategy-$RATE"
 done
-step profile-vllm 45 "${SERVELAB[@]}" strategy=vllm "${ENGINE[@]}" "${WORKLOAD[@]}" \
+step run-vllm-memory 60 "${SERVELAB[@]}" strategy=vllm "${MODEL_ON[@]}" workload=sharegpt_like \
+  "${MEMORY[@]}" "hydra.run.dir=$OUT/runs/vllm-memory"
+step profile-vllm 40 "${SERVELAB[@]}" strategy=vllm "${ENGINE[@]}" "${WORKLOAD[@]}" \
   workload.arrival.rate=1000 profile.enabled=true "${PROFILE[@]}" \
   "hydra.run.dir=$OUT/profile-vllm"
-step kernel-tests 100 "$PYTHON" -m pytest -q -p no:cacheprovider \
+step kernel-tests 95 "$PYTHON" -m pytest -q -p no:cacheprovider \
   --junitxml="$OUT/kernel-tests.xml" "${KERNEL_TESTS[@]}"
-step bench-attention 25 "$PYTHON" -m benchmarks.bench_attention "${ATTENTION[@]}"
+step bench-attention 20 "$PYTHON" -m benchmarks.bench_attention "${ATTENTION[@]}"
 step bench-int4 25 "$PYTHON" -m benchmarks.bench_int4 "${INT4[@]}" --cache-dir "$OUT/cache"
-step "calibrate-$DTYPE" 20 "${SERVELAB[@]}" calibrate "engine.device=$DEVICE" \
+step "calibrate-$DTYPE" 15 "${SERVELAB[@]}" calibrate "engine.device=$DEVICE" \
   "engine.dtype=$DTYPE" "engine.cache_dir=$OUT/cache"
-step serve-openai 65 "$PYTHON" -m scripts.gpu_check_serve "$OUT/runs/serve-openai" "$((40 * SLOW))" \
+step serve-openai 55 "$PYTHON" -m scripts.gpu_check_serve "$OUT/runs/serve-openai" "$((40 * SLOW))" \
   -- strategy=vllm "${ENGINE[@]}" \
   -- "${ENGINE[@]}" "${WORKLOAD[@]}" workload.num_requests=16 "workload.arrival.rate=$RATE"
 "$PYTHON" -m scripts.gpu_check_summary "$OUT" > "$OUT/summary.md"

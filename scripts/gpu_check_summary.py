@@ -1,7 +1,8 @@
 """The GPU check's summary (`scripts/gpu_check.sh`, its last step): the verdict first, then each
 step's status and time, for each end-to-end run its outcome, throughput, latencies, telemetry,
 whether its decode steps replayed CUDA graphs and their time against their memory floor, the
-profile window's launches per decode step and the GPU's busy share, the kernel tests' counts
+decode steps at batch 1, 32 and the largest against their floor, the profile window's
+launches per decode step and the GPU's busy share, the kernel tests' counts
 and failures, the timing tables and the calibrated peaks. Markdown on stdout; exits 1 when
 any step failed.
 
@@ -24,12 +25,14 @@ from pathlib import Path
 
 import yaml
 
+from servelab.base.records import StepRecord
 from servelab.harness.measure.profiling import SUMMARY_NAME
 from servelab.harness.measure.rundir import read_steps
 from servelab.harness.simulate.hardware import PRESETS
 from servelab.models.dummy import DUMMY_SHAPES
 
 TIMED_OUT = 124  # timeout(1)'s status
+FLOOR_BATCHES = (1, 32)  # decode batches whose steps are set against their floor by themselves
 
 
 def steps_table(out: Path) -> tuple[list[str], bool]:
@@ -119,16 +122,22 @@ def graphs_cell(record: dict | None) -> str:
     return f"{len(buckets)} buckets {buckets[0]}-{buckets[-1]}, {record['capture_s']:.1f} s"
 
 
-def decode_floor(run_dir: Path, meta: dict) -> str:
-    """Median decode step against the time its bytes take at the peak bandwidth."""
-    bandwidth = device_bandwidth(meta)
-    if not (run_dir / "steps.jsonl").exists():  # a run through an endpoint sees no steps
-        return "-"
-    steps = [
+def decode_steps(run_dir: Path) -> list[StepRecord]:
+    """The run's decode-only steps with their roofline bytes (none through an endpoint)."""
+    if not (run_dir / "steps.jsonl").exists():
+        return []
+    return [
         s
         for s in read_steps(run_dir)
         if s.prefill_tokens == 0 and s.decode_tokens > 0 and "bytes" in s.counters
     ]
+
+
+def decode_floor(run_dir: Path, meta: dict, batch: int | None = None) -> str:
+    """The median decode step (of `batch` sequences, or any) against the time its bytes take
+    at the peak bandwidth."""
+    bandwidth = device_bandwidth(meta)
+    steps = [s for s in decode_steps(run_dir) if batch is None or s.decode_tokens == batch]
     if bandwidth is None or not steps:
         return "-"
     rate, source = bandwidth
@@ -138,6 +147,26 @@ def decode_floor(run_dir: Path, meta: dict) -> str:
         f"{step_s * 1e3:.2f} ms vs {floor_s * 1e3:.2f} ms ({step_s / floor_s:.1f}x; "
         f"{source} {rate / 1e12:.2f} TB/s; {len(steps)} steps)"
     )
+
+
+def floor_by_batch(out: Path) -> list[str]:
+    """Every run's decode steps at the batches `FLOOR_BATCHES` names and at its largest, each
+    against its floor: whether a step stays near the bytes it reads as the batch grows."""
+    lines = [
+        "| run | " + " | ".join(f"batch {b}" for b in FLOOR_BATCHES) + " | largest batch |",
+        "|---|" + "---|" * (len(FLOOR_BATCHES) + 1),
+    ]
+    for run_dir in [*sorted((out / "runs").glob("*")), out / "profile-vllm"]:
+        meta_path = run_dir / "meta.json"
+        steps = decode_steps(run_dir)
+        if not meta_path.exists() or not steps:
+            continue
+        meta = json.loads(meta_path.read_text())
+        largest = max(s.decode_tokens for s in steps)
+        cells = [decode_floor(run_dir, meta, batch) for batch in FLOOR_BATCHES]
+        cells.append(f"{largest}: {decode_floor(run_dir, meta, largest)}")
+        lines.append(f"| {run_dir.name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def calibrated(out: Path) -> list[str]:
@@ -208,6 +237,9 @@ def main() -> None:
         "",
         "## End-to-end runs",
         *run_rows(out),
+        "",
+        "## Decode steps against their floor, by batch",
+        *floor_by_batch(out),
         "",
         "## Profile window (vllm)",
         *profile_window(out / "profile-vllm"),

@@ -17,8 +17,8 @@ from servelab.models.load import dummy_tokenizer_path
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = [
     "machine", "run-vllm-40", "run-vllm-awq-40", "run-orca-40", "run-fastertransformer-40",
-    "profile-vllm", "kernel-tests", "bench-attention", "bench-int4", "calibrate-fp32",
-    "serve-openai",
+    "run-vllm-memory", "profile-vllm", "kernel-tests", "bench-attention", "bench-int4",
+    "calibrate-fp32", "serve-openai",
 ]  # fmt: skip
 
 
@@ -45,6 +45,10 @@ def test_the_check_runs_every_step_on_the_cpu_and_summarises_them(tmp_path: Path
     for strategy in ("vllm", "vllm-awq", "orca", "fastertransformer"):
         assert f"| {strategy}-40 | complete | 8/0 |" in summary
     assert "| serve-openai | complete | 16/0 |" in summary
+    assert "| vllm-memory | complete | 16/0 |" in summary  # KV memory bounds its batch
+    by_batch = summary.split("## Decode steps against their floor, by batch")[1].split("##")[0]
+    assert "| vllm-40 | " in by_batch and "| profile-vllm | " in by_batch
+    assert "| run | batch 1 | batch 32 | largest batch |" in by_batch
     assert "| off: no CUDA (cpu) |" in summary  # each run says whether it replayed graphs
     assert "median decode step: 0 kernels" in summary  # a CPU launches none; it counts operators
     assert (out / "kernel-tests.xml").exists() and " 0 failures, 0 errors" in summary
