@@ -1,29 +1,29 @@
 """Triton int4 products for CUDA: dequantise AutoAWQ-packed weights in registers and multiply.
 
-Up to `GEMV_ROWS` rows (decode batches) a split-K GEMV runs (`_int4_gemv_kernel`): a layer of
-576 outputs has only nine column tiles, so without a split along the input dimension a
-handful of programs would stream the weights on a GPU of over a hundred multiprocessors.
-Each program takes one column tile and one slice of the input dimension, loads the packed
-words once each (eight channels a word, unpacked in registers), dequantises in registers,
-accumulates `x * w` in float32, and writes its partial sums. The same launch adds the slices:
-each program then counts itself in on its tile's counter, and the program that arrives last
-adds every slice's partials in slice order (the sum is the same whichever program that is),
-casts, writes the tile and puts the counter back to zero for the next launch, as the split-K
-GEMMs of CUTLASS and Marlin fix up their partial tiles. The count is ordered after the
-partials by a barrier across the program's threads and the atomic's release, and the last
-program's reads after it by the atomic's acquire; they read through the L2 cache (`.cg`).
-The number of slices fills the GPU (`_splits`). The counters are one zeroed buffer a device
-(`_counters`), which a launch leaves zeroed: launches on one stream at a time, as a decode
-step's are.
+Up to `GEMV_ROWS` rows (decode batches) a GEMV runs (`_int4_gemv_kernel`): each program takes
+one column tile and one slice of the input dimension, loads the packed words once each (eight
+channels a word, unpacked in registers), dequantises in registers and accumulates `x * w` in
+float32. Beyond that the tiled GEMM runs (`_int4_matmul_kernel`): each program computes one
+`[BLOCK_M, BLOCK_N]` tile of `y = x @ W` over its slice; along the input dimension it loads a
+`[BLOCK_K, BLOCK_N]` tile of packed words (each int32 word holds eight output channels, in
+AutoAWQ's nibble order), shifts and masks out each channel's nibble, subtracts the group's
+zero point, multiplies by the group's scale and accumulates `tl.dot(x_tile, w_tile)` in
+float32. The weights cross memory as 4-bit values: a quarter of the bytes of a float16
+weight, which is what makes small-batch decoding faster. Any `M`, `N` (a multiple of 8) and
+`in` work, including a short last group; edges are masked.
 
-Beyond that the tiled GEMM runs: each program computes one `[BLOCK_M, BLOCK_N]` tile of
-`y = x @ W`. Along the input dimension it loads a `[BLOCK_K, BLOCK_N]` tile of packed words
-(each int32 word holds eight output channels, in AutoAWQ's nibble order), shifts and masks
-out each channel's nibble, subtracts the group's zero point, multiplies by the group's scale
-and accumulates `tl.dot(x_tile, w_tile)` in float32. The weights cross memory as 4-bit
-values: a quarter of the bytes of a float16 weight, which is what makes small-batch decoding
-faster. Any `M`, `N` (a multiple of 8) and `in` work, including a short last group; edges
-are masked.
+Both split the input dimension into slices when their output tiles alone would leave the GPU
+idle (`_slices`: about `PROGRAMS_PER_SM` programs a multiprocessor): a layer of 576 outputs
+has nine column tiles, and a GPU over a hundred multiprocessors. The same launch adds the
+slices (`_fold_slices`), as the split-K GEMMs of CUTLASS and Marlin fix up their partial
+tiles: each program stores its partial sums and counts itself in on its tile's counter, and
+the program that arrives last adds every slice's partials in slice order (the sum is the same
+whichever program that is), casts, writes the tile and puts the counter back to zero for the
+next launch. The count is ordered after the partials by a barrier across the program's
+threads and the atomic's release, and the last program's reads after it by the atomic's
+acquire; they read through the L2 cache (`.cg`). The counters are one zeroed buffer a device
+(`_counters`), which a launch leaves zeroed: launches on one stream at a time, as a step's
+are. A GEMM in one slice writes its tile directly.
 
 The PyTorch reference is `kernels.int4_matmul_ref.int4_matmul_ref` (same arguments). On a
 CPU this runs only under `TRITON_INTERPRET=1`, which is how the tests run it.
@@ -37,35 +37,39 @@ import triton.language as tl
 
 BLOCK_N = 64
 BLOCK_K = 64
-GEMV_ROWS = 8  # rows up to which the split-K GEMV runs
+GEMV_ROWS = 8  # rows up to which the GEMV runs
 GEMV_BLOCK_K = 32  # input rows of one GEMV step (x: [rows, 32], packed words: [32, 8])
-PROGRAMS_PER_SM = 4  # the GEMV's split fills about this many programs per multiprocessor
-COUNTERS = 4096  # the GEMV's arrival counters made at first: column tiles up to 262,144 outputs
+PROGRAMS_PER_SM = 4  # a split fills about this many programs per multiprocessor
+COUNTERS = 4096  # the arrival counters made at first: output tiles a split launch may have
 
 
-@triton.jit(do_not_specialize=["M"])  # the batch's rows: one compile for every batch size
+@triton.jit
+def _fold_slices(acc, partial_ptr, y_ptr, counter_ptr, tile, offsets, mask, slice_size, split,
+                 splits):  # fmt: skip
+    """Store one slice's partial sums of an output tile; the tile's last slice to arrive adds
+    every slice's in slice order, writes `y` and resets the tile's counter."""
+    tl.store(partial_ptr + split * slice_size + offsets, acc, mask=mask)
+    tl.debug_barrier()  # every thread's partials stored before the count says so
+    arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if arrived == splits - 1:  # every partial is in
+        total = tl.zeros_like(acc)
+        for s in range(0, splits):
+            total += tl.load(partial_ptr + s * slice_size + offsets, mask=mask, other=0.0,
+                             cache_modifier=".cg")  # fmt: skip
+        tl.store(y_ptr + offsets, total.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit(do_not_specialize=["M", "split_len", "splits"])  # one compile for every batch size
 def _int4_matmul_kernel(
-    x_ptr,
-    qweight_ptr,
-    qzeros_ptr,
-    scales_ptr,
-    y_ptr,
-    M,
-    N,
-    K,
-    group_size,
-    stride_xm,
-    stride_xk,
-    stride_wk,
-    stride_zg,
-    stride_sg,
-    stride_ym,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
+    x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, y_ptr, partial_ptr, counter_ptr,
+    M, N, K, group_size, split_len, splits,
+    stride_xm, stride_xk, stride_wk, stride_zg, stride_sg,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    split = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
@@ -74,7 +78,8 @@ def _int4_matmul_kernel(
     # channel c of each eight sits in nibble (c // 2) + 4 * (c % 2): AWQ order 0 2 4 6 1 3 5 7
     shifts = ((offs_n % 8) // 2 + (offs_n % 2) * 4) * 4
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start = split * split_len
+    for k0 in range(k_start, tl.minimum(k_start + split_len, K), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
         x = tl.load(
@@ -97,11 +102,14 @@ def _int4_matmul_kernel(
         z = (zeros >> shifts[None, :]) & 0xF
         w = ((q - z).to(tl.float32) * scales.to(tl.float32)).to(x.dtype)
         acc += tl.dot(x, w, input_precision="ieee")
-    tl.store(
-        y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
-        acc.to(y_ptr.dtype.element_ty),
-        mask=mask_m[:, None] & mask_n[None, :],
-    )
+    offsets = offs_m[:, None] * N + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    if SPLIT:
+        tile = pid_m * tl.num_programs(1) + pid_n
+        _fold_slices(acc, partial_ptr, y_ptr, counter_ptr, tile, offsets, mask, M * N, split,
+                     splits)  # fmt: skip
+    else:
+        tl.store(y_ptr + offsets, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["M", "split_len", "splits"])
@@ -141,18 +149,9 @@ def _int4_gemv_kernel(
                          mask=mask_k[:, None] & mask_n[None, :], other=0.0)  # fmt: skip
         w = ((q - z).to(tl.float32) * scales.to(tl.float32)).to(x.dtype).to(tl.float32)
         acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
-    tile = offs_m[:, None] * N + offs_n[None, :]
+    offsets = offs_m[:, None] * N + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
-    tl.store(partial_ptr + split * M * N + tile, acc, mask=mask)
-    tl.debug_barrier()  # every thread's partials stored before the count says so
-    arrived = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-    if arrived == splits - 1:  # the tile's last slice: every partial is in
-        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for s in range(0, splits):
-            total += tl.load(partial_ptr + s * M * N + tile, mask=mask, other=0.0,
-                             cache_modifier=".cg")  # fmt: skip
-        tl.store(y_ptr + tile, total.to(y_ptr.dtype.element_ty), mask=mask)
-        tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+    _fold_slices(acc, partial_ptr, y_ptr, counter_ptr, pid_n, offsets, mask, M * N, split, splits)
 
 
 def int4_gemv_triton(
@@ -172,10 +171,7 @@ def int4_gemv_triton(
         return y
     x = x.contiguous()
     tiles = triton.cdiv(out_features, BLOCK_N)
-    steps = triton.cdiv(in_features, GEMV_BLOCK_K)
-    splits = min(splits or _splits(tiles, steps, x.device), steps)
-    split_len = triton.cdiv(steps, splits) * GEMV_BLOCK_K
-    splits = triton.cdiv(in_features, split_len)
+    split_len, splits = _slices(tiles, in_features, GEMV_BLOCK_K, splits, x.device)
     partial = torch.empty(splits, rows, out_features, dtype=torch.float32, device=x.device)
     _int4_gemv_kernel[(tiles, splits)](
         x, qweight, qzeros, scales, partial, y, _counters(x.device, tiles),
@@ -186,11 +182,45 @@ def int4_gemv_triton(
     return y
 
 
+def int4_gemm_triton(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    splits: int | None = None,
+) -> torch.Tensor:
+    """`x` `[M, in]` times the int4 weight `[in, out]` -> `[M, out]` in `x`'s dtype by tiles,
+    split `splits` ways along `in` (None: as many as fill the GPU, one where the tiles do)."""
+    rows, in_features = x.shape
+    out_features = scales.shape[1]
+    y = torch.empty(rows, out_features, dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return y
+    block_m = _block_m(rows)
+    grid = (triton.cdiv(rows, block_m), triton.cdiv(out_features, BLOCK_N))
+    tiles = grid[0] * grid[1]
+    split_len, splits = _slices(tiles, in_features, BLOCK_K, splits, x.device)
+    split = splits > 1
+    partial = (
+        torch.empty(splits, rows, out_features, dtype=torch.float32, device=x.device)
+        if split
+        else y  # not read: a launch in one slice writes `y` directly
+    )
+    _int4_matmul_kernel[(*grid, splits)](
+        x, qweight, qzeros, scales, y, partial, _counters(x.device, tiles if split else 1),
+        rows, out_features, in_features, group_size, split_len, splits,
+        x.stride(0), x.stride(1), qweight.stride(0), qzeros.stride(0), scales.stride(0),
+        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SPLIT=split,
+    )  # fmt: skip
+    return y
+
+
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 def _counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """The device's arrival counters, one a column tile, zero between launches: made once
+    """The device's arrival counters, one an output tile, zero between launches: made once
     (before any graph capture, by the eager forward that precedes it), grown on demand."""
     counters = _COUNTERS.get(device)
     if counters is None or counters.numel() < tiles:
@@ -199,15 +229,22 @@ def _counters(device: torch.device, tiles: int) -> torch.Tensor:
     return counters
 
 
-def _splits(tiles: int, steps: int, device: torch.device) -> int:
-    """Slices of the input dimension that give the GPU about `PROGRAMS_PER_SM` programs per
-    multiprocessor, at most one a step of `GEMV_BLOCK_K`."""
-    processors = (
-        torch.cuda.get_device_properties(device).multi_processor_count
-        if device.type == "cuda"
-        else 4
-    )
-    return max(1, min(steps, triton.cdiv(PROGRAMS_PER_SM * processors, tiles)))
+def _slices(
+    tiles: int, in_features: int, block_k: int, splits: int | None, device: torch.device
+) -> tuple[int, int]:
+    """(slice length, slices): `in_features` cut into `splits` slices of whole `block_k`
+    steps, none empty; None: as many as give the GPU about `PROGRAMS_PER_SM` programs per
+    multiprocessor beside its `tiles` output tiles."""
+    steps = triton.cdiv(in_features, block_k)
+    if splits is None:
+        processors = (
+            torch.cuda.get_device_properties(device).multi_processor_count
+            if device.type == "cuda"
+            else 4
+        )
+        splits = triton.cdiv(PROGRAMS_PER_SM * processors, tiles)
+    split_len = triton.cdiv(steps, max(1, min(splits, steps))) * block_k
+    return split_len, triton.cdiv(in_features, split_len)
 
 
 def interpreted() -> bool:
@@ -227,35 +264,8 @@ def int4_matmul_triton(
     scales: torch.Tensor,
     group_size: int,
 ) -> torch.Tensor:
-    """`x` `[M, in]` times the int4 weight `[in, out]` -> `[M, out]` in `x`'s dtype: the
-    split-K GEMV up to `GEMV_ROWS` rows, the tiled GEMM beyond."""
-    rows, in_features = x.shape
-    if 0 < rows <= GEMV_ROWS:
+    """`x` `[M, in]` times the int4 weight `[in, out]` -> `[M, out]` in `x`'s dtype: the GEMV
+    up to `GEMV_ROWS` rows, the tiled GEMM beyond."""
+    if 0 < x.shape[0] <= GEMV_ROWS:
         return int4_gemv_triton(x, qweight, qzeros, scales, group_size)
-    out_features = scales.shape[1]
-    y = torch.empty(rows, out_features, dtype=x.dtype, device=x.device)
-    if rows == 0:
-        return y
-    block_m = _block_m(rows)
-    grid = (triton.cdiv(rows, block_m), triton.cdiv(out_features, BLOCK_N))
-    _int4_matmul_kernel[grid](
-        x,
-        qweight,
-        qzeros,
-        scales,
-        y,
-        rows,
-        out_features,
-        in_features,
-        group_size,
-        x.stride(0),
-        x.stride(1),
-        qweight.stride(0),
-        qzeros.stride(0),
-        scales.stride(0),
-        y.stride(0),
-        BLOCK_M=block_m,
-        BLOCK_N=BLOCK_N,
-        BLOCK_K=BLOCK_K,
-    )
-    return y
+    return int4_gemm_triton(x, qweight, qzeros, scales, group_size)

@@ -146,5 +146,5 @@ def int4_matmul(run: RunKernels, caps: Capabilities) -> Path:
             f"(its CPU capability: {caps.torch_cpu_capability})",
         )
     if "triton" in run.int4_kernels:
-        names = f"{names}: split-K GEMV up to {GEMV_ROWS} rows, the tiled GEMM beyond"
+        names = f"{names}: GEMV up to {GEMV_ROWS} rows, tiled GEMM beyond, K split to fill the GPU"
     return Path(names, f"{_dtype(run)} on {run.device.type}")

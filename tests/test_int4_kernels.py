@@ -19,6 +19,7 @@ from servelab.kernels.int4_matmul_cpu import (
 from servelab.kernels.int4_matmul_ref import int4_matmul_ref
 from servelab.kernels.int4_matmul_triton import (
     GEMV_ROWS,
+    int4_gemm_triton,
     int4_gemv_triton,
     int4_matmul_triton,
     interpreted,
@@ -98,18 +99,40 @@ def test_split_k_gemv_matches_reference(rows, in_features, out_features, group, 
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize(
+    ("rows", "in_features", "out_features", "group", "splits"),
+    [
+        (9, 576, 192, 128, None),  # as many slices as fill the GPU
+        (16, 200, 72, 64, 1),  # one slice, written directly; a short last group
+        (33, 130, 24, 32, 2),  # inputs not a multiple of the 64-row step
+        (64, 1536, 136, 128, 24),  # one slice per step; a partial column tile
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_split_k_gemm_matches_reference(rows, in_features, out_features, group, splits, dtype):
+    qweight, qzeros, scales, _ = random_int4(in_features, out_features, group, seed=rows)
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(6)).to(dtype)
+    expected = int4_matmul_ref(x.float(), qweight, qzeros, scales, group)
+    on = [t.to(KERNEL_DEVICE) for t in (x, qweight, qzeros, scales)]
+    got = int4_gemm_triton(*on, group, splits).cpu()
+    assert got.dtype == dtype and got.shape == (rows, out_features)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+
+
 @pytest.mark.parametrize("splits", [1, 2, 5])
-def test_the_gemv_leaves_its_counters_at_zero_and_repeats_exactly(splits):
-    """The last slice of each column tile adds the partials and resets the tile's counter, so
+@pytest.mark.parametrize(("product", "rows"), [(int4_gemv_triton, 3), (int4_gemm_triton, 40)])
+def test_a_split_product_leaves_its_counters_at_zero_and_repeats_exactly(product, rows, splits):
+    """The last slice of each output tile adds the partials and resets the tile's counter, so
     the next launch (or a graph's replay) starts from zero and sums the same way."""
     from servelab.kernels.int4_matmul_triton import _counters
 
     qweight, qzeros, scales, _ = random_int4(320, 200, 64, seed=7)  # four column tiles
-    x = torch.randn(3, 320, generator=torch.Generator().manual_seed(8))
+    x = torch.randn(rows, 320, generator=torch.Generator().manual_seed(8))
     on = [t.to(KERNEL_DEVICE) for t in (x, qweight, qzeros, scales)]
-    first = int4_gemv_triton(*on, 64, splits)
+    first = product(*on, 64, splits)
     assert not _counters(KERNEL_DEVICE, 4).any()
-    assert torch.equal(int4_gemv_triton(*on, 64, splits), first)
+    assert torch.equal(product(*on, 64, splits), first)
     expected = int4_matmul_ref(x, qweight, qzeros, scales, 64)
     torch.testing.assert_close(first.cpu(), expected, atol=1e-5, rtol=1e-5)
 
