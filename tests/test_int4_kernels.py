@@ -79,42 +79,27 @@ def test_triton_matches_reference(rows, in_features, out_features, group, dtype)
 
 
 @pytest.mark.parametrize(
-    ("rows", "in_features", "out_features", "group", "splits"),
+    ("product", "rows", "in_features", "out_features", "group", "splits"),
     [
-        (1, 576, 576, 128, None),  # as many slices as fill the GPU
-        (2, 200, 72, 64, 1),  # one slice; a short last group; columns not a multiple of 64
-        (5, 130, 24, 32, 3),  # inputs not a multiple of the 32-row step
-        (8, 1536, 192, 128, 48),  # one slice per step
+        (int4_gemv_triton, 1, 576, 576, 128, None),  # as many slices as fill the GPU
+        (int4_gemv_triton, 2, 200, 72, 64, 1),  # a short last group; columns not 64 a tile
+        (int4_gemv_triton, 5, 130, 24, 32, 3),  # inputs not a multiple of the 32-row step
+        (int4_gemv_triton, 8, 1536, 192, 128, 48),  # one slice per step
+        (int4_gemm_triton, 9, 576, 192, 128, None),  # as many slices as fill the GPU
+        (int4_gemm_triton, 16, 200, 72, 64, 1),  # one slice, written directly
+        (int4_gemm_triton, 33, 130, 24, 32, 2),  # inputs not a multiple of the 64-row step
+        (int4_gemm_triton, 64, 1536, 136, 128, 24),  # one slice per step; a partial tile
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_split_k_gemv_matches_reference(rows, in_features, out_features, group, splits, dtype):
+def test_split_k_products_match_reference(
+    product, rows, in_features, out_features, group, splits, dtype
+):
     qweight, qzeros, scales, _ = random_int4(in_features, out_features, group, seed=rows)
     x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(5)).to(dtype)
     expected = int4_matmul_ref(x.float(), qweight, qzeros, scales, group)
     on = [t.to(KERNEL_DEVICE) for t in (x, qweight, qzeros, scales)]
-    got = int4_gemv_triton(*on, group, splits).cpu()
-    assert got.dtype == dtype and got.shape == (rows, out_features)
-    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
-
-
-@pytest.mark.parametrize(
-    ("rows", "in_features", "out_features", "group", "splits"),
-    [
-        (9, 576, 192, 128, None),  # as many slices as fill the GPU
-        (16, 200, 72, 64, 1),  # one slice, written directly; a short last group
-        (33, 130, 24, 32, 2),  # inputs not a multiple of the 64-row step
-        (64, 1536, 136, 128, 24),  # one slice per step; a partial column tile
-    ],
-)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_split_k_gemm_matches_reference(rows, in_features, out_features, group, splits, dtype):
-    qweight, qzeros, scales, _ = random_int4(in_features, out_features, group, seed=rows)
-    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(6)).to(dtype)
-    expected = int4_matmul_ref(x.float(), qweight, qzeros, scales, group)
-    on = [t.to(KERNEL_DEVICE) for t in (x, qweight, qzeros, scales)]
-    got = int4_gemm_triton(*on, group, splits).cpu()
+    got = product(*on, group, splits).cpu()
     assert got.dtype == dtype and got.shape == (rows, out_features)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
