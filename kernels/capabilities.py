@@ -112,6 +112,15 @@ def gpu_visible() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*")) or shutil.which("nvidia-smi") is not None
 
 
+@cache
+def multiprocessors(device: torch.device, elsewhere: int) -> int:
+    """The multiprocessors of a CUDA device, asked once a device (the split kernels size their
+    grids by them); `elsewhere` on any other device, where the kernels run interpreted."""
+    if device.type != "cuda":
+        return elsewhere
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """The answers, as `meta.json` records them."""

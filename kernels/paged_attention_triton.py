@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from servelab.base.errors import ConfigError
+from servelab.kernels.capabilities import multiprocessors
 
 MAX_SPLITS = 64
 # Integers that change from call to call with the batch (the split length, the block table's
@@ -266,7 +267,7 @@ def decode_launch(
     """Enough (sequence, KV head, split) programs to fill the device about twice over."""
     block_n = 64 if head_dim <= 64 else 32
     tiles = triton.cdiv(max(max_len, 1), block_n)
-    programs = 2 * _multiprocessors(device)
+    programs = 2 * multiprocessors(device, elsewhere=1)
     want = min(triton.cdiv(programs, batch * kv_heads), tiles, MAX_SPLITS)
     return make_launch(block_n, max_len, max(want, 1))
 
@@ -564,12 +565,6 @@ def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor)
         raise ConfigError("k_cache", "blocks must be contiguous (a flat slot view must exist)")
     if v_cache.stride(0) != v_cache.shape[1] * v_cache.stride(1):
         raise ConfigError("v_cache", "blocks must be contiguous (a flat slot view must exist)")
-
-
-def _multiprocessors(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def interpreted() -> bool:
