@@ -106,7 +106,7 @@ def run_rows(out: Path) -> list[str]:
             _number(summary.get("mbu_mean")),
             f"{source}, {rows} rows",
             graphs_cell(meta.get("cuda_graphs")),
-            decode_floor(run_dir, meta),
+            decode_floor(decode_steps(run_dir), meta),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -133,11 +133,11 @@ def decode_steps(run_dir: Path) -> list[StepRecord]:
     ]
 
 
-def decode_floor(run_dir: Path, meta: dict, batch: int | None = None) -> str:
-    """The median decode step (of `batch` sequences, or any) against the time its bytes take
-    at the peak bandwidth."""
+def decode_floor(steps: list[StepRecord], meta: dict, batch: int | None = None) -> str:
+    """The median of the decode `steps` (of `batch` sequences, or any) against the time their
+    bytes take at the peak bandwidth."""
     bandwidth = device_bandwidth(meta)
-    steps = [s for s in decode_steps(run_dir) if batch is None or s.decode_tokens == batch]
+    steps = [s for s in steps if batch is None or s.decode_tokens == batch]
     if bandwidth is None or not steps:
         return "-"
     rate, source = bandwidth
@@ -163,8 +163,8 @@ def floor_by_batch(out: Path) -> list[str]:
             continue
         meta = json.loads(meta_path.read_text())
         largest = max(s.decode_tokens for s in steps)
-        cells = [decode_floor(run_dir, meta, batch) for batch in FLOOR_BATCHES]
-        cells.append(f"{largest}: {decode_floor(run_dir, meta, largest)}")
+        cells = [decode_floor(steps, meta, batch) for batch in FLOOR_BATCHES]
+        cells.append(f"{largest}: {decode_floor(steps, meta, largest)}")
         lines.append(f"| {run_dir.name} | " + " | ".join(cells) + " |")
     return lines
 
