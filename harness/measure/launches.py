@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,17 +139,29 @@ def count_launches() -> Iterator[Launches]:
 
 @contextlib.contextmanager
 def _triton_launches_counted(counts: Launches) -> Iterator[None]:
-    """Under the interpreter, each launch counted once and run with the counting off."""
+    def counted(kernel: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        counts.triton += 1
+
+    with on_triton_launch(counted):
+        yield
+
+
+@contextlib.contextmanager
+def on_triton_launch(
+    seen: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], None],
+) -> Iterator[None]:
+    """Under the interpreter, `seen(kernel's Python function, args, launch keywords)` before
+    each launch, which then runs with torch's modes off (what it does inside is not counted)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     launch = InterpretedFunction.run
 
-    def counted(self: InterpretedFunction, *args: Any, **kwargs: Any) -> Any:
-        counts.triton += 1
+    def watched(self: InterpretedFunction, *args: Any, **kwargs: Any) -> Any:
+        seen(self.fn, args, kwargs)
         with _modes_off():
             return launch(self, *args, **kwargs)
 
-    InterpretedFunction.run = counted
+    InterpretedFunction.run = watched
     try:
         yield
     finally:

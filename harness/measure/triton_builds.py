@@ -1,0 +1,196 @@
+"""The Triton kernel builds a stretch of code launches, and whether each compiles for a CUDA
+GPU, checked on any machine.
+
+A Triton kernel is compiled when it first launches on a GPU, so a kernel that cannot compile
+there (a type error, a tile `tl.dot` refuses, more shared memory than a multiprocessor has)
+fails only where GPU time is scarce. Triton compiles for a named architecture without one (its
+own LLVM and `ptxas`), so: `record_builds` notes, under the interpreter, every distinct build
+the code launches (kernel, argument types, constexprs, launch options), and `compile_builds`
+compiles each for an architecture, in a child process that imports triton without the
+interpreter, and reads its shared memory against the architecture's limit. The interpreter
+computes bfloat16 wrongly, so code runs there in float16 and each float16 build is compiled
+for every float type in `FLOATS`: the kernels are generic in it.
+
+    python -m servelab.harness.measure.triton_builds --arch 90 < builds.json   # the child
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from servelab.harness.measure.launches import on_triton_launch
+
+# shared memory one block may take, by compute capability (CUDA's programming guide)
+SHARED_LIMIT = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}
+FLOATS = ("fp16", "bf16")
+TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
+         torch.int8: "i8", torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64",
+         torch.bool: "i1"}  # fmt: skip
+LAUNCH_ONLY = ("grid", "warmup")  # launch keywords that are not compile options
+
+
+@dataclass(frozen=True)
+class KernelBuild:
+    """One compilation of a kernel: its parameters' Triton types in order ("constexpr" for a
+    compile-time one), the constexprs' values and the compile options (warps, stages)."""
+
+    module: str
+    kernel: str
+    signature: tuple[tuple[str, str], ...]
+    constexprs: tuple[tuple[str, Any], ...]
+    options: tuple[tuple[str, Any], ...]
+
+    def in_float(self, float_type: str) -> KernelBuild:
+        """The same build with its float16 pointers of `float_type`."""
+        return replace(
+            self, signature=tuple((n, t.replace("fp16", float_type)) for n, t in self.signature)
+        )
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernel}({', '.join(f'{n}={v}' for n, v in self.constexprs)})"
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What compiling one (recorded) build for an architecture in `float_type` ("" where it
+    takes none) gave: the shared memory it takes and its warps, or the compiler's error."""
+
+    build: KernelBuild
+    float_type: str
+    shared: int = 0
+    warps: int = 0
+    error: str = ""
+
+    def fits(self, arch: int) -> bool:
+        return not self.error and self.shared <= SHARED_LIMIT[arch]
+
+
+def build_of(
+    kernel: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> KernelBuild:
+    """The build a launch of `kernel` (its Python function) with these arguments compiles."""
+    parameters = inspect.signature(kernel).parameters
+    bound = dict(zip(parameters, args, strict=False))
+    bound.update((k, v) for k, v in kwargs.items() if k in parameters)
+    signature, constexprs = [], []
+    for name, parameter in parameters.items():
+        value = bound.get(name, parameter.default)
+        if "constexpr" in str(parameter.annotation) or value is None:
+            signature.append((name, "constexpr"))
+            constexprs.append((name, value))
+        else:
+            signature.append((name, _triton_type(name, value)))
+    options = sorted(
+        (k, v) for k, v in kwargs.items() if k not in parameters and k not in LAUNCH_ONLY
+    )
+    return KernelBuild(
+        kernel.__module__, kernel.__name__, tuple(signature), tuple(constexprs), tuple(options)
+    )
+
+
+def _triton_type(name: str, value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + TYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"{name}: a launch argument of type {type(value).__name__}")
+
+
+@contextlib.contextmanager
+def record_builds() -> Iterator[set[KernelBuild]]:
+    """The distinct builds the code inside launches (under the interpreter); fills as it runs."""
+    builds: set[KernelBuild] = set()
+
+    def seen(kernel: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        builds.add(build_of(kernel, args, kwargs))
+
+    with on_triton_launch(seen):
+        yield builds
+
+
+def compile_builds(builds: list[KernelBuild], arch: int) -> list[Compiled]:
+    """Each build compiled for compute capability `arch` in every float type it takes, in a
+    child process that imports triton without the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", __name__, "--arch", str(arch)],
+        input=json.dumps([asdict(b) for b in builds]), capture_output=True, text=True,
+        env=env, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"compiling for sm_{arch} failed: {done.stderr.strip()[-2000:]}")
+    return [
+        Compiled(builds[row["index"]], row["float_type"], row["shared"], row["warps"], row["error"])
+        for row in map(json.loads, done.stdout.splitlines())
+    ]
+
+
+def ptxas_missing() -> str | None:
+    """Why Triton cannot compile for a CUDA GPU here, or None where it can."""
+    import triton
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if os.environ.get("TRITON_PTXAS_PATH") or ptxas.exists():
+        return None
+    return f"triton {triton.__version__} brings no ptxas ({ptxas}) and TRITON_PTXAS_PATH is unset"
+
+
+def _compile(build: KernelBuild, float_type: str, arch: int) -> dict[str, Any]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = getattr(importlib.import_module(build.module), build.kernel)
+    if not isinstance(kernel, triton.runtime.JITFunction):
+        raise RuntimeError(f"{build.kernel} was built for the interpreter (TRITON_INTERPRET)")
+    typed = dict(build.in_float(float_type).signature)
+    names = kernel.arg_names
+    source = ASTSource(
+        kernel,
+        {name: typed[name] for name in names},
+        {(names.index(name),): value for name, value in build.constexprs},
+    )
+    try:
+        out = triton.compile(
+            source, target=GPUTarget("cuda", arch, 32), options=dict(build.options)
+        )
+    except Exception as error:  # noqa: BLE001 - the compiler's error is the answer
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [""]
+        where = f"{lines[0]} " if len(lines) > 1 else ""  # a CompilationError's "at 3:38:"
+        return {"shared": 0, "warps": 0, "error": f"{type(error).__name__}: {where}{lines[-1]}"}
+    return {"shared": out.metadata.shared, "warps": out.metadata.num_warps, "error": ""}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="compile builds (JSON on stdin) for a GPU")
+    parser.add_argument("--arch", type=int, choices=sorted(SHARED_LIMIT), default=90)
+    arch = parser.parse_args().arch
+    for index, row in enumerate(json.load(sys.stdin)):
+        pairs = (tuple(map(tuple, row[k])) for k in ("signature", "constexprs", "options"))
+        build = KernelBuild(row["module"], row["kernel"], *pairs)
+        takes_float = any("fp16" in t for _, t in build.signature)
+        for float_type in FLOATS if takes_float else ("",):
+            result = _compile(build, float_type or "fp16", arch)
+            print(json.dumps({"index": index, "float_type": float_type, **result}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
