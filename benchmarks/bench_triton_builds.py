@@ -23,6 +23,7 @@ import os
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -62,6 +63,11 @@ def main() -> None:
     parser.add_argument("--int4-shape", default="tiny", choices=sorted(DUMMY_SHAPES))
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 9])
+    parser.add_argument(
+        "--triton-from", type=Path, default=None,
+        help="compile with the triton in this folder (e.g. the GPU machine's version: "
+        "pip install --no-deps --target DIR triton==VERSION); default: this environment's",
+    )  # fmt: skip
     args = parser.parse_args()
     if torch.cuda.is_available():
         sys.exit("a CUDA device is here: its kernel tests compile and run the kernels themselves")
@@ -76,9 +82,11 @@ def main() -> None:
             print(f"recorded {strategy} on {shape} at batch {batch}: {len(builds)} builds so far "
                   f"({time.monotonic() - start:.0f} s)", flush=True)  # fmt: skip
     ordered = sorted(builds, key=repr)
-    results = compile_builds(ordered, args.arch)
+    results = compile_builds(ordered, args.arch, args.triton_from)
     limit = SHARED_LIMIT[args.arch]
-    print(f"\n{len(ordered)} builds compiled for sm_{args.arch} (shared memory limit {limit} B)")
+    versions = ", ".join(sorted({r.triton for r in results}))
+    print(f"\n{len(ordered)} builds compiled for sm_{args.arch} by triton {versions} "
+          f"(shared memory limit {limit} B)")  # fmt: skip
     print(f"{'':4} {'float':5} {'shared B':>8} {'warps':>5}  build")
     for result in results:
         verdict = "ok" if result.fits(args.arch) else "FAIL"

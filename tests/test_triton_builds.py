@@ -59,6 +59,7 @@ def test_every_kernel_the_gpu_path_launches_compiles_for_sm_90(builds: list[Kern
     assert len(results) == 2 * len(builds)  # each in float16 and in bfloat16
     assert [(r.build.label, r.float_type, r.error) for r in results if not r.fits(SM90)] == []
     assert {r.float_type for r in results} == {"fp16", "bf16"}
+    assert {r.triton for r in results} == {triton.__version__}  # this environment's compiler
 
 
 def test_a_build_that_cannot_compile_or_fit_is_reported(builds: list[KernelBuild]) -> None:

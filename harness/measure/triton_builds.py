@@ -71,6 +71,7 @@ class Compiled:
 
     build: KernelBuild
     float_type: str
+    triton: str  # the version that compiled it
     shared: int = 0
     warps: int = 0
     error: str = ""
@@ -126,10 +127,15 @@ def record_builds() -> Iterator[set[KernelBuild]]:
         yield builds
 
 
-def compile_builds(builds: list[KernelBuild], arch: int) -> list[Compiled]:
+def compile_builds(
+    builds: list[KernelBuild], arch: int, triton_from: Path | None = None
+) -> list[Compiled]:
     """Each build compiled for compute capability `arch` in every float type it takes, in a
-    child process that imports triton without the interpreter."""
+    child process that imports triton without the interpreter (from `triton_from` where given:
+    a folder holding another version, as `pip install --target` makes one)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if triton_from is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(triton_from), env.get("PYTHONPATH")]))
     done = subprocess.run(
         [sys.executable, "-m", __name__, "--arch", str(arch)],
         input=json.dumps([asdict(b) for b in builds]), capture_output=True, text=True,
@@ -138,7 +144,14 @@ def compile_builds(builds: list[KernelBuild], arch: int) -> list[Compiled]:
     if done.returncode != 0:
         raise RuntimeError(f"compiling for sm_{arch} failed: {done.stderr.strip()[-2000:]}")
     return [
-        Compiled(builds[row["index"]], row["float_type"], row["shared"], row["warps"], row["error"])
+        Compiled(
+            builds[row["index"]],
+            row["float_type"],
+            row["triton"],
+            row["shared"],
+            row["warps"],
+            row["error"],
+        )  # fmt: skip
         for row in map(json.loads, done.stdout.splitlines())
     ]
 
@@ -183,13 +196,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="compile builds (JSON on stdin) for a GPU")
     parser.add_argument("--arch", type=int, choices=sorted(SHARED_LIMIT), default=90)
     arch = parser.parse_args().arch
+    import triton
+
     for index, row in enumerate(json.load(sys.stdin)):
         pairs = (tuple(map(tuple, row[k])) for k in ("signature", "constexprs", "options"))
         build = KernelBuild(row["module"], row["kernel"], *pairs)
         takes_float = any("fp16" in t for _, t in build.signature)
         for float_type in FLOATS if takes_float else ("",):
             result = _compile(build, float_type or "fp16", arch)
-            print(json.dumps({"index": index, "float_type": float_type, **result}), flush=True)
+            row = {"index": index, "float_type": float_type, "triton": triton.__version__}
+            print(json.dumps({**row, **result}), flush=True)
 
 
 if __name__ == "__main__":
