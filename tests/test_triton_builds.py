@@ -77,15 +77,22 @@ def test_a_build_that_cannot_compile_or_fit_is_reported(builds: list[KernelBuild
 
 
 def test_a_launch_is_typed_as_triton_specializes_it() -> None:
-    def kernel(x_ptr, n, big, scale, maybe, BLOCK: triton.language.constexpr):  # noqa: ANN001, N803
+    from triton.runtime.interpreter import InterpretedFunction
+
+    def kernel(x_ptr, n, m, one, big, scale, maybe, BLOCK: triton.language.constexpr):  # noqa: ANN001, N803
         pass
 
-    x = torch.zeros(2, dtype=torch.bfloat16)
-    build = build_of(kernel, (x, 7, 2**40, 0.5, None), {"BLOCK": 64, "num_warps": 8, "grid": (1,)})
+    x = torch.zeros(16, dtype=torch.bfloat16)
+    launched = InterpretedFunction(kernel, do_not_specialize=["m"])
+    args = (x, 32, 48, 1, 2**40 + 1, 0.5, None)
+    build = build_of(launched, args, {"BLOCK": 64, "num_warps": 8, "grid": (1,)})
     assert build.signature == (
-        ("x_ptr", "*bf16"), ("n", "i32"), ("big", "i64"), ("scale", "fp32"),
-        ("maybe", "constexpr"), ("BLOCK", "constexpr"),
+        ("x_ptr", "*bf16"), ("n", "i32"), ("m", "i32"), ("one", "constexpr"), ("big", "i64"),
+        ("scale", "fp32"), ("maybe", "constexpr"), ("BLOCK", "constexpr"),
     )  # fmt: skip
-    assert build.constexprs == (("maybe", None), ("BLOCK", 64))
+    assert build.constexprs == (("one", 1), ("maybe", None), ("BLOCK", 64))
+    assert build.divisible == ("x_ptr", "n")  # m is a multiple of 16 but kept general
     assert build.options == (("num_warps", 8),)  # the grid is the launch's, not the build's
-    assert build.in_float("bf16").signature[0] == ("x_ptr", "*bf16")
+    shifted = build_of(launched, (x[1:], *args[1:]), {"BLOCK": 64})  # 2 bytes in: not aligned
+    assert shifted.divisible == ("n",)
+    assert build.in_float("fp32").signature[0] == ("x_ptr", "*bf16")  # only float16 changes

@@ -139,7 +139,7 @@ def count_launches() -> Iterator[Launches]:
 
 @contextlib.contextmanager
 def _triton_launches_counted(counts: Launches) -> Iterator[None]:
-    def counted(kernel: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def counted(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         counts.triton += 1
 
     with on_triton_launch(counted):
@@ -148,16 +148,17 @@ def _triton_launches_counted(counts: Launches) -> Iterator[None]:
 
 @contextlib.contextmanager
 def on_triton_launch(
-    seen: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], None],
+    seen: Callable[[Any, tuple[Any, ...], dict[str, Any]], None],
 ) -> Iterator[None]:
-    """Under the interpreter, `seen(kernel's Python function, args, launch keywords)` before
-    each launch, which then runs with torch's modes off (what it does inside is not counted)."""
+    """Under the interpreter, `seen(kernel, args, launch keywords)` before each launch (the
+    kernel: the interpreted function, its Python function `fn`, its `jit` keywords `kwargs`),
+    which then runs with torch's modes off (what it does inside is not counted)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     launch = InterpretedFunction.run
 
     def watched(self: InterpretedFunction, *args: Any, **kwargs: Any) -> Any:
-        seen(self.fn, args, kwargs)
+        seen(self, args, kwargs)
         with _modes_off():
             return launch(self, *args, **kwargs)
 

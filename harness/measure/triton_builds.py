@@ -5,9 +5,11 @@ A Triton kernel is compiled when it first launches on a GPU, so a kernel that ca
 there (a type error, a tile `tl.dot` refuses, more shared memory than a multiprocessor has)
 fails only where GPU time is scarce. Triton compiles for a named architecture without one (its
 own LLVM and `ptxas`), so: `record_builds` notes, under the interpreter, every distinct build
-the code launches (kernel, argument types, constexprs, launch options), and `compile_builds`
-compiles each for an architecture, in a child process that imports triton without the
-interpreter, and reads its shared memory against the architecture's limit. The interpreter
+the code launches (kernel, argument types, constexprs, launch options, and what Triton's JIT
+specializes on: integers of 1, integers and addresses that are multiples of 16, here as the
+CPU's tensors have them), and `compile_builds` compiles each for an architecture, in a child
+process that imports triton without the interpreter, and reads its shared memory against the
+architecture's limit. The interpreter
 computes bfloat16 wrongly, so code runs there in float16 and each float16 build is compiled
 for every float type in `FLOATS`: the kernels are generic in it.
 
@@ -24,7 +26,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -44,13 +46,17 @@ LAUNCH_ONLY = ("grid", "warmup")  # launch keywords that are not compile options
 
 @dataclass(frozen=True)
 class KernelBuild:
-    """One compilation of a kernel: its parameters' Triton types in order ("constexpr" for a
-    compile-time one), the constexprs' values and the compile options (warps, stages)."""
+    """One compilation of a kernel, specialized as Triton's JIT specializes a launch: its
+    parameters' Triton types in order ("constexpr" for a compile-time one, and for an integer
+    of 1), the constexprs' values, the parameters known to be multiples of 16 (an integer, or a
+    pointer's address: loads and stores vectorize on it) and the compile options (warps,
+    stages)."""
 
     module: str
     kernel: str
     signature: tuple[tuple[str, str], ...]
     constexprs: tuple[tuple[str, Any], ...]
+    divisible: tuple[str, ...]
     options: tuple[tuple[str, Any], ...]
 
     def in_float(self, float_type: str) -> KernelBuild:
@@ -61,7 +67,10 @@ class KernelBuild:
 
     @property
     def label(self) -> str:
-        return f"{self.kernel}({', '.join(f'{n}={v}' for n, v in self.constexprs)})"
+        """The kernel, its constexprs, and its parameters not known to be multiples of 16."""
+        odd = [n for n, t in self.signature if t[0] in "*iu" and n not in self.divisible]
+        constexprs = ", ".join(f"{n}={v}" for n, v in self.constexprs)
+        return f"{self.kernel}({constexprs}) not x16: {', '.join(odd) or '-'}"
 
 
 @dataclass(frozen=True)
@@ -80,34 +89,49 @@ class Compiled:
         return not self.error and self.shared <= SHARED_LIMIT[arch]
 
 
-def build_of(
-    kernel: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> KernelBuild:
-    """The build a launch of `kernel` (its Python function) with these arguments compiles."""
-    parameters = inspect.signature(kernel).parameters
+def build_of(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> KernelBuild:
+    """The build a launch of `kernel` (an interpreted kernel: its Python function `fn` and
+    its `jit` keywords) with these arguments compiles."""
+    fn = kernel.fn
+    parameters = inspect.signature(fn).parameters
+    general = {
+        name if isinstance(name, str) else list(parameters)[name]
+        for name in kernel.kwargs.get("do_not_specialize") or ()
+    }
     bound = dict(zip(parameters, args, strict=False))
     bound.update((k, v) for k, v in kwargs.items() if k in parameters)
-    signature, constexprs = [], []
+    signature, constexprs, divisible = [], [], []
     for name, parameter in parameters.items():
         value = bound.get(name, parameter.default)
-        if "constexpr" in str(parameter.annotation) or value is None:
+        specialized = name not in general
+        one = specialized and type(value) is int and value == 1
+        if "constexpr" in str(parameter.annotation) or value is None or one:
             signature.append((name, "constexpr"))
             constexprs.append((name, value))
-        else:
-            signature.append((name, _triton_type(name, value)))
+            continue
+        signature.append((name, _triton_type(name, value)))
+        if specialized and _multiple_of_16(value):
+            divisible.append(name)
     options = sorted(
         (k, v) for k, v in kwargs.items() if k not in parameters and k not in LAUNCH_ONLY
     )
     return KernelBuild(
-        kernel.__module__, kernel.__name__, tuple(signature), tuple(constexprs), tuple(options)
-    )
+        fn.__module__, fn.__name__, tuple(signature), tuple(constexprs), tuple(divisible),
+        tuple(options),
+    )  # fmt: skip
+
+
+def _multiple_of_16(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr() % 16 == 0
+    return type(value) is int and value % 16 == 0
 
 
 def _triton_type(name: str, value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return "*" + TYPES[value.dtype]
     if isinstance(value, bool):
-        return "i1"
+        return "u1"
     if isinstance(value, int):
         return "i32" if -(2**31) <= value < 2**31 else "i64"
     if isinstance(value, float):
@@ -120,7 +144,7 @@ def record_builds() -> Iterator[set[KernelBuild]]:
     """The distinct builds the code inside launches (under the interpreter); fills as it runs."""
     builds: set[KernelBuild] = set()
 
-    def seen(kernel: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def seen(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         builds.add(build_of(kernel, args, kwargs))
 
     with on_triton_launch(seen):
@@ -180,6 +204,7 @@ def _compile(build: KernelBuild, float_type: str, arch: int) -> dict[str, Any]:
         kernel,
         {name: typed[name] for name in names},
         {(names.index(name),): value for name, value in build.constexprs},
+        {(names.index(name),): [["tt.divisibility", 16]] for name in build.divisible},
     )
     try:
         out = triton.compile(
@@ -199,8 +224,11 @@ def main() -> None:
     import triton
 
     for index, row in enumerate(json.load(sys.stdin)):
-        pairs = (tuple(map(tuple, row[k])) for k in ("signature", "constexprs", "options"))
-        build = KernelBuild(row["module"], row["kernel"], *pairs)
+        build = KernelBuild(
+            row["module"], row["kernel"],
+            *(tuple(map(tuple, row[k])) for k in ("signature", "constexprs")),
+            tuple(row["divisible"]), tuple(map(tuple, row["options"])),
+        )  # fmt: skip
         takes_float = any("fp16" in t for _, t in build.signature)
         for float_type in FLOATS if takes_float else ("",):
             result = _compile(build, float_type or "fp16", arch)
