@@ -1,16 +1,18 @@
 """Triton int4 products for CUDA: dequantise AutoAWQ-packed weights in registers and multiply.
 
-Up to `GEMV_ROWS` rows (decode batches) a GEMV runs (`_int4_gemv_kernel`): each program takes
-one column tile and one slice of the input dimension, loads the packed words once each (eight
-channels a word, unpacked in registers), dequantises in registers and accumulates `x * w` in
-float32. Beyond that the tiled GEMM runs (`_int4_matmul_kernel`): each program computes one
-`[BLOCK_M, BLOCK_N]` tile of `y = x @ W` over its slice; along the input dimension it loads a
-`[BLOCK_K, BLOCK_N]` tile of packed words (each int32 word holds eight output channels, in
-AutoAWQ's nibble order), shifts and masks out each channel's nibble, subtracts the group's
-zero point, multiplies by the group's scale and accumulates `tl.dot(x_tile, w_tile)` in
-float32. The weights cross memory as 4-bit values: a quarter of the bytes of a float16
-weight, which is what makes small-batch decoding faster. Any `M`, `N` (a multiple of 8) and
-`in` work, including a short last group; edges are masked.
+Both load each step's packed words once each, a `[BLOCK_K, BLOCK_N / 8]` tile (each int32
+word holds eight output channels, in AutoAWQ's nibble order), shift and mask each channel's
+nibble out in registers (`_dequantised`), subtract the group's zero point and multiply by the
+group's scale; where the group size is a multiple of the step (AutoAWQ's 128 and 64 always),
+every row of a step is in one group, and its zero points and scales are loaded once, a row
+of them, not once a row. Up to `GEMV_ROWS` rows (decode batches) a GEMV runs
+(`_int4_gemv_kernel`): each program takes one column tile and one slice of the input
+dimension and accumulates `x * w` in float32. Beyond that the tiled GEMM runs
+(`_int4_matmul_kernel`): each program computes one `[BLOCK_M, BLOCK_N]` tile of `y = x @ W`
+over its slice, accumulating `tl.dot(x_tile, w_tile)` in float32. The weights cross memory as
+4-bit values: a quarter of the bytes of a float16 weight, which is what makes small-batch
+decoding faster. Any `M`, `N` (a multiple of 8) and `in` work, including a short last group
+and groups a step straddles; edges are masked.
 
 Both split the input dimension into slices when their output tiles alone would leave the GPU
 idle (`_slices`: about `PROGRAMS_PER_SM` programs a multiprocessor): a layer of 576 outputs
@@ -62,12 +64,39 @@ def _fold_slices(acc, partial_ptr, y_ptr, counter_ptr, tile, offsets, mask, slic
         tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
+@triton.jit
+def _dequantised(packed, qzeros_ptr, scales_ptr, k0, offs_k, mask_k, words, mask_w, offs_n,
+                 mask_n, group_size, stride_zg, stride_sg, BLOCK_K: tl.constexpr,
+                 BLOCK_N: tl.constexpr, ONE_GROUP: tl.constexpr):  # fmt: skip
+    """The `[BLOCK_K, BLOCK_N]` float32 weights of packed words `[BLOCK_K, BLOCK_N / 8]`, each
+    word's eight nibbles unpacked in registers; a step within one group (`ONE_GROUP`) loads
+    its zero points and scales once, not once a row."""
+    channel = tl.arange(0, 8)
+    # channel c of each eight sits in nibble (c // 2) + 4 * (c % 2): AWQ order 0 2 4 6 1 3 5 7
+    shifts = ((channel // 2) + (channel % 2) * 4) * 4
+    q = tl.reshape((packed[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_K, BLOCK_N))
+    if ONE_GROUP:
+        group = k0 // group_size
+        zeros = tl.load(qzeros_ptr + group * stride_zg + words, mask=mask_w, other=0)
+        z = tl.reshape((zeros[:, None] >> shifts[None, :]) & 0xF, (1, BLOCK_N))
+        scales = tl.load(scales_ptr + group * stride_sg + offs_n, mask=mask_n, other=0.0)[None, :]
+    else:
+        groups = offs_k // group_size
+        zeros = tl.load(qzeros_ptr + groups[:, None] * stride_zg + words[None, :],
+                        mask=mask_k[:, None] & mask_w[None, :], other=0)  # fmt: skip
+        z = tl.reshape((zeros[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_K, BLOCK_N))
+        scales = tl.load(scales_ptr + groups[:, None] * stride_sg + offs_n[None, :],
+                         mask=mask_k[:, None] & mask_n[None, :], other=0.0)  # fmt: skip
+    return (q - z).to(tl.float32) * scales.to(tl.float32)
+
+
 @triton.jit(do_not_specialize=["M", "split_len", "splits"])  # one compile for every batch size
 def _int4_matmul_kernel(
     x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, y_ptr, partial_ptr, counter_ptr,
     M, N, K, group_size, split_len, splits,
     stride_xm, stride_xk, stride_wk, stride_zg, stride_sg,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    ONE_GROUP: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -76,9 +105,8 @@ def _int4_matmul_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    words = offs_n // 8
-    # channel c of each eight sits in nibble (c // 2) + 4 * (c % 2): AWQ order 0 2 4 6 1 3 5 7
-    shifts = ((offs_n % 8) // 2 + (offs_n % 2) * 4) * 4
+    words = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
+    mask_w = words < N // 8
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_start = split * split_len
     for k0 in range(k_start, tl.minimum(k_start + split_len, K), BLOCK_K):
@@ -89,20 +117,11 @@ def _int4_matmul_kernel(
             mask=mask_m[:, None] & mask_k[None, :],
             other=0.0,
         )
-        mask_kn = mask_k[:, None] & mask_n[None, :]
-        packed = tl.load(
-            qweight_ptr + offs_k[:, None] * stride_wk + words[None, :], mask=mask_kn, other=0
-        )
-        groups = offs_k // group_size
-        zeros = tl.load(
-            qzeros_ptr + groups[:, None] * stride_zg + words[None, :], mask=mask_kn, other=0
-        )
-        scales = tl.load(
-            scales_ptr + groups[:, None] * stride_sg + offs_n[None, :], mask=mask_kn, other=0.0
-        )
-        q = (packed >> shifts[None, :]) & 0xF
-        z = (zeros >> shifts[None, :]) & 0xF
-        w = ((q - z).to(tl.float32) * scales.to(tl.float32)).to(x.dtype)
+        packed = tl.load(qweight_ptr + offs_k[:, None] * stride_wk + words[None, :],
+                         mask=mask_k[:, None] & mask_w[None, :], other=0)  # fmt: skip
+        w = _dequantised(packed, qzeros_ptr, scales_ptr, k0, offs_k, mask_k, words, mask_w,
+                         offs_n, mask_n, group_size, stride_zg, stride_sg,
+                         BLOCK_K, BLOCK_N, ONE_GROUP).to(x.dtype)  # fmt: skip
         acc += tl.dot(x, w, input_precision="ieee")
     offsets = offs_m[:, None] * N + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
@@ -120,6 +139,7 @@ def _int4_gemv_kernel(
     M, N, K, group_size, split_len, splits,
     stride_xm, stride_wk, stride_zg, stride_sg,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ONE_GROUP: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -127,9 +147,6 @@ def _int4_gemv_kernel(
     mask_m = offs_m < M
     words = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
     mask_w = words < N // 8
-    channel = tl.arange(0, 8)
-    # channel c of each eight sits in nibble (c // 2) + 4 * (c % 2): AWQ order 0 2 4 6 1 3 5 7
-    shifts = ((channel // 2) + (channel % 2) * 4) * 4
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -139,17 +156,11 @@ def _int4_gemv_kernel(
         mask_k = offs_k < K
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # fmt: skip
-        mask_kw = mask_k[:, None] & mask_w[None, :]
         packed = tl.load(qweight_ptr + offs_k[:, None] * stride_wk + words[None, :],
-                         mask=mask_kw, other=0)  # fmt: skip
-        groups = offs_k // group_size
-        zeros = tl.load(qzeros_ptr + groups[:, None] * stride_zg + words[None, :],
-                        mask=mask_kw, other=0)  # fmt: skip
-        q = tl.reshape((packed[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_K, BLOCK_N))
-        z = tl.reshape((zeros[:, :, None] >> shifts[None, None, :]) & 0xF, (BLOCK_K, BLOCK_N))
-        scales = tl.load(scales_ptr + groups[:, None] * stride_sg + offs_n[None, :],
-                         mask=mask_k[:, None] & mask_n[None, :], other=0.0)  # fmt: skip
-        w = ((q - z).to(tl.float32) * scales.to(tl.float32)).to(x.dtype).to(tl.float32)
+                         mask=mask_k[:, None] & mask_w[None, :], other=0)  # fmt: skip
+        w = _dequantised(packed, qzeros_ptr, scales_ptr, k0, offs_k, mask_k, words, mask_w,
+                         offs_n, mask_n, group_size, stride_zg, stride_sg,
+                         BLOCK_K, BLOCK_N, ONE_GROUP).to(x.dtype).to(tl.float32)  # fmt: skip
         acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
     offsets = offs_m[:, None] * N + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
@@ -180,6 +191,7 @@ def int4_gemv_triton(
         rows, out_features, in_features, group_size, split_len, splits,
         x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0),
         BLOCK_M=max(1, triton.next_power_of_2(rows)), BLOCK_N=BLOCK_N, BLOCK_K=GEMV_BLOCK_K,
+        ONE_GROUP=group_size % GEMV_BLOCK_K == 0,
     )  # fmt: skip
     return y
 
@@ -214,6 +226,7 @@ def int4_gemm_triton(
         rows, out_features, in_features, group_size, split_len, splits,
         x.stride(0), x.stride(1), qweight.stride(0), qzeros.stride(0), scales.stride(0),
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SPLIT=split,
+        ONE_GROUP=group_size % BLOCK_K == 0,
     )  # fmt: skip
     return y
 

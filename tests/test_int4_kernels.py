@@ -85,10 +85,12 @@ def test_triton_matches_reference(rows, in_features, out_features, group, dtype)
         (int4_gemv_triton, 2, 200, 72, 64, 1),  # a short last group; columns not 64 a tile
         (int4_gemv_triton, 5, 130, 24, 32, 3),  # inputs not a multiple of the 32-row step
         (int4_gemv_triton, 8, 1536, 192, 128, 48),  # one slice per step
+        (int4_gemv_triton, 3, 144, 40, 48, 2),  # a step across two groups
         (int4_gemm_triton, 9, 576, 192, 128, None),  # as many slices as fill the GPU
         (int4_gemm_triton, 16, 200, 72, 64, 1),  # one slice, written directly
         (int4_gemm_triton, 33, 130, 24, 32, 2),  # inputs not a multiple of the 64-row step
         (int4_gemm_triton, 64, 1536, 136, 128, 24),  # one slice per step; a partial tile
+        (int4_gemm_triton, 20, 288, 64, 96, 2),  # a step across two groups
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

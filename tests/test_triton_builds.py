@@ -64,10 +64,11 @@ def test_every_kernel_the_gpu_path_launches_compiles_for_sm_90(builds: list[Kern
 
 def test_a_build_that_cannot_compile_or_fit_is_reported(builds: list[KernelBuild]) -> None:
     silu = next(b for b in builds if b.kernel == "_silu_mul_kernel")
-    gemm = next(b for b in builds if b.kernel == "_int4_matmul_kernel" and ("BLOCK_M", 64) in
+    gemm = next(b for b in builds if b.kernel == "_int4_matmul_kernel" and ("BLOCK_M", 16) in
                 b.constexprs)  # fmt: skip
     odd = replace(silu, constexprs=(("BLOCK", 100),))  # tl.arange takes powers of two
-    huge = replace(gemm, options=(("num_stages", 10),))  # ten stages of 27 KiB tiles in flight
+    deep = dict(gemm.constexprs, BLOCK_K=1024)  # 1024-row steps, four in flight: too many
+    huge = replace(gemm, constexprs=tuple(deep.items()), options=(("num_stages", 4),))
     by_kernel = {(r.build.kernel, r.float_type): r for r in compile_builds([odd, huge], SM90)}
     failed = by_kernel["_silu_mul_kernel", "bf16"]
     assert not failed.fits(SM90) and "power of 2" in failed.error and failed.shared == 0
