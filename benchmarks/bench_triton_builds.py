@@ -10,7 +10,10 @@ memory against the architecture's limit, exit status 1 if any fails to compile o
 
 The int4 strategy runs on `--int4-shape` (`tiny`): its products' builds depend on the row
 count and on whether the input dimension is split, not on the layer's width, and a wide int4
-layer runs slowly in the interpreter.
+layer runs slowly in the interpreter. A CPU plans the decode attention as on one
+multiprocessor, so its runs split a sequence less than a GPU's do; the decode attention is
+also launched on the shape's heads at every split count a GPU may choose (powers of two up to
+`MAX_SPLITS`), each a build of its merge kernel.
 
     python -m benchmarks.bench_triton_builds                  # sm_90: H100, H200
     python -m benchmarks.bench_triton_builds --arch 80        # A100
@@ -38,6 +41,7 @@ from servelab.harness.measure.triton_builds import (  # noqa: E402
     ptxas_missing,
     record_builds,
 )
+from servelab.kernels import paged_attention_triton as tri  # noqa: E402
 from servelab.models.dummy import DUMMY_SHAPES  # noqa: E402
 from servelab.models.model import ModelConfig  # noqa: E402
 
@@ -53,6 +57,23 @@ def engine_builds(shape: ModelConfig, strategy: str, batch: int) -> set[KernelBu
     with record_builds() as builds:
         while engine.step() is not None:
             pass
+    return builds
+
+
+def split_builds(shape: ModelConfig) -> set[KernelBuild]:
+    """The builds of one paged decode of `shape`'s heads at each split count a GPU may choose."""
+    heads, kv_heads, dim, block = shape.num_heads, shape.num_kv_heads, shape.head_dim, 16
+    block_n = tri.decode_launch(1, kv_heads, 1, dim, torch.device("cpu")).block_n
+    max_len = tri.MAX_SPLITS * block_n
+    k_cache = torch.zeros(max_len // block, block, kv_heads, dim, dtype=torch.float16)
+    tables = torch.arange(max_len // block, dtype=torch.int32)[None, :]
+    q, lens = torch.zeros(1, heads, dim, dtype=torch.float16), torch.tensor([max_len])
+    builds: set[KernelBuild] = set()
+    with record_builds() as seen:
+        for splits in (2**i for i in range(tri.MAX_SPLITS.bit_length())):
+            launch = tri.make_launch(block_n, max_len, splits)
+            tri.paged_decode_triton(q, k_cache, k_cache, tables, lens, 1.0, launch=launch)
+        builds |= seen
     return builds
 
 
@@ -81,6 +102,10 @@ def main() -> None:
             builds |= engine_builds(DUMMY_SHAPES[shape], strategy, batch)
             print(f"recorded {strategy} on {shape} at batch {batch}: {len(builds)} builds so far "
                   f"({time.monotonic() - start:.0f} s)", flush=True)  # fmt: skip
+    start = time.monotonic()
+    builds |= split_builds(DUMMY_SHAPES[args.shape])
+    print(f"recorded the decode attention of {args.shape} at 1 to {tri.MAX_SPLITS} splits: "
+          f"{len(builds)} builds ({time.monotonic() - start:.0f} s)", flush=True)  # fmt: skip
     ordered = sorted(builds, key=repr)
     results = compile_builds(ordered, args.arch, args.triton_from)
     limit = SHARED_LIMIT[args.arch]

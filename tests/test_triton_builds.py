@@ -14,7 +14,7 @@ import torch
 import triton
 
 import servelab.kernels
-from benchmarks.bench_triton_builds import engine_builds
+from benchmarks.bench_triton_builds import engine_builds, split_builds
 from servelab.harness.measure.triton_builds import (
     SHARED_LIMIT,
     KernelBuild,
@@ -50,11 +50,13 @@ def builds() -> list[KernelBuild]:
     tiny = DUMMY_SHAPES["tiny"]
     for strategy, batch in (("vllm-awq", 1), ("vllm-awq", 9), ("orca", 1)):  # paged, not
         recorded |= engine_builds(tiny, strategy, batch)
-    return sorted(recorded, key=repr)
+    return sorted(recorded | split_builds(tiny), key=repr)  # and a GPU's decode splits
 
 
 def test_every_kernel_the_gpu_path_launches_compiles_for_sm_90(builds: list[KernelBuild]) -> None:
     assert {b.kernel for b in builds} == gpu_path_kernels()  # eight kernels, each launched
+    merges = {dict(b.constexprs)["SPLITS_P"] for b in builds if b.kernel == "_decode_merge_kernel"}
+    assert merges == {1, 2, 4, 8, 16, 32, 64}
     results = compile_builds(builds, SM90)
     assert len(results) == 2 * len(builds)  # each in float16 and in bfloat16
     assert [(r.build.label, r.float_type, r.error) for r in results if not r.fits(SM90)] == []
