@@ -167,17 +167,8 @@ def compile_builds(
     )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"compiling for sm_{arch} failed: {done.stderr.strip()[-2000:]}")
-    return [
-        Compiled(
-            builds[row["index"]],
-            row["float_type"],
-            row["triton"],
-            row["shared"],
-            row["warps"],
-            row["error"],
-        )  # fmt: skip
-        for row in map(json.loads, done.stdout.splitlines())
-    ]
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    return [Compiled(builds[row.pop("index")], **row) for row in rows]
 
 
 def ptxas_missing() -> str | None:
@@ -223,7 +214,7 @@ def main() -> None:
     arch = parser.parse_args().arch
     import triton
 
-    for index, row in enumerate(json.load(sys.stdin)):
+    for index, row in enumerate(json.load(sys.stdin)):  # each answered by one JSON line a float
         build = KernelBuild(
             row["module"], row["kernel"],
             *(tuple(map(tuple, row[k])) for k in ("signature", "constexprs")),
@@ -231,9 +222,8 @@ def main() -> None:
         )  # fmt: skip
         takes_float = any("fp16" in t for _, t in build.signature)
         for float_type in FLOATS if takes_float else ("",):
-            result = _compile(build, float_type or "fp16", arch)
-            row = {"index": index, "float_type": float_type, "triton": triton.__version__}
-            print(json.dumps({**row, **result}), flush=True)
+            made = {"index": index, "float_type": float_type, "triton": triton.__version__}
+            print(json.dumps({**made, **_compile(build, float_type or "fp16", arch)}), flush=True)
 
 
 if __name__ == "__main__":
