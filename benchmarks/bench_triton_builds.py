@@ -68,12 +68,10 @@ def split_builds(shape: ModelConfig) -> set[KernelBuild]:
     k_cache = torch.zeros(max_len // block, block, kv_heads, dim, dtype=torch.float16)
     tables = torch.arange(max_len // block, dtype=torch.int32)[None, :]
     q, lens = torch.zeros(1, heads, dim, dtype=torch.float16), torch.tensor([max_len])
-    builds: set[KernelBuild] = set()
-    with record_builds() as seen:
+    with record_builds() as builds:
         for splits in (2**i for i in range(tri.MAX_SPLITS.bit_length())):
             launch = tri.make_launch(block_n, max_len, splits)
             tri.paged_decode_triton(q, k_cache, k_cache, tables, lens, 1.0, launch=launch)
-        builds |= seen
     return builds
 
 
