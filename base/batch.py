@@ -62,6 +62,12 @@ class ForwardBatch:
         )
 
     @property
+    def host_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What stays on the host however the batch is placed: the lengths the host plans
+        with (the kernels read `device_lens`)."""
+        return self.query_start_loc, self.seq_lens
+
+    @property
     def num_seqs(self) -> int:
         return len(self.query_lens)
 

@@ -190,7 +190,7 @@ class DecodeGraphs:
         self._static.buffer[:size].copy_(self._host.buffer[:size], non_blocking=True)
         return bucket.replay()[:rows]
 
-    def _batch(self, rows: int) -> ForwardBatch:
+    def static_batch(self, rows: int) -> ForwardBatch:
         """The static batch of a bucket: device views of the staging; the host lengths say
         the longest sequence the cache holds, which the decode attention is planned for."""
         s = self._static
@@ -213,11 +213,11 @@ class DecodeGraphs:
             return self.model(batch, self.cache.k, self.cache.v, self.attention)
 
     def _eager(self, rows: int) -> _Bucket:
-        batch = self._batch(rows)
+        batch = self.static_batch(rows)
         return _Bucket(rows, lambda: self._forward(batch))
 
     def _capture(self, rows: int, pool: tuple[int, int] | None) -> _Bucket:
-        batch = self._batch(rows)
+        batch = self.static_batch(rows)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):  # compiles and allocates outside the capture

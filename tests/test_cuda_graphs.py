@@ -1,7 +1,8 @@
 """Decode steps replayed per batch-size bucket (`engine/cuda_graphs.py`): the buckets,
 the padded static path serving the eager engine's tokens (its portable twin runs the padded
 forwards eagerly, the Triton kernels interpreted on a CPU; on CUDA the captured graphs), and
-padded rows writing no KV."""
+padded rows writing no KV, and a bucket's forward asking nothing of the host (what a capture
+cannot hold)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
+from benchmarks.bench_launches import decode_engine  # noqa: E402
 from servelab.base.batch import ForwardBatch  # noqa: E402
 from servelab.engine.cuda_graphs import DecodeGraphs, buckets_for  # noqa: E402
 from servelab.engine.kv_cache import KVLayout  # noqa: E402
+from servelab.harness.measure.launches import count_launches  # noqa: E402
 from servelab.harness.runner.build import build_engine  # noqa: E402
 from servelab.kernels.layer_triton import rotary_write_kv  # noqa: E402
+from servelab.models.dummy import DUMMY_SHAPES  # noqa: E402
 from tests.tiny import (  # noqa: E402
     engine_settings,
     make_requests,
@@ -89,6 +93,31 @@ def test_captured_graphs_serve_the_eager_tokens(kv: str) -> None:
     eager, _, _ = served(kv, None)
     replayed, _, steps = served(kv, True)
     assert replayed == eager and steps > 0
+
+
+@pytest.mark.parametrize("name", ["vllm", "vllm-awq", "orca"])
+def test_a_bucket_forward_neither_reads_back_nor_copies_from_the_host(name: str) -> None:
+    """A graph replays its kernels on whatever its buffers hold: a device value read back
+    while it is captured, or host data copied in, would be frozen into every replay. So the
+    forward a bucket captures reads its step from the static buffers only: no sync, no
+    transfer (the host's lengths, planned with, are the host's), on the paged and the
+    contiguous cache, dense and int4."""
+    engine = decode_engine(DUMMY_SHAPES["tiny"], MAX_ROWS, torch.float16, DEVICE, "triton", name)
+    while engine.step() is not None:  # every path warmed, as before a capture
+        pass
+    runner = engine.runner
+    paged = "block_tables" in engine.scheduler.kv.layout([])  # orca: a slab a sequence
+    decode = DecodeGraphs(
+        runner.model, runner.cache, runner.attention, paged, runner.cache.num_slots, DEVICE
+    )
+    buckets = buckets_for(MAX_ROWS)
+    assert decode.capture(buckets, graphs=False).enabled
+    for rows in buckets:
+        batch = decode.static_batch(rows)
+        with torch.inference_mode(), count_launches(host=batch.host_tensors) as counts:
+            runner.model(batch, runner.cache.k, runner.cache.v, runner.attention)
+        assert (counts.syncs, counts.transfers) == (0, 0), (rows, counts)
+        assert counts.kernels > 0 and counts.host > 0
 
 
 def test_a_padded_row_writes_no_kv() -> None:

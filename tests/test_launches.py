@@ -33,6 +33,17 @@ def test_each_kind_is_counted_as_what_it_asks_of_the_device() -> None:
     assert counts.names["aten::matmul"] == 1 and counts.views >= 2
 
 
+def test_work_on_host_data_named_as_such_is_the_hosts_and_no_sync() -> None:
+    lens, x = torch.tensor([3, 5]), torch.randn(8)
+    with torch.inference_mode(), count_launches(host=[lens]) as counts:
+        int(lens.max() + 1)  # the host's own: two operators and a value read back
+        x.index_select(0, lens).sum().item()  # device work on a host index: two and a sync
+    assert (counts.host, counts.operators, counts.syncs) == (3, 2, 1)
+    with torch.inference_mode(), count_launches() as counts:  # not named: all on the device
+        int(lens.max() + 1)
+    assert (counts.host, counts.operators, counts.syncs) == (0, 2, 1)
+
+
 def test_a_triton_launch_counts_once_and_not_its_interpreted_insides() -> None:
     from servelab.kernels.int4_matmul_triton import GEMV_ROWS, int4_matmul_triton
     from tests.test_int4_kernels import random_int4

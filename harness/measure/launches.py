@@ -14,7 +14,11 @@ counts, on any device, what the same code asks of the device, from inside torch'
   `torch.tensor(..., device=)`): on a GPU each is a host-to-device copy when the data is on
   the host; on a CPU, where host and device are one, every such request counts;
 - `triton`: Triton kernel launches (counted under the interpreter, `TRITON_INTERPRET=1`;
-  what the interpreter does inside a launch is not counted as operators).
+  what the interpreter does inside a launch is not counted as operators);
+- `host`: operators on host data only, where the code is told which tensors stay on the host
+  on a GPU (`count_launches(host=...)`, a batch's host lengths): the host's own work, no
+  launch, and reading their values back is no sync. Without it, a CPU run cannot tell such
+  work from the device's and counts it as operators and syncs.
 
 A count does not depend on the machine's speed, so a test can bound it.
 """
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +41,7 @@ SYNCS = ("aten::item", "aten::_local_scalar_dense")
 NO_LAUNCH = ("aten::detach_", "aten::lift_fresh", "aten::empty", "aten::empty_like",
              "aten::empty_strided", "aten::new_empty")  # fmt: skip
 TRANSFER_FACTORIES = ("tensor", "as_tensor")
-COUNTS = ("operators", "views", "syncs", "transfers", "triton")
+COUNTS = ("operators", "views", "syncs", "transfers", "triton", "host")
 
 
 @dataclass
@@ -49,6 +53,7 @@ class Launches:
     syncs: int = 0
     transfers: int = 0
     triton: int = 0
+    host: int = 0
     names: Counter[str] = field(default_factory=Counter)
 
     @property
@@ -73,19 +78,25 @@ class Launches:
 
 
 class _Dispatched(TorchDispatchMode):
-    def __init__(self, counts: Launches) -> None:
+    def __init__(self, counts: Launches, host: dict[int, torch.UntypedStorage]) -> None:
         super().__init__()
         self.counts = counts
+        # host data: the storages named, and those made from them only, kept alive so that no
+        # device tensor is given one's address while counting
+        self.host = host
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         out = func(*args, **(kwargs or {}))
         name = func._schema.name
-        produced = _storages(out)
-        if name in SYNCS or (not produced and isinstance(out, bool | int | float)):
+        produced, read = _storages(out), _storages((args, kwargs))
+        if read and read.keys() <= self.host.keys():
+            self.host.update(produced)
+            self.counts.host += 1
+        elif name in SYNCS or (not produced and isinstance(out, bool | int | float)):
             self.counts.syncs += 1
         elif name in NO_LAUNCH:
             self.counts.views += 1
-        elif func._schema.is_mutable or produced - _storages((args, kwargs)):
+        elif func._schema.is_mutable or produced.keys() - read.keys():
             self.counts.operators += 1
             self.counts.names[name] += 1
         else:
@@ -117,23 +128,24 @@ def _is_transfer(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bo
     return name == "to" and named
 
 
-def _storages(tree: Any) -> set[int]:
+def _storages(tree: Any) -> dict[int, torch.UntypedStorage]:
+    """The storages of a tree's tensors, by address."""
     return {
-        t.untyped_storage().data_ptr()
+        t.untyped_storage().data_ptr(): t.untyped_storage()
         for t in tree_leaves(tree)
         if isinstance(t, torch.Tensor) and t.device.type != "meta"
     }
 
 
 @contextlib.contextmanager
-def count_launches() -> Iterator[Launches]:
+def count_launches(host: Iterable[torch.Tensor] = ()) -> Iterator[Launches]:
     """Count what the code inside launches (see the module's docstring); the counts fill in
-    as it runs."""
+    as it runs. `host`: tensors that a GPU run keeps on the host."""
     counts = Launches()
     with contextlib.ExitStack() as stack:
         stack.enter_context(_triton_launches_counted(counts))
         stack.enter_context(_Named(counts))
-        stack.enter_context(_Dispatched(counts))
+        stack.enter_context(_Dispatched(counts, _storages(list(host))))
         yield counts
 
 
