@@ -14,7 +14,10 @@ cache. Candidates, each in its own dtype:
 - `reference`: unpack AutoAWQ's layout, dequantise, multiply, every call;
 - `cached-dense`: int4 weights dequantised once and kept as a float copy. As fast as
   `dense`, and as big: it gives up the memory saving, so the int4 formats do not use it;
-- `triton` (CUDA only): the Triton int4 GEMM.
+- `triton` (CUDA only): the Triton int4 products (the GEMV up to `GEMV_ROWS` rows, the tiled
+  GEMM beyond) with their default tiles; `--tiles` adds a `triton NxKxW` row for each other
+  tiling named (output channels x input rows a step x warps), to pick the defaults by
+  measurement. A tiling the GPU cannot run (too much shared memory) is reported as such.
 
 The table gives the median milliseconds per call, the weight bytes one call reads, the rate
 at which it reads them and that rate's share of this machine's calibrated copy peak
@@ -25,6 +28,8 @@ first dtype listed (bf16 by default) at the same batch.
     python -m benchmarks.bench_int4 --batches 1 8 32 --dtypes bf16 --threads 1
     python -m benchmarks.bench_int4 --device cuda --dtypes fp16
     python -m benchmarks.bench_int4 --device cuda --shape llama3-8b --batches 1 16 64
+    python -m benchmarks.bench_int4 --device cuda --shape llama3-8b --batches 1 16 64 \
+        --dtypes bf16 --tiles 128x32 32x64 64x64x8 128x128x8
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from triton.runtime.errors import OutOfResources
 
 from benchmarks.timing import time_call
 from servelab.base.errors import ConfigError
@@ -42,6 +48,12 @@ from servelab.harness.measure.calibrate import measure_peaks
 from servelab.kernels.int4_layout import num_groups, pack_int4
 from servelab.kernels.int4_linear import Int4Linear
 from servelab.kernels.int4_matmul import choose_kernel
+from servelab.kernels.int4_matmul_triton import (
+    GEMV_ROWS,
+    Tiles,
+    int4_gemm_triton,
+    int4_gemv_triton,
+)
 from servelab.models.dummy import DUMMY_SHAPES
 from servelab.models.model import ModelConfig
 
@@ -67,6 +79,7 @@ class BenchConfig:
     iters: int = 20
     threads: int | None = None
     cache_dir: str = "~/.cache/servelab"  # where the calibrated peaks are cached
+    tiles: tuple[Tiles, ...] = ()  # Triton tilings timed beside the defaults (CUDA)
 
 
 def int4_layer(in_features: int, out_features: int, kernel: str, config: BenchConfig, dtype):
@@ -84,6 +97,21 @@ def int4_layer(in_features: int, out_features: int, kernel: str, config: BenchCo
     return layer
 
 
+class Tiled(torch.nn.Module):
+    """A Triton int4 layer multiplied by other tiles than its kernel's defaults."""
+
+    def __init__(self, layer: Int4Linear, tiles: Tiles) -> None:
+        super().__init__()
+        self.layer, self.tiles, self.in_features = layer, tiles, layer.in_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        layer = self.layer
+        args = (x, layer.qweight, layer.qzeros, layer.scales, layer.kernel.group_size)
+        if x.shape[0] <= GEMV_ROWS:
+            return int4_gemv_triton(*args, tiles=self.tiles)
+        return int4_gemm_triton(*args, tiles=self.tiles)
+
+
 def candidates(config: BenchConfig, dtype: torch.dtype) -> dict[str, list[torch.nn.Module]]:
     """Every candidate's linears for the whole model (distinct per layer)."""
     device = torch.device(config.device)
@@ -98,6 +126,8 @@ def candidates(config: BenchConfig, dtype: torch.dtype) -> dict[str, list[torch.
     out = {"dense": [dense(s) for s in shapes]}
     for kernel in kernels:
         out[kernel] = [int4_layer(*s, kernel, config, dtype) for s in shapes]
+    for tiles in config.tiles if device.type == "cuda" else ():
+        out[f"triton {tiles}"] = [Tiled(layer, tiles) for layer in out["triton"]]
     out["cached-dense"] = out["dense"]  # a dequantised copy is a dense layer of the same size
     return out
 
@@ -122,6 +152,8 @@ def bench(config: BenchConfig) -> Iterator[str]:
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", "no CUDA device here; use --device cpu")
+    if config.tiles and device.type != "cuda":
+        raise ConfigError("tiles", "the Triton tilings run on CUDA only (--device cuda)")
     widths = sorted({in_features for in_features, _ in model_linears(config)})
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -136,9 +168,10 @@ def bench(config: BenchConfig) -> Iterator[str]:
         f"copy peak {peak.copy_bytes_per_s / 1e9:.1f} GB/s ({yardstick}, calibrated on "
         f"{peak.host}; `servelab calibrate --refresh` measures it again)"
     )
+    width = max([13, *(len(f"triton {tiles}") for tiles in config.tiles)])
     yield (
-        f"{'dtype':>5} {'batch':>5} {'candidate':>13} {'ms':>8} {'MiB read':>9} {'GB/s':>6} "
-        f"{'of peak':>7} {'vs dense ' + yardstick:>13}"
+        f"{'dtype':>5} {'batch':>5} {'candidate':>{width}} {'ms':>8} {'MiB read':>9} "
+        f"{'GB/s':>6} {'of peak':>7} {'vs dense ' + yardstick:>13}"
     )
     dense_ms: dict[int, float] = {}
     for name in config.dtypes:
@@ -159,16 +192,27 @@ def bench(config: BenchConfig) -> Iterator[str]:
                         for module in modules:
                             module(inputs[module.in_features])
 
-                seconds = time_call(step, device, config.iters)
+                try:
+                    seconds = time_call(step, device, config.iters)
+                except OutOfResources as err:  # a tiling the GPU cannot run
+                    yield f"{name:>5} {batch:5d} {candidate:>{width}} does not fit: {err}"
+                    continue
                 if name == yardstick and candidate == "dense":
                     dense_ms[batch] = seconds
                 size = weight_bytes(modules)
                 yield (
-                    f"{name:>5} {batch:5d} {candidate:>13} {seconds * 1e3:8.2f} "
+                    f"{name:>5} {batch:5d} {candidate:>{width}} {seconds * 1e3:8.2f} "
                     f"{size / 2**20:9.1f} {size / seconds / 1e9:6.1f} "
                     f"{size / seconds / peak.copy_bytes_per_s:7.0%} "
                     f"{dense_ms[batch] / seconds:13.2f}"
                 )
+
+
+def tiles_arg(text: str) -> Tiles:
+    try:
+        return Tiles.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def main() -> None:
@@ -183,6 +227,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=defaults.iters)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--cache-dir", default=defaults.cache_dir, help="the calibrated peaks")
+    parser.add_argument(
+        "--tiles", type=tiles_arg, nargs="+", default=[], help="Triton tilings NxK[xW] (CUDA)"
+    )
     args = parser.parse_args()
     config = BenchConfig(
         batches=tuple(args.batches),
@@ -194,6 +241,7 @@ def main() -> None:
         iters=args.iters,
         threads=args.threads,
         cache_dir=args.cache_dir,
+        tiles=tuple(args.tiles),
     )
     try:
         for line in bench(config):

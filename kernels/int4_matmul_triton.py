@@ -27,11 +27,18 @@ acquire; they read through the L2 cache (`.cg`). The counters are one zeroed buf
 (`_counters`), which a launch leaves zeroed: launches on one stream at a time, as a step's
 are. A GEMM in one slice writes its tile directly.
 
+A program's tile (`Tiles`: output channels, input rows a step, warps) is a launch argument,
+`GEMV_TILES` and `GEMM_TILES` by default; `benchmarks/bench_int4.py --tiles` times others on a
+GPU, so that a measurement, not a guess, sets the defaults. Every tiling gives the reference's
+product; the order of the sums, and so the last bits, is the tiling's.
+
 The PyTorch reference is `kernels.int4_matmul_ref.int4_matmul_ref` (same arguments). On a
 CPU this runs only under `TRITON_INTERPRET=1`, which is how the tests run it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -39,10 +46,37 @@ import triton.language as tl
 
 from servelab.kernels.capabilities import multiprocessors
 
-BLOCK_N = 64
-BLOCK_K = 64
+
+@dataclass(frozen=True)
+class Tiles:
+    """What one program takes a step: `block_n` output channels (whole packed words of 8) by
+    `block_k` input rows, run by `num_warps` warps; each a power of two."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+
+    def __post_init__(self) -> None:
+        for name, value, least in (("block_n", self.block_n, 16), ("block_k", self.block_k, 16),
+                                   ("num_warps", self.num_warps, 1)):  # fmt: skip
+            if value < least or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two of at least {least}, not {value}")
+
+    @classmethod
+    def parse(cls, text: str) -> Tiles:
+        """`NxK` or `NxKxW`, e.g. `128x32x8`."""
+        parts = text.split("x")
+        if not 2 <= len(parts) <= 3 or not all(part.isdigit() for part in parts):
+            raise ValueError(f"tiles are NxK or NxKxW (e.g. 128x32x8), not {text!r}")
+        return cls(*(int(part) for part in parts))
+
+    def __str__(self) -> str:
+        return f"{self.block_n}x{self.block_k}x{self.num_warps}"
+
+
 GEMV_ROWS = 8  # rows up to which the GEMV runs
-GEMV_BLOCK_K = 32  # input rows of one GEMV step (x: [rows, 32], packed words: [32, 8])
+GEMV_TILES = Tiles(block_n=64, block_k=32)  # a step: x [rows, 32], packed words [32, 8]
+GEMM_TILES = Tiles(block_n=64, block_k=64)
 PROGRAMS_PER_SM = 4  # a split fills about this many programs per multiprocessor
 COUNTERS = 4096  # the arrival counters made at first: output tiles a split launch may have
 
@@ -174,24 +208,26 @@ def int4_gemv_triton(
     scales: torch.Tensor,
     group_size: int,
     splits: int | None = None,
+    tiles: Tiles = GEMV_TILES,
 ) -> torch.Tensor:
     """`x` `[M <= GEMV_ROWS, in]` times the int4 weight `[in, out]` -> `[M, out]` in `x`'s
-    dtype, split `splits` ways along `in` (None: enough to fill the GPU)."""
+    dtype, split `splits` ways along `in` (None: enough to fill the GPU), by `tiles`."""
     rows, in_features = x.shape
     out_features = scales.shape[1]
     y = torch.empty(rows, out_features, dtype=x.dtype, device=x.device)
     if rows == 0:
         return y
     x = x.contiguous()
-    tiles = triton.cdiv(out_features, BLOCK_N)
-    split_len, splits = _slices(tiles, in_features, GEMV_BLOCK_K, splits, x.device)
+    columns = triton.cdiv(out_features, tiles.block_n)
+    split_len, splits = _slices(columns, in_features, tiles.block_k, splits, x.device)
     partial = torch.empty(splits, rows, out_features, dtype=torch.float32, device=x.device)
-    _int4_gemv_kernel[(tiles, splits)](
-        x, qweight, qzeros, scales, partial, y, _counters(x.device, tiles),
+    _int4_gemv_kernel[(columns, splits)](
+        x, qweight, qzeros, scales, partial, y, _counters(x.device, columns),
         rows, out_features, in_features, group_size, split_len, splits,
         x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0),
-        BLOCK_M=max(1, triton.next_power_of_2(rows)), BLOCK_N=BLOCK_N, BLOCK_K=GEMV_BLOCK_K,
-        ONE_GROUP=group_size % GEMV_BLOCK_K == 0,
+        BLOCK_M=max(1, triton.next_power_of_2(rows)), BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k, ONE_GROUP=group_size % tiles.block_k == 0,
+        num_warps=tiles.num_warps,
     )  # fmt: skip
     return y
 
@@ -203,18 +239,20 @@ def int4_gemm_triton(
     scales: torch.Tensor,
     group_size: int,
     splits: int | None = None,
+    tiles: Tiles = GEMM_TILES,
 ) -> torch.Tensor:
-    """`x` `[M, in]` times the int4 weight `[in, out]` -> `[M, out]` in `x`'s dtype by tiles,
-    split `splits` ways along `in` (None: as many as fill the GPU, one where the tiles do)."""
+    """`x` `[M, in]` times the int4 weight `[in, out]` -> `[M, out]` in `x`'s dtype by `tiles`
+    (and a row tile for the batch), split `splits` ways along `in` (None: as many as fill the
+    GPU, one where the tiles do)."""
     rows, in_features = x.shape
     out_features = scales.shape[1]
     y = torch.empty(rows, out_features, dtype=x.dtype, device=x.device)
     if rows == 0:
         return y
     block_m = _block_m(rows)
-    grid = (triton.cdiv(rows, block_m), triton.cdiv(out_features, BLOCK_N))
-    tiles = grid[0] * grid[1]
-    split_len, splits = _slices(tiles, in_features, BLOCK_K, splits, x.device)
+    grid = (triton.cdiv(rows, block_m), triton.cdiv(out_features, tiles.block_n))
+    count = grid[0] * grid[1]
+    split_len, splits = _slices(count, in_features, tiles.block_k, splits, x.device)
     split = splits > 1
     partial = (
         torch.empty(splits, rows, out_features, dtype=torch.float32, device=x.device)
@@ -222,11 +260,11 @@ def int4_gemm_triton(
         else y  # not read: a launch in one slice writes `y` directly
     )
     _int4_matmul_kernel[(*grid, splits)](
-        x, qweight, qzeros, scales, y, partial, _counters(x.device, tiles if split else 1),
+        x, qweight, qzeros, scales, y, partial, _counters(x.device, count if split else 1),
         rows, out_features, in_features, group_size, split_len, splits,
         x.stride(0), x.stride(1), qweight.stride(0), qzeros.stride(0), scales.stride(0),
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SPLIT=split,
-        ONE_GROUP=group_size % BLOCK_K == 0,
+        BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SPLIT=split,
+        ONE_GROUP=group_size % tiles.block_k == 0, num_warps=tiles.num_warps,
     )  # fmt: skip
     return y
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from servelab.base.errors import ConfigError
+from servelab.harness.measure.launches import on_triton_launch
 from servelab.kernels.cpu_build import cpu_ops
 from servelab.kernels.int4_layout import num_groups, pack_int4, unpack_int4
 from servelab.kernels.int4_matmul import choose_kernel
@@ -19,6 +20,7 @@ from servelab.kernels.int4_matmul_cpu import (
 from servelab.kernels.int4_matmul_ref import int4_matmul_ref
 from servelab.kernels.int4_matmul_triton import (
     GEMV_ROWS,
+    Tiles,
     int4_gemm_triton,
     int4_gemv_triton,
     int4_matmul_triton,
@@ -105,6 +107,49 @@ def test_split_k_products_match_reference(
     assert got.dtype == dtype and got.shape == (rows, out_features)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("tiles", [Tiles(16, 16, 1), Tiles(128, 64, 8), Tiles(32, 128, 2)])
+@pytest.mark.parametrize(("product", "rows", "splits"),
+                         [(int4_gemv_triton, 3, 2), (int4_gemm_triton, 24, 1),
+                          (int4_gemm_triton, 40, 3)])  # fmt: skip
+def test_every_tiling_gives_the_reference(product, rows, splits, tiles):
+    """Output tiles wider and narrower than the layer's last partial one, steps within a
+    group of 64 and across two, in one slice and in several."""
+    qweight, qzeros, scales, _ = random_int4(320, 200, 64, seed=rows)
+    x = torch.randn(rows, 320, generator=torch.Generator().manual_seed(9)).half()
+    expected = int4_matmul_ref(x.float(), qweight, qzeros, scales, 64)
+    on = [t.to(KERNEL_DEVICE) for t in (x, qweight, qzeros, scales)]
+    launched: list[dict] = []
+    with on_triton_launch(lambda kernel, args, kwargs: launched.append(kwargs)):
+        got = product(*on, 64, splits, tiles).cpu()
+    torch.testing.assert_close(got.float(), expected, atol=2e-2, rtol=2e-2)
+    if interpreted():  # the launch as the interpreter sees it: with the tiles asked for
+        (sizes,) = launched
+        assert (sizes["BLOCK_N"], sizes["BLOCK_K"], sizes["num_warps"]) == (
+            tiles.block_n, tiles.block_k, tiles.num_warps
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("rows", [3, GEMV_ROWS + 4])
+def test_the_benchmarks_tiled_layers_multiply_as_their_layer(rows):
+    from benchmarks.bench_int4 import BenchConfig, Tiled, int4_layer
+
+    config = BenchConfig(device=KERNEL_DEVICE.type, group_size=64)
+    layer = int4_layer(320, 200, "triton", config, torch.float16)
+    x = torch.randn(rows, 320, generator=torch.Generator().manual_seed(rows)).half()
+    x = x.to(KERNEL_DEVICE)
+    with torch.inference_mode():
+        got, expected = Tiled(layer, Tiles(128, 16, 2))(x), layer(x)
+    torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+
+
+def test_tiles_are_read_as_nxk_or_nxkxw_of_powers_of_two():
+    assert Tiles.parse("128x32") == Tiles(128, 32, 4)
+    assert str(Tiles.parse("64x64x8")) == "64x64x8"
+    for bad in ("128", "128x32x4x1", "axb", "48x32", "64x8", "64x32x3"):
+        with pytest.raises(ValueError, match="tiles are|power of two"):
+            Tiles.parse(bad)
 
 
 @pytest.mark.parametrize("splits", [1, 2, 5])
