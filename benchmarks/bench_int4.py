@@ -48,12 +48,7 @@ from servelab.harness.measure.calibrate import measure_peaks
 from servelab.kernels.int4_layout import num_groups, pack_int4
 from servelab.kernels.int4_linear import Int4Linear
 from servelab.kernels.int4_matmul import choose_kernel
-from servelab.kernels.int4_matmul_triton import (
-    GEMV_ROWS,
-    Tiles,
-    int4_gemm_triton,
-    int4_gemv_triton,
-)
+from servelab.kernels.int4_matmul_triton import Tiles, int4_matmul_triton
 from servelab.models.dummy import DUMMY_SHAPES
 from servelab.models.model import ModelConfig
 
@@ -106,10 +101,9 @@ class Tiled(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layer = self.layer
-        args = (x, layer.qweight, layer.qzeros, layer.scales, layer.kernel.group_size)
-        if x.shape[0] <= GEMV_ROWS:
-            return int4_gemv_triton(*args, tiles=self.tiles)
-        return int4_gemm_triton(*args, tiles=self.tiles)
+        return int4_matmul_triton(
+            x, layer.qweight, layer.qzeros, layer.scales, layer.kernel.group_size, self.tiles
+        )
 
 
 def candidates(config: BenchConfig, dtype: torch.dtype) -> dict[str, list[torch.nn.Module]]:

@@ -311,9 +311,11 @@ def int4_matmul_triton(
     qzeros: torch.Tensor,
     scales: torch.Tensor,
     group_size: int,
+    tiles: Tiles | None = None,
 ) -> torch.Tensor:
     """`x` `[M, in]` times the int4 weight `[in, out]` -> `[M, out]` in `x`'s dtype: the GEMV
-    up to `GEMV_ROWS` rows, the tiled GEMM beyond."""
+    up to `GEMV_ROWS` rows, the tiled GEMM beyond, by `tiles` (None: the product's own)."""
+    args = (x, qweight, qzeros, scales, group_size)
     if 0 < x.shape[0] <= GEMV_ROWS:
-        return int4_gemv_triton(x, qweight, qzeros, scales, group_size)
-    return int4_gemm_triton(x, qweight, qzeros, scales, group_size)
+        return int4_gemv_triton(*args, tiles=tiles or GEMV_TILES)
+    return int4_gemm_triton(*args, tiles=tiles or GEMM_TILES)

@@ -130,11 +130,12 @@ def _is_transfer(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bo
 
 def _storages(tree: Any) -> dict[int, torch.UntypedStorage]:
     """The storages of a tree's tensors, by address."""
-    return {
-        t.untyped_storage().data_ptr(): t.untyped_storage()
+    storages = (
+        t.untyped_storage()
         for t in tree_leaves(tree)
         if isinstance(t, torch.Tensor) and t.device.type != "meta"
-    }
+    )
+    return {storage.data_ptr(): storage for storage in storages}
 
 
 @contextlib.contextmanager
