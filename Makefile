@@ -1,12 +1,30 @@
-# Two entry points for a fresh machine: `make run` and `make test`. Each creates .venv when
-# missing and installs into it every dependency at the exact version of the lock (LOCK, made by
-# `make lock`), then servelab itself, editable. `make test-latest` checks the newest versions.
+# Two entry points for a fresh machine: `make run` and `make test`. Each creates .venv with the
+# Python a user has (PYTHON, CPython 3.11 to 3.13: the Pythons the lock is checked for; another
+# is refused before any venv is made) and installs servelab into it against the lock (LOCK),
+# then checks that every distribution servelab runs on is at a locked version.
+# `make test-latest` checks the newest versions.
+PYTHON ?= python3
+PYTHON_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+SUPPORTED_PYTHONS := 3.11 3.12 3.13
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.servelab-installed
-# The lock of every dependency for CPU installs (CPython 3.11, Linux x86-64), from pip-tools.
-# torch in it is the CPU build (constraints.txt), as the machine's wheel folder holds it.
-LOCK := requirements/cpu.txt
+STAMP := $(VENV)/.servelab-installed-$(PYTHON_VERSION)
+REFUSED = servelab installs on CPython $(subst $() ,$(comma) ,$(SUPPORTED_PYTHONS)), and PYTHON=$(PYTHON) \
+  is $(or $(PYTHON_VERSION),not found): name another, e.g. make $(or $(MAKECMDGOALS),test) PYTHON=python3.12
+comma := ,
+# One universal lock (uv's `pip compile --universal`, `make lock`) for Linux x86-64 on every
+# supported Python, rather than a lock per Python: a pin that differs between Pythons carries
+# its environment marker, so the three are one file to read, regenerate and check. It is
+# installed as pip's constraints (-c), not as a list (-r): each machine installs only the pins
+# its install needs. torch is pinned by its public version, which PyPI serves as the CUDA build
+# (its CUDA libraries locked with it, installed only by that build) and which a machine with a
+# CPU build of that version (a local wheel folder) satisfies with that one, without them.
+LOCK := requirements/lock.txt
+# The check that the lock installs from PyPI alone (`make check-lock`, in .ci/run): resolved
+# for each supported Python on Linux x86-64 (PyPI's torch: what a GPU machine gets), and the
+# GPU recipe for the GPU image's Python.
+LOCK_PLATFORM := x86_64-manylinux_2_28
+PUBLIC_INDEX := https://pypi.org/simple
 # The GPU recipe's lock: what the GPU machine's image (requirements/gpu-image.txt) lacks of what
 # servelab imports, and what those need in turn (tests/test_gpu_imports.py checks it), at the
 # versions of LOCK, carried there as wheels (`make gpu-wheels`). antlr4-python3-runtime
@@ -28,27 +46,36 @@ BENCH_BASE ?=
 BENCH_FAIL ?= min:25%
 BENCH_RUNS ?=
 
-.PHONY: run test test-latest lock gpu-lock lint gate claims bench bench-list bench-compare \
+.PHONY: run comparison-args test test-latest lock check-lock gpu-lock lint gate claims bench bench-list bench-compare \
   browser clean gpu-wheels
 
 $(STAMP): $(LOCK) pyproject.toml setup.py
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet -r $(LOCK)
-	$(PY) -m pip install --quiet --no-deps -e .
+	@case " $(SUPPORTED_PYTHONS) " in *" $(PYTHON_VERSION) "*) ;; *) echo "$(REFUSED)"; exit 1;; esac
+	$(PY) -c 'import sys; sys.exit("%d.%d" % sys.version_info[:2] != "$(PYTHON_VERSION)")' \
+	  2>/dev/null || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
+	$(PY) -m pip install --quiet -c $(LOCK) -e '.[test]'
 	$(PY) -m pip check
+	$(PY) -m servelab.harness.measure.lock $(LOCK)
 	touch $(STAMP)
 
-# Regenerate the locks from pyproject.toml's ranges (newest versions they allow, torch pinned by
-# constraints.txt), in a throwaway venv holding pip-tools.
+# Regenerate the lock from pyproject.toml's ranges (the newest versions they allow, torch pinned
+# by constraints.txt), resolved against PyPI alone, with uv in a throwaway venv.
 LOCK_VENV ?= $(or $(TMPDIR),/tmp)/servelab-lock
+UV_PUBLIC := --no-config --no-python-downloads --index-url $(PUBLIC_INDEX)
 lock:
-	rm -rf $(LOCK_VENV) && python3 -m venv $(LOCK_VENV)
-	$(LOCK_VENV)/bin/python -m pip install --quiet --upgrade pip pip-tools
-	mkdir -p $(dir $(LOCK))
-	$(LOCK_VENV)/bin/pip-compile --quiet --upgrade --strip-extras --allow-unsafe --extra test --no-emit-index-url \
-	  --no-emit-find-links --no-header -c constraints.txt -o $(LOCK) pyproject.toml
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install --quiet uv
+	$(LOCK_VENV)/bin/uv pip compile --quiet $(UV_PUBLIC) --universal \
+	  --python-version $(firstword $(SUPPORTED_PYTHONS)) --upgrade --extra test --no-header \
+	  -c constraints.txt -o $(LOCK) pyproject.toml
 	rm -rf $(LOCK_VENV)
 	$(MAKE) --no-print-directory gpu-lock
+
+# The lock resolved from PyPI alone, as a user's machine installs it: a dry resolution (metadata
+# only, nothing installed) for each supported Python and for the GPU image; names what fails.
+check-lock: $(STAMP)
+	$(PY) -m scripts.check_lock --lock $(LOCK) --gpu-lock $(GPU_LOCK) --index $(PUBLIC_INDEX) \
+	  --platform $(LOCK_PLATFORM) --pythons $(SUPPORTED_PYTHONS) --gpu-python $(GPU_PYTHON)
 
 # The GPU recipe's lock from LOCK (GPU_WHEELS at LOCK's versions), without upgrading anything.
 gpu-lock:
@@ -56,19 +83,19 @@ gpu-lock:
 	  grep -iE '^($(subst $() ,|,$(GPU_WHEELS)))==' $(LOCK); } > $(GPU_LOCK)
 
 # The test suite on the newest versions pyproject.toml allows, in a throwaway venv, so that an
-# upstream break shows here before a user meets it. torch stays at constraints.txt's CPU build
+# upstream break shows here before a user meets it. torch stays at constraints.txt's version
 # (a newer release here is a CUDA build of several GB). Prints what differs from the lock.
 LATEST_VENV ?= $(or $(TMPDIR),/tmp)/servelab-latest
 test-latest:
-	rm -rf $(LATEST_VENV) && python3 -m venv $(LATEST_VENV)
+	rm -rf $(LATEST_VENV) && $(PYTHON) -m venv $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade -c constraints.txt -e '.[test]'
 	$(LATEST_VENV)/bin/python -m pip freeze --exclude-editable | sort > $(LATEST_VENV)/resolved.txt
 	@echo "newest versions resolved, where they differ from $(LOCK):"
-	@grep -E '^[A-Za-z0-9_.-]+==' $(LOCK) | tr A-Z_ a-z- | sort > $(LATEST_VENV)/locked.txt
+	@grep -oE '^[A-Za-z0-9_.-]+==[^ ;]+' $(LOCK) | tr A-Z_ a-z- | sort > $(LATEST_VENV)/locked.txt
 	@tr A-Z_ a-z- < $(LATEST_VENV)/resolved.txt | sort | comm -13 $(LATEST_VENV)/locked.txt - \
 	  || true
-	touch $(LATEST_VENV)/.servelab-installed  # installed: `make test` must not reinstall the lock
+	touch $(LATEST_VENV)/.servelab-installed-$(PYTHON_VERSION)  # installed: `make test` must not reinstall the lock
 	$(MAKE) --no-print-directory test VENV=$(LATEST_VENV)
 
 # The default comparison: each strategy's knee found on this machine (`servelab search`,
@@ -85,8 +112,13 @@ RUN_SLO ?= search.slo_scale.ttft_s=8 search.slo_scale.normalized_latency_s=2
 COMPARISON := workload=comparison engine.dtype=fp32 engine.kv_budget=32MiB $(RUN_SLO) \
   search.budget_s=840 replay.skip_idle=true
 run: $(STAMP)
-	$(VENV)/bin/servelab search $(COMPARISON) search.out_dir=$(COMPARISON_DIR) $(RUN_ARGS)
+	@$(VENV)/bin/servelab search $(COMPARISON) search.out_dir=$(COMPARISON_DIR) $(RUN_ARGS)
 	$(VENV)/bin/servelab report $(COMPARISON_DIR) --out $(COMPARISON_DIR)/report.html
+
+# The comparison's overrides, for the GPU check's short run of the main job (scripts/gpu_check.sh;
+# `make gpu-wheels` carries them to the GPU machine as comparison.args).
+comparison-args:
+	@echo $(COMPARISON)
 
 # The kernel and engine tests again with servelab's dispatch and torch's own kernels lowered to
 # AVX2 (SERVELAB_CPU_ISA, ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA), so that a green run on an
@@ -155,13 +187,14 @@ clean:
 
 # The GPU recipe, into .gpu-wheels/, carried beside the tree to scripts/gpu_check.sh: the wheels
 # of $(GPU_LOCK) for the GPU machine's Python ($(GPU_PYTHON), written to python-version: the check
-# unpacks them for that Python only) and the tokenizer the dummy shapes borrow (tokenizer/), so
-# that nothing is downloaded there. orjson's wheels are tagged manylinux_2_17, which runs on the
+# unpacks them for that Python only), the tokenizer the dummy shapes borrow (tokenizer/), so
+# that nothing is downloaded there, and the comparison's overrides (comparison.args). orjson's wheels are tagged manylinux_2_17, which runs on the
 # machine's manylinux_2_28.
 GPU_PYTHON := 3.12
 gpu-wheels: $(STAMP)
 	rm -rf .gpu-wheels && mkdir -p .gpu-wheels
 	echo $(GPU_PYTHON) > .gpu-wheels/python-version
+	$(MAKE) --no-print-directory -s comparison-args > .gpu-wheels/comparison.args
 	$(PY) -m scripts.gpu_tokenizer .gpu-wheels/tokenizer
 	grep -v '^antlr4-python3-runtime==' $(GPU_LOCK) > .gpu-wheels/binary.txt
 	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) \

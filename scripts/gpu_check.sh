@@ -13,7 +13,9 @@
 # fastertransformer on dummy-llama3-8b with NVML telemetry, vllm where KV memory decides the
 # batch (up to 256 sequences), a profile window, the kernel tests with the Triton kernels
 # compiled, kernel timings (CUDA events around loops of calls), the calibrated peaks, and
-# `servelab serve`.
+# `servelab serve`, then the main job (`make run`'s `servelab search`, its overrides as
+# RECIPE/comparison.args or `make comparison-args` gives them) on the embedded model's shape
+# with random weights, within a budget of a minute.
 # --cpu runs the same steps on the CPU (Triton interpreted, dummy-tiny, fewer requests and
 # kernel tests), so the script is tested where there is no GPU (tests/test_gpu_check.py) and
 # does not rot.
@@ -37,9 +39,11 @@ SERVELAB=("$PYTHON" -m servelab)
 
 # Steps in the order of what they tell: the machine, four strategies end to end, vllm with
 # its batch bounded by KV memory, a profile window over decode steps, the kernel tests, the
-# kernel timings, the calibrated peaks (measured by the first run), and `servelab serve`
-# measured through backend=openai. Each limit is 1.3-2 times the step's time on an H200
-# (docs/gpu.md; their sum is 8 minutes); --cpu scales them by SLOW. Everything is written under OUT; summary.md opens with the verdict.
+# kernel timings, the calibrated peaks (measured by the first run), `servelab serve` measured
+# through backend=openai, and the main job. Each limit is 1.1-2 times the step's time on an
+# H200 where it ran there (docs/gpu.md), the search's its budget and 20 s to start; their sum
+# is 8 minutes; --cpu scales them by SLOW. Everything is written under OUT; summary.md opens
+# with the verdict.
 if [[ $MODE == cuda ]]; then
   unset TRITON_INTERPRET
   DEVICE=cuda MODEL=dummy-llama3-8b REQUESTS=64 RATE=16 DTYPE=bf16 KV_BUDGET=0.8 SLOW=1
@@ -51,6 +55,7 @@ if [[ $MODE == cuda ]]; then
   ATTENTION=(--dtype bf16 --batches 32 64 --contexts 512 2048 --q-heads 32 --kv-heads 8
     --head-dim 128)  # llama3-8b's layout
   INT4=(--device cuda --dtypes bf16 --shape llama3-8b --layers 4 --batches 1 16 64)
+  SEARCH_MODEL=dummy-smollm2-135m SEARCH_BUDGET=40
 else  # the same steps, small: the kernel tests' cases run in the test suite already
   export TRITON_INTERPRET=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
   DEVICE=cpu MODEL=dummy-tiny REQUESTS=8 RATE=40 DTYPE=fp32 KV_BUDGET=16MiB SLOW=3
@@ -60,6 +65,7 @@ else  # the same steps, small: the kernel tests' cases run in the test suite alr
   KERNEL_TESTS=(tests/test_attention_entry.py -k "triton and decode")
   ATTENTION=(--device cpu --dtype fp32 --batches 2 --contexts 64 --iters 2)
   INT4=(--device cpu --dtypes fp32 --batches 1 --layers 1 --iters 2)
+  SEARCH_MODEL=dummy-tiny SEARCH_BUDGET=10
 fi
 # the model and engine every run and the server share; the check's own cache (peaks measured
 # afresh on this machine, nothing downloaded where the recipe brings the tokenizer)
@@ -82,24 +88,32 @@ step() {  # step NAME LIMIT_S COMMAND...: run it, keep its log, record its statu
 
 step machine 10 "$PYTHON" -m scripts.gpu_check_machine "$DEVICE"
 for strategy in vllm vllm-awq orca fastertransformer; do
-  step "run-$strategy-$RATE" 40 "${SERVELAB[@]}" "strategy=$strategy" "${ENGINE[@]}" \
+  step "run-$strategy-$RATE" 35 "${SERVELAB[@]}" "strategy=$strategy" "${ENGINE[@]}" \
     "${WORKLOAD[@]}" "workload.num_requests=$REQUESTS" "workload.arrival.rate=$RATE" \
     "hydra.run.dir=$OUT/runs/$strategy-$RATE"
 done
-step run-vllm-memory 60 "${SERVELAB[@]}" strategy=vllm "${MODEL_ON[@]}" workload=sharegpt_like \
+step run-vllm-memory 50 "${SERVELAB[@]}" strategy=vllm "${MODEL_ON[@]}" workload=sharegpt_like \
   "${MEMORY[@]}" "hydra.run.dir=$OUT/runs/vllm-memory"
-step profile-vllm 40 "${SERVELAB[@]}" strategy=vllm "${ENGINE[@]}" "${WORKLOAD[@]}" \
+step profile-vllm 35 "${SERVELAB[@]}" strategy=vllm "${ENGINE[@]}" "${WORKLOAD[@]}" \
   workload.arrival.rate=1000 profile.enabled=true "${PROFILE[@]}" \
   "hydra.run.dir=$OUT/profile-vllm"
-step kernel-tests 95 "$PYTHON" -m pytest -q -p no:cacheprovider \
+step kernel-tests 85 "$PYTHON" -m pytest -q -p no:cacheprovider \
   --junitxml="$OUT/kernel-tests.xml" "${KERNEL_TESTS[@]}"
 step bench-attention 20 "$PYTHON" -m benchmarks.bench_attention "${ATTENTION[@]}"
-step bench-int4 25 "$PYTHON" -m benchmarks.bench_int4 "${INT4[@]}" --cache-dir "$OUT/cache"
+step bench-int4 20 "$PYTHON" -m benchmarks.bench_int4 "${INT4[@]}" --cache-dir "$OUT/cache"
 step "calibrate-$DTYPE" 15 "${SERVELAB[@]}" calibrate "engine.device=$DEVICE" \
   "engine.dtype=$DTYPE" "engine.cache_dir=$OUT/cache"
-step serve-openai 55 "$PYTHON" -m scripts.gpu_check_serve "$OUT/runs/serve-openai" "$((40 * SLOW))" \
+step serve-openai 45 "$PYTHON" -m scripts.gpu_check_serve "$OUT/runs/serve-openai" "$((40 * SLOW))" \
   -- strategy=vllm "${ENGINE[@]}" \
   -- "${ENGINE[@]}" "${WORKLOAD[@]}" workload.num_requests=16 "workload.arrival.rate=$RATE"
+# the main job as `make run` runs it, but for its model, the device and a budget of a minute
+if [[ -f $RECIPE/comparison.args ]]; then read -ra COMPARISON < "$RECIPE/comparison.args"
+else read -ra COMPARISON <<< "$(make -s --no-print-directory comparison-args)"; fi
+MAIN_JOB=()
+for arg in "${COMPARISON[@]}"; do [[ $arg == search.budget_s=* ]] || MAIN_JOB+=("$arg"); done
+step search 60 "${SERVELAB[@]}" search "${MAIN_JOB[@]}" \
+  "model=$SEARCH_MODEL" "${TOKENIZER[@]}" "engine.device=$DEVICE" "engine.cache_dir=$OUT/cache" \
+  "search.budget_s=$SEARCH_BUDGET" "search.out_dir=$OUT/search"
 "$PYTHON" -m scripts.gpu_check_summary "$OUT" > "$OUT/summary.md"
 status=$?
 cat "$OUT/summary.md"

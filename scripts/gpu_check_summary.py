@@ -3,8 +3,8 @@ step's status and time, for each end-to-end run its outcome, throughput, latenci
 whether its decode steps replayed CUDA graphs and their time against their memory floor, the
 decode steps at batch 1, 32 and the largest against their floor, the profile window's
 launches per decode step and the GPU's busy share, the kernel tests' counts
-and failures, the timing tables and the calibrated peaks. Markdown on stdout; exits 1 when
-any step failed.
+and failures, the timing tables, the calibrated peaks and the main job's answer. Markdown on
+stdout; exits 1 when any step failed.
 
 The floor of a decode step is the bytes it must read (weights and the KV it attends, the
 roofline counters of `steps.jsonl`) over the device's peak bandwidth: the published figure
@@ -66,6 +66,19 @@ def log_tail(out: Path, name: str, lines: int) -> list[str]:
     if not path.exists():
         return [f"({name} did not run)"]
     return ["```", *path.read_text().splitlines()[-lines:], "```"]
+
+
+def main_job(out: Path) -> list[str]:
+    """`make run`'s search on this device: the device it said it used, then its answer (the
+    knees and their ratios, as the search printed them last)."""
+    path = out / "search.log"
+    if not path.exists():
+        return ["(search did not run)"]
+    lines = path.read_text().splitlines()
+    device = next((line for line in lines if line.startswith("device: ")), "(no device line)")
+    start = next((i for i, line in enumerate(lines) if "sustained request rate" in line), None)
+    answer = lines[start:] if start is not None else ["(no answer: see search.log)", *lines[-8:]]
+    return [device, "", "```", *answer, "```"]
 
 
 def device_bandwidth(meta: dict) -> tuple[float, str] | None:
@@ -255,6 +268,9 @@ def main() -> None:
         "",
         "## Calibrated peaks",
         *calibrated(out),
+        "",
+        "## The main job (`make run`'s search, a minute's budget)",
+        *main_job(out),
     ]
     print("\n".join(sections))
     sys.exit(1 if failed else 0)

@@ -345,6 +345,7 @@ def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path) -> None:
     ttft = 40 * reference["ttft"]["p50"]
     normalized = 20 * reference["normalized_latency"]["p50"]
     out = "\n".join(said)
+    assert said[0].startswith("device: ") and "fp32 (set)" in said[0]  # said first
     assert "SLO scaled from fastertransformer's requests one at a time" in out
     assert "machine speed: one request at a time, median TPOT" in out
     recorded = json.loads((tmp_path / "search.json").read_text())["drift"]

@@ -8,7 +8,7 @@ Markdown and the HTML page (`reports.claims_report`) are drawn from the record a
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from rich.console import Console
 from rich.table import Table
@@ -69,7 +69,7 @@ def claims_record(
         "schema": CLAIMS_SCHEMA,
         "claims_file": str(claims.path),
         "measurements_file": str(claims.measurements),
-        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "elapsed_s": elapsed_s,
         "gate_dir": gate["dir"],
         "search_dir": search_dir,

@@ -8,7 +8,7 @@ table and the HTML page (`reports.gate_report`) are drawn from this record alone
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
@@ -64,7 +64,7 @@ def gate_record(
         "gate": spec.name,
         "file": str(spec.path),
         "dir": str(root),
-        "finished_at": datetime.now(timezone.utc).astimezone().isoformat(),
+        "finished_at": datetime.now(UTC).astimezone().isoformat(),
         "elapsed_s": elapsed_s,
         "read_from": read_from,  # None: measured by this gate; else an earlier gate's directory
         "repeats": spec.repeats,

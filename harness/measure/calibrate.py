@@ -22,7 +22,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
@@ -196,7 +196,7 @@ def _save(path: Path, peaks: Peaks, budget: Budget, load_average: float) -> Peak
     except (OSError, ValueError):
         old = {}
     cached = _load(path, {"host": peaks.host, "device": peaks.device, "dtype": peaks.dtype})
-    when = {"measured_at": datetime.now(timezone.utc).isoformat(), "load_average_1m": load_average}
+    when = {"measured_at": datetime.now(UTC).isoformat(), "load_average_1m": load_average}
     best = asdict(peaks)
     measured = {key: dict(when) for key in PEAK_KEYS}
     for key in PEAK_KEYS:

@@ -16,7 +16,7 @@ import platform
 import socket
 import subprocess
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
@@ -235,7 +235,7 @@ def collect_meta(
     """Everything meta.json holds, as plain JSON-serialisable values."""
     return {
         "schema": META_SCHEMA,
-        "started_at": datetime.now(timezone.utc).astimezone().isoformat(),
+        "started_at": datetime.now(UTC).astimezone().isoformat(),
         "host": {
             "hostname": socket.gethostname(),
             "platform": platform.platform(),

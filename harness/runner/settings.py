@@ -54,6 +54,21 @@ class EngineSettings:
     device_fallback: str | None = None  # why engine.device=auto runs on the CPU beside a GPU
 
 
+def device_line(settings: EngineSettings) -> str:
+    """Where a run computes, said before its first step: the device (a GPU by its name), the
+    dtype and why, and why a visible GPU is not used."""
+    device = settings.device
+    if device.type == "cuda":
+        where = f"{device} ({torch.cuda.get_device_name(device)})"
+    else:
+        caps = capabilities()
+        why = "engine.device=cpu" if torch.cuda.is_available() else "no CUDA device"
+        where = f"cpu ({caps.machine} at {caps.level}; {why})"
+    dtype = next(name for name, value in DTYPES.items() if value == settings.dtype)
+    fallback = f"; {settings.device_fallback}" if settings.device_fallback else ""
+    return f"device: {where}, {dtype} ({settings.dtype_reason}){fallback}"
+
+
 def _choice(node: DictConfig, key: str, allowed: tuple[str, ...], prefix: str) -> str:
     value = str(node.get(key))
     if value not in allowed:

@@ -29,6 +29,7 @@ from servelab.harness.measure.slo.limits import LIMITS, SLO
 from servelab.harness.measure.slo.scaled import limits_line, scaled_keys, scaled_limits, speed_drift
 from servelab.harness.measure.slo.sources import one_source_each
 from servelab.harness.runner.backends import backend_of
+from servelab.harness.runner.settings import device_line, engine_settings
 from servelab.harness.search.knee import Knee, KneeSettings, ProbeSeen, find_knees
 from servelab.harness.search.probes import RunFn, RunProber, SimulatedClock
 from servelab.harness.search.ratio_knee import centre, fewest_requests
@@ -158,6 +159,7 @@ def search(
     step-cost model the prediction simulates."""
     cfg = compose(overrides)
     settings = SearchSettings.of(cfg)
+    say(device_line(engine_settings(cfg.engine)))
     say(settings.plan_line())
     configs = {s: compose([*overrides, f"strategy={s}"]) for s in settings.strategies}
     simulated = SimulatedClock() if backend_of(cfg) == "simulated" else None

@@ -155,7 +155,7 @@ class EndpointClient:
             while delivered < len(requests):
                 try:
                     request = await asyncio.wait_for(finished.get(), STOP_CHECK_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     request = None
                 if request is not None:
                     del in_flight[request]
@@ -181,7 +181,7 @@ class EndpointClient:
         """Send one request and read its stream into the request; never raises."""
         try:
             await asyncio.wait_for(self._stream(request, clock), self.settings.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             limit = self.settings.timeout_s
             request.finish("error", f"no complete response within endpoint.timeout_s={limit:g}")
         except Exception as exc:  # noqa: BLE001  (recorded with the request, the run goes on)

@@ -81,7 +81,7 @@ class HTTPSession:
         url = self.settings.url
         try:
             status, body = self.run(self._get_models())
-        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+        except (TimeoutError, aiohttp.ClientError) as error:
             reason = f"{type(error).__name__}: {error}"
             message = f"cannot reach {url} ({reason}); start the server or fix the URL"
             raise ConfigError("endpoint.url", message) from None
