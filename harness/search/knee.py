@@ -349,6 +349,14 @@ class KneeSearch:
         self.knee.note = note
 
 
+def widened_for_drift(knees: list[Knee], factor: float, resolution: float) -> None:
+    """Each fitted knee's interval moved out by the machine's speed drift (`factor` >= 1) on
+    each bounded side; resolved only if still within the resolution once widened."""
+    for knee in knees:
+        knee.found = None if knee.found is None else knee.found.widened(factor)
+        knee.resolved = knee.resolved and knee.width <= 1 + resolution
+
+
 def find_knees(
     probers: Mapping[str, Prober],
     settings: KneeSettings,

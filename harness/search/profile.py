@@ -30,7 +30,13 @@ from servelab.harness.measure.slo.scaled import limits_line, scaled_keys, scaled
 from servelab.harness.measure.slo.sources import one_source_each
 from servelab.harness.runner.backends import backend_of
 from servelab.harness.runner.settings import device_line, engine_settings
-from servelab.harness.search.knee import Knee, KneeSettings, ProbeSeen, find_knees
+from servelab.harness.search.knee import (
+    Knee,
+    KneeSettings,
+    ProbeSeen,
+    find_knees,
+    widened_for_drift,
+)
 from servelab.harness.search.probes import RunFn, RunProber, SimulatedClock
 from servelab.harness.search.ratio_knee import centre, fewest_requests
 
@@ -205,9 +211,7 @@ def search(
         if drift is not None:
             say(drift.line())
             record["drift"] = drift.to_json()
-            for knee in knees:  # resolved only if still within the resolution once widened
-                knee.found = None if knee.found is None else knee.found.widened(drift.factor)
-                knee.resolved = knee.resolved and knee.width <= 1 + settings.knee.resolution
+            widened_for_drift(knees, drift.factor, settings.knee.resolution)
     busy = busy_probes(settings.out_dir)
     if busy:
         say(

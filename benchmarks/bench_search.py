@@ -1,0 +1,304 @@
+"""The knee search judged against knees it cannot know: its own code on synthetic strategies.
+
+`make run` answers one question: how much more load each strategy sustains than the next, at
+one SLO, on this machine. Whether its intervals hold that answer (coverage) and how narrow they
+are (width) cannot be read off one real run, whose true knees nobody knows; here they are
+known. Each simulated `make run` is the search's real procedure (`knee.find_knees`: anchors,
+rate probes steered by the fit, the shared budget; the reference floor before and after, and
+the drift's widening, `knee.widened_for_drift`) over synthetic strategies, on a simulated clock
+and a machine whose speed drifts:
+
+- A strategy's request, served at Poisson rate r, has the SLO ratio
+  `base / speed * X * (1 + steepness * rho / (1 - rho))` with rho = r / (capacity * speed):
+  flat at the floor's ratio while the load is light, rising as the queue forms near capacity
+  (the shape the real probes show). X is log-normal (`sigma`) with a share of outliers (`tail`
+  of the requests `tail_factor` times slower: static batching's long waits). Over capacity
+  the queue grows through the probe: each later request waits longer, and the search sees the
+  rise.
+- Its true knee, at the speed of the search's start (where the SLO was scaled), is where the
+  `target`-quantile of that ratio crosses 1 (solved from the mixture's quantile). The
+  defaults are the comparison's four strategies as the published searches measured them
+  (floor ratio about 0.54; knees about 1.2, 0.6, 0.6 and 0.06 req/s).
+- The machine's speed moves linearly from 1 at the start to `1 + drift` at the budget's end
+  (or the opposite way), every latency divided by it and every capacity multiplied.
+- The simulator's prediction, which places each strategy's first rate probes, is its true
+  knee times a log-normal error (`prediction_spread`; the published searches' predictions
+  were off by up to 1.4x), or absent.
+- A probe costs what it would on the machine (its requests' span at its rate, or their
+  service one at a time where the probe skips idle spans, plus loading), so the budget binds
+  as it does in `make run`.
+
+Printed per strategy and per pair of strategies: the share of searches whose interval holds
+the true knee (the ratio of true knees), the median and 80th-percentile width (high / low),
+and the share with both ends bounded (a ratio decided two-sided).
+
+    python -m benchmarks.bench_search [--searches 200] [--drift 0.2] [--budget-s 840] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import combinations
+
+import numpy as np
+
+from servelab.harness.measure.drift import Drift
+from servelab.harness.search.knee import (
+    Knee,
+    KneeSettings,
+    Outcome,
+    ProbeSpec,
+    find_knees,
+    widened_for_drift,
+)
+from servelab.harness.search.ratio_knee import ProbeRatios, knee_ratio
+
+MAKE_RUN = KneeSettings(
+    target=0.9, resolution=0.2, requests=48, max_requests=192, floor_requests=8,
+    ceiling_requests=16, confidence=0.95, skip_idle=True,
+)  # fmt: skip  # conf/config.yaml's search, as `make run` runs it
+OVER_CAPACITY_GROWTH = 0.05  # over capacity, each later request's ratio grows by this x (rho - 1)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A synthetic strategy: how its requests' SLO ratios grow with the load."""
+
+    name: str
+    capacity: float  # req/s a Poisson load can approach at the start's speed
+    ceiling: float  # req/s served with every request at once (batching's best)
+    base: float = 0.54  # the median ratio of a request served alone
+    sigma: float = 0.05  # log-normal spread of a request's ratio
+    tail: float = 0.02  # share of requests that are slow outliers
+    tail_factor: float = 2.5  # how much slower an outlier is
+    steepness: float = 0.05  # the queue's growth near capacity
+    alone_s: float = 1.4  # one request served alone, at the start's speed
+    load_s: float = 3.0  # a probe's loading and drain
+
+    @cached_property
+    def spread_quantile(self) -> dict[float, float]:
+        """The quantiles of X (the ratio over base), by share, from a large sample."""
+        rng = np.random.default_rng(12345)
+        x = self._spread(rng, 400_000)
+        return {share: float(np.quantile(x, share)) for share in (0.5, 0.9, 0.95, 0.99)}
+
+    def _spread(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        x = np.exp(self.sigma * rng.standard_normal(n))
+        return np.where(rng.random(n) < self.tail, x * self.tail_factor, x)
+
+    def true_knee(self, target: float) -> float:
+        """The rate where the `target`-quantile of the ratio is 1, at the start's speed."""
+        level = self.base * self.spread_quantile[target]
+        if level >= 1:
+            return 0.0
+        load = (1 / level - 1) / self.steepness  # rho / (1 - rho)
+        return self.capacity * load / (1 + load)
+
+    def ratios(self, rng: np.random.Generator, n: int, rate: float | None, speed: float) -> list:
+        """The SLO ratios of `n` requests in arrival order: at Poisson `rate` (None: one at a
+        time) on a machine at `speed`."""
+        alone = self.base / speed * self._spread(rng, n)
+        if rate is None:
+            return alone.tolist()
+        rho = rate / (self.capacity * speed)
+        if rho < 1:
+            return (alone * (1 + self.steepness * rho / (1 - rho))).tolist()
+        queue = 1 + self.steepness * 20 + OVER_CAPACITY_GROWTH * (rho - 1) * np.arange(n) * 20
+        return (alone * queue).tolist()
+
+
+COMPARISON = (
+    Strategy("fastertransformer", capacity=0.12, ceiling=1.4, base=0.54, sigma=0.08, tail=0.06,
+             tail_factor=3.0, steepness=0.5, alone_s=1.4),
+    Strategy("orca", capacity=0.66, ceiling=2.8),
+    Strategy("orca-chunked", capacity=0.64, ceiling=3.0),
+    Strategy("vllm", capacity=1.3, ceiling=3.5),
+)  # fmt: skip
+
+
+class Machine:
+    """The simulated clock and the machine's speed along it: 1 at the start, moving linearly
+    to `1 + drift` by `span_s`."""
+
+    def __init__(self, drift: float, span_s: float) -> None:
+        self.now, self.drift, self.span_s = 0.0, drift, span_s
+
+    def __call__(self) -> float:
+        return self.now
+
+    @property
+    def speed(self) -> float:
+        return 1 + self.drift * min(self.now / self.span_s, 1.0)
+
+
+class SyntheticProber:
+    """One strategy's probes on the machine: ratios drawn at the speed of the probe's start,
+    the clock moved by what the probe would take."""
+
+    def __init__(self, strategy: Strategy, machine: Machine, rng: np.random.Generator) -> None:
+        self.strategy, self.machine, self.rng = strategy, machine, rng
+
+    def run(self, spec: ProbeSpec) -> Outcome:
+        s, speed = self.strategy, self.machine.speed
+        alone_s = s.alone_s / speed
+        if spec.kind == "ceiling":
+            served_s = spec.requests / (s.ceiling * speed)
+            ratios = [10.0] * spec.requests
+            throughput = spec.requests / served_s
+        else:
+            rate = spec.rate if spec.kind == "rate" else None
+            ratios = s.ratios(self.rng, spec.requests, rate, speed)
+            each_s = alone_s if rate is None else min(1 / rate, alone_s)
+            served_s = spec.requests * each_s
+            throughput = None
+        seconds = served_s + s.load_s
+        self.machine.now += seconds
+        probe = ProbeRatios(spec.rate, tuple(ratios), (False,) * len(ratios))
+        return Outcome(f"{s.name}/{spec.name}", probe, throughput, seconds, served_s)
+
+
+@dataclass(frozen=True)
+class Searched:
+    """One simulated `make run`: every knee as the search reports it, and the drift factor."""
+
+    knees: list[Knee]
+    drift: float
+
+
+def one_search(
+    strategies: tuple[Strategy, ...], settings: KneeSettings, budget_s: float, drift: float,
+    seed: int, prediction_spread: float | None = 0.3,
+) -> Searched:  # fmt: skip
+    """A whole search: the reference floor, every knee within the budget (its first probes
+    around a prediction `prediction_spread` off, None: none), the reference floor again, and
+    the knees widened by the speed drift the two floors measured."""
+    rng = np.random.default_rng(seed)
+    predicted = (
+        None
+        if prediction_spread is None
+        else {
+            s.name: s.true_knee(settings.target) * math.exp(prediction_spread * rng.normal())
+            for s in strategies
+        }
+    )
+    machine = Machine(drift, budget_s)
+    reference = strategies[0]
+    machine.now += settings.floor_requests * reference.alone_s + reference.load_s
+    before = 1 / machine.speed
+    probers = {s.name: SyntheticProber(s, machine, rng) for s in strategies}
+    knees = find_knees(probers, settings, budget_s - machine.now, machine, predicted=predicted)
+    after = 1 / machine.speed
+    measured = Drift(before, after)
+    widened_for_drift(knees, measured.factor, settings.resolution)
+    return Searched(knees, measured.factor)
+
+
+def covers(low: float | None, high: float | None, truth: float) -> bool:
+    """Whether [low, high] holds `truth`, an unbounded side holding everything beyond."""
+    return (low is None or low <= truth) and (high is None or truth <= high)
+
+
+def width(low: float | None, high: float | None) -> float:
+    return math.inf if low is None or high is None or low <= 0 else high / low
+
+
+@dataclass(frozen=True)
+class Row:
+    """Coverage and widths of one knee or one ratio over every simulated search."""
+
+    name: str
+    truth: float
+    covered: float  # share of searches whose interval holds the truth
+    median_width: float
+    p80_width: float
+    bounded: float  # share with both ends bounded
+
+    def line(self) -> str:
+        return (
+            f"{self.name:34s} {self.truth:8.3g} {self.covered:9.1%} {self.median_width:9.3g} "
+            f"{self.p80_width:9.3g} {self.bounded:8.1%}"
+        )
+
+
+HEADER = f"{'':34s} {'truth':>8s} {'coverage':>9s} {'median':>9s} {'p80':>9s} {'bounded':>8s}"
+
+
+def row(name: str, truth: float, intervals: list[tuple[float | None, float | None]]) -> Row:
+    widths = sorted(width(low, high) for low, high in intervals)
+    return Row(
+        name,
+        truth,
+        sum(covers(low, high, truth) for low, high in intervals) / len(intervals),
+        float(np.quantile(widths, 0.5, method="lower")),
+        float(np.quantile(widths, 0.8, method="lower")),
+        sum(w < math.inf for w in widths) / len(widths),
+    )
+
+
+def evaluate(
+    strategies: tuple[Strategy, ...], settings: KneeSettings, budget_s: float, drift: float,
+    searches: int, seed: int = 0, prediction_spread: float | None = 0.3,
+) -> list[Row]:  # fmt: skip
+    """`searches` simulated searches, half with the speed rising by `drift` and half falling:
+    a row per knee, then per pair (the higher true knee over the lower)."""
+    runs = [
+        one_search(
+            strategies,
+            settings,
+            budget_s,
+            drift * (1 if i % 2 else -1),
+            seed + i,
+            prediction_spread,
+        )  # fmt: skip
+        for i in range(searches)
+    ]
+    truths = {s.name: s.true_knee(settings.target) for s in strategies}
+    rows = [
+        row(name, truth, [(r.knees[i].low, r.knees[i].high) for r in runs])
+        for i, (name, truth) in enumerate(truths.items())
+    ]
+    names = list(truths)
+    for a, b in combinations(range(len(names)), 2):
+        top, bottom = (a, b) if truths[names[a]] >= truths[names[b]] else (b, a)
+        ratios = [knee_ratio(r.knees[top], r.knees[bottom]) for r in runs]
+        truth = truths[names[top]] / truths[names[bottom]]
+        name = f"{names[top]} / {names[bottom]}"
+        rows.append(row(name, truth, [(q.low, q.high) for q in ratios]))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--searches", type=int, default=200, help="simulated make runs")
+    parser.add_argument("--drift", type=float, default=0.2, help="speed change over the budget")
+    parser.add_argument("--budget-s", type=float, default=840.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--prediction-spread", type=float, default=0.3,
+        help="log-normal spread of the predicted knees around the true ones",
+    )  # fmt: skip
+    parser.add_argument("--no-prediction", action="store_true", help="search without one")
+    args = parser.parse_args(argv)
+    if args.searches < 1 or args.budget_s <= 0 or not -0.9 < args.drift < 9:
+        parser.error("--searches >= 1, --budget-s > 0, --drift in (-0.9, 9)")
+    if args.prediction_spread < 0:
+        parser.error("--prediction-spread >= 0")
+    spread = None if args.no_prediction else args.prediction_spread
+    rows = evaluate(
+        COMPARISON, MAKE_RUN, args.budget_s, args.drift, args.searches, args.seed, spread
+    )
+    predicted = "no prediction" if spread is None else f"predictions off by x e^N(0, {spread:g})"
+    print(
+        f"{args.searches} simulated searches, {args.budget_s:g} s each, the machine's speed "
+        f"moving by {args.drift:+.0%} and {-args.drift:+.0%} over the budget (half each), "
+        f"{predicted}"
+    )
+    print(HEADER)
+    print("\n".join(r.line() for r in rows))
+
+
+if __name__ == "__main__":
+    main()
