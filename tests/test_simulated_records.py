@@ -42,23 +42,23 @@ CLOSED_LOOP = [
 ]  # fmt: skip
 # name: (overrides, digest, steps, preemptions, most requests waiting at once)
 PINNED = {
-    "vllm": (["strategy=vllm"], "07cca0dd63e9f6cb", 2927, 204, 197),
+    "vllm": (["strategy=vllm"], "6c9887de4af00277", 2927, 204, 197),
     "vllm-shortest-first": (
         ["strategy=vllm", "strategy.policy=shortest_first"],
-        "b2b69054ff42a8ad",
+        "62a043f860a8353e",
         2945,
         201,
         134,
     ),
     "orca-chunked": (
         ["strategy=orca-chunked", "engine.max_num_batched_tokens=32"],
-        "b7b85e3807ca4b83",
+        "c93b4ae04ae12445",
         4414,
         0,
         223,
     ),
-    "fastertransformer": (["strategy=fastertransformer"], "770da264dc8f6ff0", 5191, 0, 237),
-    "vllm-closed-loop": (["strategy=vllm", *CLOSED_LOOP], "f16138f5594b9dbc", 2921, 207, 10),
+    "fastertransformer": (["strategy=fastertransformer"], "54b539cd3d4977ee", 5191, 0, 237),
+    "vllm-closed-loop": (["strategy=vllm", *CLOSED_LOOP], "50412088e7d685dc", 2921, 207, 10),
 }
 
 

@@ -18,6 +18,7 @@ says, and a search costs, what a real one skipping would.
 
 from __future__ import annotations
 
+import math
 import time
 
 
@@ -45,4 +46,4 @@ class RunClock:
 
     @property
     def skipped_s(self) -> float:
-        return sum(end - begin for begin, end in self.skipped)
+        return math.fsum(end - begin for begin, end in self.skipped)  # the same on every Python

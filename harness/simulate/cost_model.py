@@ -21,6 +21,7 @@ does not describe (another model, dtype, weights format or head layout).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -98,7 +99,7 @@ class StepErrors:
             steps=len(measured),
             median_error=float(np.median(relative)),
             p90_error=float(np.quantile(relative, 0.9)),
-            total_error=float(predicted.sum() / measured.sum() - 1.0),
+            total_error=float(predicted.sum()) / float(measured.sum()) - 1.0,
         )
 
 
@@ -119,8 +120,10 @@ class StepCostModel:
     sources: list[str] = field(default_factory=list)  # the run directories fitted on
 
     def step_seconds(self, counts: StepCounts) -> float:
-        """The predicted duration of one step with these counts."""
-        return sum(map(mul, self._per_unit, counts.row()))
+        """The predicted duration of one step with these counts, correctly rounded (`fsum`):
+        the builtin sum rounds differently from Python 3.12 on, and a simulated run must
+        record the same times on every Python."""
+        return math.fsum(map(mul, self._per_unit, counts.row()))
 
     @cached_property
     def _per_unit(self) -> tuple[float, ...]:

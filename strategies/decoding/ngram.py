@@ -20,7 +20,7 @@ def lookup(tokens: list[int], gamma: int, ngram_min: int, ngram_max: int) -> lis
     """Up to `gamma` tokens that followed the most recent earlier occurrence of the longest
     suffix of `tokens` (of `ngram_max` down to `ngram_min` tokens) found again."""
     length = len(tokens)
-    array = np.asarray(tokens, dtype=np.int64)
+    array: np.ndarray = np.asarray(tokens, dtype=np.int64)
     for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
         windows = sliding_window_view(array[: length - 1], n)  # every n-gram with a successor
         hits = np.flatnonzero((windows == array[length - n :]).all(axis=1))
