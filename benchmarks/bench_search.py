@@ -161,6 +161,15 @@ class SyntheticProber:
 
 
 @dataclass(frozen=True)
+class Scenario:
+    """What one simulated `make run` faces."""
+
+    budget_s: float = 840.0
+    drift: float = 0.2  # the speed's move over the budget (half the searches each way)
+    prediction_spread: float | None = 0.3  # None: no prediction
+
+
+@dataclass(frozen=True)
 class Searched:
     """One simulated `make run`: every knee as the search reports it, and the drift factor."""
 
@@ -169,29 +178,30 @@ class Searched:
 
 
 def one_search(
-    strategies: tuple[Strategy, ...], settings: KneeSettings, budget_s: float, drift: float,
-    seed: int, prediction_spread: float | None = 0.3,
+    strategies: tuple[Strategy, ...], settings: KneeSettings, scenario: Scenario, drift: float,
+    seed: int,
 ) -> Searched:  # fmt: skip
-    """A whole search: the reference floor, every knee within the budget (its first probes
-    around a prediction `prediction_spread` off, None: none), the reference floor again, and
-    the knees widened by the speed drift the two floors measured."""
+    """A whole search with the speed moving by `drift`: the reference floor, every knee within
+    the budget (its first probes around a prediction), the reference floor again, and the
+    knees widened by the drift the two floors measured."""
     rng = np.random.default_rng(seed)
+    spread = scenario.prediction_spread
     predicted = (
         None
-        if prediction_spread is None
+        if spread is None
         else {
-            s.name: s.true_knee(settings.target) * math.exp(prediction_spread * rng.normal())
+            s.name: s.true_knee(settings.target) * math.exp(spread * rng.normal())
             for s in strategies
         }
     )
-    machine = Machine(drift, budget_s)
+    machine = Machine(drift, scenario.budget_s)
     reference = strategies[0]
     machine.now += settings.floor_requests * reference.alone_s + reference.load_s
     before = 1 / machine.speed
     probers = {s.name: SyntheticProber(s, machine, rng) for s in strategies}
-    knees = find_knees(probers, settings, budget_s - machine.now, machine, predicted=predicted)
-    after = 1 / machine.speed
-    measured = Drift(before, after)
+    left_s = scenario.budget_s - machine.now
+    knees = find_knees(probers, settings, left_s, machine, predicted=predicted)
+    measured = Drift(before, 1 / machine.speed)
     widened_for_drift(knees, measured.factor, settings.resolution)
     return Searched(knees, measured.factor)
 
@@ -239,20 +249,13 @@ def row(name: str, truth: float, intervals: list[tuple[float | None, float | Non
 
 
 def evaluate(
-    strategies: tuple[Strategy, ...], settings: KneeSettings, budget_s: float, drift: float,
-    searches: int, seed: int = 0, prediction_spread: float | None = 0.3,
+    strategies: tuple[Strategy, ...], settings: KneeSettings, scenario: Scenario, searches: int,
+    seed: int = 0,
 ) -> list[Row]:  # fmt: skip
-    """`searches` simulated searches, half with the speed rising by `drift` and half falling:
-    a row per knee, then per pair (the higher true knee over the lower)."""
+    """`searches` simulated searches, half with the speed rising by the scenario's drift and
+    half falling: a row per knee, then per pair (the higher true knee over the lower)."""
     runs = [
-        one_search(
-            strategies,
-            settings,
-            budget_s,
-            drift * (1 if i % 2 else -1),
-            seed + i,
-            prediction_spread,
-        )  # fmt: skip
+        one_search(strategies, settings, scenario, scenario.drift * (-1) ** (i + 1), seed + i)
         for i in range(searches)
     ]
     truths = {s.name: s.true_knee(settings.target) for s in strategies}
@@ -287,9 +290,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.prediction_spread < 0:
         parser.error("--prediction-spread >= 0")
     spread = None if args.no_prediction else args.prediction_spread
-    rows = evaluate(
-        COMPARISON, MAKE_RUN, args.budget_s, args.drift, args.searches, args.seed, spread
-    )
+    scenario = Scenario(args.budget_s, args.drift, spread)
+    rows = evaluate(COMPARISON, MAKE_RUN, scenario, args.searches, args.seed)
     predicted = "no prediction" if spread is None else f"predictions off by x e^N(0, {spread:g})"
     print(
         f"{args.searches} simulated searches, {args.budget_s:g} s each, the machine's speed "

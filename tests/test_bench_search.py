@@ -13,6 +13,7 @@ from benchmarks.bench_search import (
     COMPARISON,
     MAKE_RUN,
     Machine,
+    Scenario,
     Strategy,
     SyntheticProber,
     covers,
@@ -60,7 +61,7 @@ def test_an_unbounded_side_holds_everything_beyond() -> None:
 
 
 def test_a_small_run_reports_every_knee_and_pair(capsys: pytest.CaptureFixture[str]) -> None:
-    rows = evaluate(COMPARISON, MAKE_RUN, 840.0, 0.2, searches=4)
+    rows = evaluate(COMPARISON, MAKE_RUN, Scenario(), searches=4)
     assert len(rows) == 4 + 6
     assert all(0 <= r.covered <= 1 and 0 <= r.bounded <= 1 for r in rows)
     assert rows[-1].name == "vllm / orca-chunked" and rows[-1].truth > 1

@@ -21,10 +21,12 @@ from servelab.harness.search.ratio_knee import (
     knee_ratio,
     next_rate,
     order_statistic_bounds,
+    pooled_bounds,
     probe_quantile,
     probe_ratios,
     quantile_bounds,
     rate_quantiles,
+    rate_samples,
     ratio_quantile,
     request_ratio,
     rising,
@@ -236,3 +238,33 @@ def test_an_outlier_s_bound_at_one_rate_does_not_hide_a_clear_rate_above_it() ->
     knee = fit_ratio_knee([outliers, clear, over], 0.9, 0.95)
     assert knee.cliff and (knee.below, knee.above) == (1.0, 1.4)
     assert knee.low == 1.0 and knee.high == 1.4
+
+
+def test_the_high_end_is_the_first_rate_seen_above_one_not_an_interpolation() -> None:
+    """Flat far below 1 at 0.5 req/s, every ratio 1.9 at 1 req/s (no queue seen growing, no
+    cliff): a straight line in log-log crosses 1 near 0.72 req/s, but a curve that stays flat
+    and then rises steeply (a queue forming) crosses anywhere up to 1 req/s, so the interval
+    reaches 1 req/s; the estimate stays the interpolation."""
+    flat = ProbeRatios(0.5, (0.5,) * 48, (False,) * 48)
+    steep = ProbeRatios(1.0, (1.9,) * 48, (False,) * 48)
+    knee = fit_ratio_knee([flat, steep], 0.9, 0.95)
+    assert not knee.cliff and knee.estimate == pytest.approx(0.72, abs=0.01)
+    assert knee.high == 1.0 and knee.low == pytest.approx(knee.estimate)
+
+
+def test_requests_at_a_higher_rate_help_bound_a_lower_one() -> None:
+    """One request of 48 missed at 0.8 req/s and one at 1 req/s: alone, each probe's upper
+    bound is its largest ratio (2), so neither shows its rate sustained; the requests at 1
+    req/s are no smaller than at 0.8, so the 96 together bound 0.8's quantile below 1 and
+    the interval gains a low end between them."""
+    missed = (0.5,) * 47 + (2.0,)
+    low_rate, high_rate = (
+        ProbeRatios(0.8, missed, (False,) * 48),
+        ProbeRatios(1.0, missed, (False,) * 48),
+    )
+    over = ProbeRatios(2.0, tuple(np.linspace(1.5, 40.0, 48)), (False,) * 48)
+    assert [q.high for q in rate_quantiles([low_rate, high_rate], 0.9, 0.95)] == [2.0, 2.0]
+    lower, upper = pooled_bounds(rate_samples([low_rate, high_rate], 0.9, 0.95), 0.9, 0.95)
+    assert upper.tolist() == [0.5, 2.0] and lower.tolist() == [0.5, 0.5]
+    knee = fit_ratio_knee([low_rate, high_rate, over], 0.9, 0.95)
+    assert knee.low is not None and 0.8 <= knee.low < 1.0 and knee.high == 2.0

@@ -20,14 +20,20 @@ fit says so.
 
 The interval: each rate's quantile has a distribution-free interval from order statistics
 (the binomial count of its requests below the quantile, as MLPerf LoadGen bounds a latency
-percentile). The quantile rises with the load, so at a rate it is at most the least upper
-bound at any rate above and at least the largest lower bound at any rate below: those two
-envelopes (not a fit, which a single outlier's bound would drag across 1 for its
-neighbours) cross 1 at the interval's low and high end (at a cliff in either, the rate
-beside it). The
-caller widens it by the machine's measured speed drift. A percentile bootstrap over requests
-under-covers here: a resampled 0.9-quantile of 48 requests varies less than the quantile
-does, since the resamples of the top order statistics repeat the few largest ratios.
+percentile). A request's ratio grows with the load, so the requests of every rate from r up
+to a higher one are draws no smaller than r's: pooled, they bound r's quantile from above
+(the tightest such pool counts), and the pooled requests from a lower rate up to r bound it
+from below (`pooled_bounds`); a short probe's few largest ratios no longer decide alone. The
+quantile rises with the load, so at a rate it is at most the least upper bound at any rate
+above and at least the largest lower bound at any rate below: the first envelope crosses 1
+at the interval's low end (interpolated: a curve that rises faster than a straight line in
+log-log crosses later, which only moves the end inwards), the second first exceeds 1 at its
+high end, at a probed rate: between two probes the curve may rise as steeply as it likes (a
+queue forming), so no interpolation bounds it from above (`benchmarks.bench_search` found
+the interpolated high end inside the true knee in 15-20% of searches). The caller widens it
+by the machine's measured speed drift. A percentile bootstrap over requests under-covers
+here: a resampled 0.9-quantile of 48 requests varies less than the quantile does, since the
+resamples of the top order statistics repeat the few largest ratios.
 
 Two knees give a ratio (`knee_ratio`) whose interval joins their intervals' ends; and a knee
 says where one more probe narrows its interval most (`next_rate`).
@@ -279,26 +285,65 @@ def quantile_bounds(
     )
 
 
-def rate_quantiles(
+Sample = tuple[float, np.ndarray, np.ndarray, bool]  # rate, ratios, censored, over capacity
+
+
+def rate_samples(
     probes: Sequence[ProbeRatios], share: float, confidence: float, warmup_share: float = 0.0
-) -> list[ProbeQuantile]:
-    """One quantile per probed rate, in rate order: the steady requests of every probe at that
-    rate taken as one sample (they are draws of one load), over capacity where any was."""
+) -> list[Sample]:
+    """One sample per probed rate, in rate order: the steady requests of every probe at that
+    rate (draws of one load), over capacity where any of those probes was."""
     by_rate: dict[float, list[ProbeRatios]] = {}
     for probe in probes:
         if probe.rate is not None:
             by_rate.setdefault(probe.rate, []).append(probe)
-    points = []
+    samples = []
     for rate, group in sorted(by_rate.items()):
         steady = [_steady_arrays(p, warmup_share) for p in group]
-        merged = ProbeRatios(
-            rate,
-            tuple(np.concatenate([r for r, _ in steady]).tolist()),
-            tuple(np.concatenate([c for _, c in steady]).tolist()),
-        )
-        over = any(probe_quantile(p, share, confidence, warmup_share).over_capacity for p in group)
-        points.append(replace(probe_quantile(merged, share, confidence), over_capacity=over))
-    return [q for q in points if q.requests]
+        ratios = np.concatenate([r for r, _ in steady])
+        if ratios.size:
+            over = any(
+                probe_quantile(p, share, confidence, warmup_share).over_capacity for p in group
+            )
+            samples.append((rate, ratios, np.concatenate([c for _, c in steady]), over))
+    return samples
+
+
+def rate_quantiles(
+    probes: Sequence[ProbeRatios], share: float, confidence: float, warmup_share: float = 0.0
+) -> list[ProbeQuantile]:
+    """One quantile per probed rate, in rate order (`rate_samples`)."""
+    return [_quantile_of(sample, share, confidence) for sample in rate_samples(
+        probes, share, confidence, warmup_share
+    )]  # fmt: skip
+
+
+def _quantile_of(sample: Sample, share: float, confidence: float) -> ProbeQuantile:
+    rate, ratios, censored, over = sample
+    found = probe_quantile(ProbeRatios(rate, tuple(ratios), tuple(censored)), share, confidence)
+    return replace(found, over_capacity=over)
+
+
+def pooled_bounds(
+    samples: Sequence[Sample], share: float, confidence: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each rate's quantile bounds from the requests of its neighbours too: a request's ratio
+    grows with the load, so the requests at every rate from r up to a higher one are draws
+    no smaller than r's, and their pooled upper bound bounds r's quantile from above (the
+    tightest such pool counts); likewise the pooled requests of every rate from a lower one
+    up to r bound it from below. Longer samples, narrower bounds: a probe that alone cannot
+    show a rate sustained (its few largest ratios place its upper bound) can with the ones
+    above it."""
+    count = len(samples)
+    upper, lower = np.full(count, math.inf), np.zeros(count)
+    for i in range(count):
+        for j in range(i, count):
+            ratios = np.concatenate([samples[k][1] for k in range(i, j + 1)])
+            censored = np.concatenate([samples[k][2] for k in range(i, j + 1)])
+            low, high = quantile_bounds(ratios, censored, share, confidence)
+            upper[i] = min(upper[i], high)
+            lower[j] = max(lower[j], low)
+    return lower, upper
 
 
 def fit_ratio_knee(
@@ -309,18 +354,24 @@ def fit_ratio_knee(
     ceiling: float | None = None,
 ) -> RatioKnee:
     """The knee where the `share`-quantile of the SLO ratios crosses 1, from every rate probe,
-    with its `confidence` interval: its low end where the fit through each rate's upper
-    quantile bound crosses 1, its high end where the fit through the lower bounds does (at a
-    cliff in either, the rate on that side of it). `ceiling` (the most the system serves,
-    every request at once) bounds it from above where no probe does."""
-    points = tuple(rate_quantiles(probes, share, confidence, warmup_share))
+    with its `confidence` interval: its low end where the envelope of each rate's upper
+    quantile bound (`pooled_bounds`) crosses 1, its high end at the lowest rate whose lower
+    bound is above 1 (the curve may rise as steeply as it likes between two probes, so no
+    interpolation bounds it there). `ceiling` (the most the system serves, every request at
+    once) bounds it from above where no probe does."""
+    samples = rate_samples(probes, share, confidence, warmup_share)
+    points = tuple(_quantile_of(sample, share, confidence) for sample in samples)
     if not points:
         return RatioKnee(None, None, None, False, points)
     rates = np.array([q.rate for q in points])
     weights = np.array([q.requests for q in points], dtype=np.float64)
+    lower, upper = pooled_bounds(samples, share, confidence)
 
     def fitted(side: str | None) -> Crossing:
-        sided = points if side is None else [replace(q, quantile=getattr(q, side)) for q in points]
+        bound = {"high": upper, "low": lower}.get(side or "")
+        sided = points if bound is None else [
+            replace(q, quantile=float(b)) for q, b in zip(points, bound, strict=True)
+        ]  # fmt: skip
         over = np.array([q.over_capacity for q in sided])
         levels = np.array([q.level for q in sided])  # in rate order
         if side == "high":  # the quantile at r is at most any upper bound at a rate above r
@@ -332,11 +383,10 @@ def fit_ratio_knee(
     found, earliest, latest = fitted(None), fitted("high"), fitted("low")
     smooth = found.rate is not None and not found.cliff
     low = earliest.rate if earliest.rate is not None and not earliest.cliff else earliest.below
-    high = latest.rate if latest.rate is not None and not latest.cliff else latest.above
     return RatioKnee(
         found.rate if smooth else None,
         low,
-        high or ceiling,
+        latest.above or ceiling,
         found.cliff,
         points,
         below=found.below,
