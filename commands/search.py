@@ -23,6 +23,7 @@ from servelab.harness.search.ratio_knee import (
     knee_text,
     rate_text,
 )
+from servelab.reports.search_report import answer_lines
 
 SUMMARY = "each strategy's knee: the highest rate it sustains under the SLO, as an interval"
 USAGE = """usage: servelab search [search.strategies=[a,b]] slo.ttft_s=S ... [OVERRIDE ...]
@@ -162,6 +163,9 @@ def main(args: list[str]) -> None:
         profiler=profiled,
     )
     print(render_search(result.knees))
+    print("the answer (as the report opens):")
+    for line in answer_lines(result.knees):
+        print(f"  {line}.")
     unresolved = [k.strategy for k in result.knees if not k.resolved]
     if unresolved:
         print(f"not resolved within the budget: {', '.join(unresolved)} (raise search.budget_s)")

@@ -40,25 +40,35 @@ def strategy_dirs(path: Path, record: dict) -> list[Path]:
 
 def answer_lines(knees: list[Knee]) -> list[str]:
     """One sentence per pair of strategies, the one with the higher knee first (by its low
-    end, what is sure of it, then its estimate)."""
+    end, what is sure of it, then its estimate): decided (the ratio's interval, both ends
+    above 1), one-sided ("at least 12x": the bound its probes support), not separated (the
+    interval holds 1: neither is shown to sustain more), or not measured, and why."""
     ordered = sorted(knees, key=lambda k: (k.low or 0.0, centre(k) or 0.0), reverse=True)
-    lines = []
-    for top, bottom in combinations(ordered, 2):
-        ratio = knee_ratio(top, bottom)
-        if ratio.low is None and ratio.high is None:
-            lines.append(f"{top.strategy} against {bottom.strategy}: not measured (no interval)")
-            continue
-        if ratio.high is None:
-            how = f"at least {rate_text(ratio.low)}x"
-        elif ratio.low is None:
-            how = f"at most {rate_text(ratio.high)}x"
-        else:
-            estimate = "" if ratio.estimate is None else f"{ratio.estimate:.2g}x "
-            how = f"{estimate}[{rate_text(ratio.low)}, {rate_text(ratio.high)}]"
-        lines.append(
-            f"{top.strategy} sustains {how} {bottom.strategy}'s rate at this SLO on this machine"
+    return [pair_sentence(top, bottom) for top, bottom in combinations(ordered, 2)]
+
+
+def pair_sentence(top: Knee, bottom: Knee) -> str:
+    """`top` against `bottom` in one sentence that no probe of either contradicts."""
+    ratio = knee_ratio(top, bottom)
+    where = "at this SLO on this machine"
+    if ratio.low is None and ratio.high is None:
+        missing = [
+            f"{knee.strategy}'s knee has no {side} end" + (f" ({knee.note})" if knee.note else "")
+            for knee, side in ((top, "low"), (bottom, "high"))
+            if (knee.low if side == "low" else knee.high) is None
+        ]
+        return f"{top.strategy} against {bottom.strategy}: not measured: {'; '.join(missing)}"
+    span = f"[{rate_text(ratio.low)}, {rate_text(ratio.high)}]"
+    if ratio.low is None or ratio.low <= 1:
+        return (
+            f"{top.strategy} and {bottom.strategy} are not separated {where}: "
+            f"{top.strategy}'s rate over {bottom.strategy}'s lies in {span}"
         )
-    return lines
+    if ratio.high is None:
+        how = f"at least {rate_text(ratio.low)}x"
+    else:
+        how = ("" if ratio.estimate is None else f"{ratio.estimate:.2g}x ") + span
+    return f"{top.strategy} sustains {how} {bottom.strategy}'s rate {where}"
 
 
 def add_search_section(page: Page, path: Path, record: dict) -> None:

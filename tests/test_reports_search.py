@@ -32,6 +32,24 @@ def test_each_pair_is_one_sentence_with_the_higher_knee_first() -> None:
     ]
 
 
+def test_a_ratio_whose_interval_holds_one_is_not_separated_and_none_says_why() -> None:
+    """The first published answer's case: vllm's low end 0.856 against orca's high end 1.07 is
+    at least 0.8x, which no probe of either supports as a lead: not separated. A pair with
+    neither end says which knee lacks which."""
+    vllm, orca = knee("vllm", None, 0.856, 1.77), knee("orca", None, None, 1.07)
+    ft = Knee("ft", note="its ceiling probe served nothing")
+    assert answer_lines([vllm, orca, ft]) == [
+        "vllm and orca are not separated at this SLO on this machine: vllm's rate over orca's "
+        "lies in [0.8, -]",
+        "vllm against ft: not measured: ft's knee has no high end (its ceiling probe served "
+        "nothing)",
+        "orca against ft: not measured: orca's knee has no low end; ft's knee has no high end "
+        "(its ceiling probe served nothing)",
+    ]
+    separated = answer_lines([knee("vllm", None, 1.3, 1.77), knee("orca", None, None, 1.07)])
+    assert separated == ["vllm sustains at least 1.21x orca's rate at this SLO on this machine"]
+
+
 def search_record(rates: dict[str, list[float]]) -> dict:
     knees = []
     for strategy, probed in rates.items():
