@@ -84,7 +84,8 @@ gpu-lock:
 
 # The test suite on the newest versions pyproject.toml allows, in a throwaway venv, so that an
 # upstream break shows here before a user meets it. torch stays at constraints.txt's version
-# (a newer release here is a CUDA build of several GB). Prints what differs from the lock.
+# (a newer release here is a CUDA build of several GB). Prints what differs from the lock (a
+# local build of a locked version, like torch's CPU build, does not differ).
 LATEST_VENV ?= $(or $(TMPDIR),/tmp)/servelab-latest
 test-latest:
 	rm -rf $(LATEST_VENV) && $(PYTHON) -m venv $(LATEST_VENV)
@@ -93,7 +94,8 @@ test-latest:
 	$(LATEST_VENV)/bin/python -m pip freeze --exclude-editable | sort > $(LATEST_VENV)/resolved.txt
 	@echo "newest versions resolved, where they differ from $(LOCK):"
 	@grep -oE '^[A-Za-z0-9_.-]+==[^ ;]+' $(LOCK) | tr A-Z_ a-z- | sort > $(LATEST_VENV)/locked.txt
-	@tr A-Z_ a-z- < $(LATEST_VENV)/resolved.txt | sort | comm -13 $(LATEST_VENV)/locked.txt - \
+	@tr A-Z_ a-z- < $(LATEST_VENV)/resolved.txt | sed 's/+[^+]*$$//' | sort \
+	  | comm -13 $(LATEST_VENV)/locked.txt - \
 	  || true
 	touch $(LATEST_VENV)/.servelab-installed-$(PYTHON_VERSION)  # installed: `make test` must not reinstall the lock
 	$(MAKE) --no-print-directory test VENV=$(LATEST_VENV)
