@@ -30,7 +30,8 @@ and a machine whose speed drifts:
 
 Printed per strategy and per pair of strategies: the share of searches whose interval holds
 the true knee (the ratio of true knees), the median and 80th-percentile width (high / low),
-and the share with both ends bounded (a ratio decided two-sided).
+the share with both ends bounded (a ratio decided two-sided), and for a pair the share whose
+ratio's low end is above 1 (the faster one's lead shown, "at least Nx").
 
     python -m benchmarks.bench_search [--searches 200] [--drift 0.2] [--budget-s 840] [--seed 0]
 """
@@ -225,18 +226,25 @@ class Row:
     median_width: float
     p80_width: float
     bounded: float  # share with both ends bounded
+    separated: float | None = None  # a ratio: share whose low end is above 1 (a lead shown)
 
     def line(self) -> str:
+        separated = "-" if self.separated is None else f"{self.separated:.1%}"
         return (
             f"{self.name:34s} {self.truth:8.3g} {self.covered:9.1%} {self.median_width:9.3g} "
-            f"{self.p80_width:9.3g} {self.bounded:8.1%}"
+            f"{self.p80_width:9.3g} {self.bounded:8.1%} {separated:>9s}"
         )
 
 
-HEADER = f"{'':34s} {'truth':>8s} {'coverage':>9s} {'median':>9s} {'p80':>9s} {'bounded':>8s}"
+HEADER = (
+    f"{'':34s} {'truth':>8s} {'coverage':>9s} {'median':>9s} {'p80':>9s} {'bounded':>8s} "
+    f"{'separated':>9s}"
+)
 
 
-def row(name: str, truth: float, intervals: list[tuple[float | None, float | None]]) -> Row:
+def row(
+    name: str, truth: float, intervals: list[tuple[float | None, float | None]], ratio: bool
+) -> Row:
     widths = sorted(width(low, high) for low, high in intervals)
     return Row(
         name,
@@ -245,6 +253,7 @@ def row(name: str, truth: float, intervals: list[tuple[float | None, float | Non
         float(np.quantile(widths, 0.5, method="lower")),
         float(np.quantile(widths, 0.8, method="lower")),
         sum(w < math.inf for w in widths) / len(widths),
+        sum((low or 0.0) > 1 for low, _ in intervals) / len(intervals) if ratio else None,
     )
 
 
@@ -260,7 +269,7 @@ def evaluate(
     ]
     truths = {s.name: s.true_knee(settings.target) for s in strategies}
     rows = [
-        row(name, truth, [(r.knees[i].low, r.knees[i].high) for r in runs])
+        row(name, truth, [(r.knees[i].low, r.knees[i].high) for r in runs], ratio=False)
         for i, (name, truth) in enumerate(truths.items())
     ]
     names = list(truths)
@@ -269,7 +278,7 @@ def evaluate(
         ratios = [knee_ratio(r.knees[top], r.knees[bottom]) for r in runs]
         truth = truths[names[top]] / truths[names[bottom]]
         name = f"{names[top]} / {names[bottom]}"
-        rows.append(row(name, truth, [(q.low, q.high) for q in ratios]))
+        rows.append(row(name, truth, [(q.low, q.high) for q in ratios], ratio=True))
     return rows
 
 

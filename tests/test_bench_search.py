@@ -65,6 +65,7 @@ def test_a_small_run_reports_every_knee_and_pair(capsys: pytest.CaptureFixture[s
     assert len(rows) == 4 + 6
     assert all(0 <= r.covered <= 1 and 0 <= r.bounded <= 1 for r in rows)
     assert rows[-1].name == "vllm / orca-chunked" and rows[-1].truth > 1
+    assert rows[0].separated is None and all(0 <= r.separated <= 1 for r in rows[4:])
     main(["--searches", "2", "--no-prediction"])
     out = capsys.readouterr().out
     assert "2 simulated searches" in out and "no prediction" in out and "vllm / orca" in out
