@@ -102,7 +102,7 @@ test-latest:
 
 # The default comparison: each strategy's knee found on this machine (`servelab search`,
 # docs/search.md) under one SLO scaled from one request at a time here, within
-# search.budget_s shared by all (from its start); one KV budget for all, small enough that
+# RUN_BUDGET_S shared by all (from its start); one KV budget for all, small enough that
 # memory decides capacity (32 MiB of fp32 KV: 728 tokens on every machine, the dtype pinned
 # because the budget is in bytes); probes skip the spans with nothing in flight
 # (replay.skip_idle). Then one report over every probe. RUN_ARGS adds overrides; RUN_SLO is
@@ -111,14 +111,16 @@ test-latest:
 COMPARISON_DIR ?= runs/comparison/$(NOW)
 NOW := $(shell date +%Y-%m-%d/%H-%M-%S)
 RUN_SLO ?= search.slo_scale.ttft_s=8 search.slo_scale.normalized_latency_s=2
+RUN_BUDGET_S ?= 840
 COMPARISON := workload=comparison engine.dtype=fp32 engine.kv_budget=32MiB $(RUN_SLO) \
-  search.budget_s=840 replay.skip_idle=true
+  replay.skip_idle=true
 run: $(STAMP)
-	@$(VENV)/bin/servelab search $(COMPARISON) search.out_dir=$(COMPARISON_DIR) $(RUN_ARGS)
+	@$(VENV)/bin/servelab search $(COMPARISON) search.budget_s=$(RUN_BUDGET_S) \
+	  search.out_dir=$(COMPARISON_DIR) $(RUN_ARGS)
 	$(VENV)/bin/servelab report $(COMPARISON_DIR) --out $(COMPARISON_DIR)/report.html
 
-# The comparison's overrides, for the GPU check's short run of the main job (scripts/gpu_check.sh;
-# `make gpu-wheels` carries them to the GPU machine as comparison.args).
+# The comparison's overrides but its budget, for the GPU check's short run of the main job
+# (scripts/gpu_check.sh; `make gpu-wheels` carries them to the GPU machine as comparison.args).
 comparison-args:
 	@echo $(COMPARISON)
 

@@ -47,6 +47,7 @@ from itertools import combinations
 import numpy as np
 
 from servelab.harness.measure.drift import Drift
+from servelab.harness.runner.compose import compose
 from servelab.harness.search.knee import (
     Knee,
     KneeSettings,
@@ -55,12 +56,13 @@ from servelab.harness.search.knee import (
     find_knees,
     widened_for_drift,
 )
+from servelab.harness.search.profile import SearchSettings
 from servelab.harness.search.ratio_knee import ProbeRatios, knee_ratio
 
-MAKE_RUN = KneeSettings(
-    target=0.9, resolution=0.2, requests=48, max_requests=192, floor_requests=8,
-    ceiling_requests=16, confidence=0.95, skip_idle=True,
-)  # fmt: skip  # conf/config.yaml's search, as `make run` runs it
+# the search's settings as `make run` runs it: conf/config.yaml's, probes skipping idle spans
+MAKE_RUN = SearchSettings.of(
+    compose(["replay.skip_idle=true", "search.slo_scale.normalized_latency_s=2"])
+).knee
 OVER_CAPACITY_GROWTH = 0.05  # over capacity, each later request's ratio grows by this x (rho - 1)
 
 
@@ -80,11 +82,9 @@ class Strategy:
     load_s: float = 3.0  # a probe's loading and drain
 
     @cached_property
-    def spread_quantile(self) -> dict[float, float]:
-        """The quantiles of X (the ratio over base), by share, from a large sample."""
-        rng = np.random.default_rng(12345)
-        x = self._spread(rng, 400_000)
-        return {share: float(np.quantile(x, share)) for share in (0.5, 0.9, 0.95, 0.99)}
+    def _spread_sample(self) -> np.ndarray:
+        """A large sample of X (the ratio over base), for its quantiles."""
+        return self._spread(np.random.default_rng(12345), 400_000)
 
     def _spread(self, rng: np.random.Generator, n: int) -> np.ndarray:
         x = np.exp(self.sigma * rng.standard_normal(n))
@@ -92,7 +92,7 @@ class Strategy:
 
     def true_knee(self, target: float) -> float:
         """The rate where the `target`-quantile of the ratio is 1, at the start's speed."""
-        level = self.base * self.spread_quantile[target]
+        level = self.base * float(np.quantile(self._spread_sample, target))
         if level >= 1:
             return 0.0
         load = (1 / level - 1) / self.steepness  # rho / (1 - rho)
@@ -170,18 +170,10 @@ class Scenario:
     prediction_spread: float | None = 0.3  # None: no prediction
 
 
-@dataclass(frozen=True)
-class Searched:
-    """One simulated `make run`: every knee as the search reports it, and the drift factor."""
-
-    knees: list[Knee]
-    drift: float
-
-
 def one_search(
     strategies: tuple[Strategy, ...], settings: KneeSettings, scenario: Scenario, drift: float,
     seed: int,
-) -> Searched:  # fmt: skip
+) -> list[Knee]:  # fmt: skip
     """A whole search with the speed moving by `drift`: the reference floor, every knee within
     the budget (its first probes around a prediction), the reference floor again, and the
     knees widened by the drift the two floors measured."""
@@ -202,9 +194,8 @@ def one_search(
     probers = {s.name: SyntheticProber(s, machine, rng) for s in strategies}
     left_s = scenario.budget_s - machine.now
     knees = find_knees(probers, settings, left_s, machine, predicted=predicted)
-    measured = Drift(before, 1 / machine.speed)
-    widened_for_drift(knees, measured.factor, settings.resolution)
-    return Searched(knees, measured.factor)
+    widened_for_drift(knees, Drift(before, 1 / machine.speed).factor, settings.resolution)
+    return knees
 
 
 def covers(low: float | None, high: float | None, truth: float) -> bool:
@@ -269,13 +260,13 @@ def evaluate(
     ]
     truths = {s.name: s.true_knee(settings.target) for s in strategies}
     rows = [
-        row(name, truth, [(r.knees[i].low, r.knees[i].high) for r in runs], ratio=False)
+        row(name, truth, [(knees[i].low, knees[i].high) for knees in runs], ratio=False)
         for i, (name, truth) in enumerate(truths.items())
     ]
     names = list(truths)
     for a, b in combinations(range(len(names)), 2):
         top, bottom = (a, b) if truths[names[a]] >= truths[names[b]] else (b, a)
-        ratios = [knee_ratio(r.knees[top], r.knees[bottom]) for r in runs]
+        ratios = [knee_ratio(knees[top], knees[bottom]) for knees in runs]
         truth = truths[names[top]] / truths[names[bottom]]
         name = f"{names[top]} / {names[bottom]}"
         rows.append(row(name, truth, [(q.low, q.high) for q in ratios], ratio=True))

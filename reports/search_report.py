@@ -52,10 +52,11 @@ def pair_sentence(top: Knee, bottom: Knee) -> str:
     ratio = knee_ratio(top, bottom)
     where = "at this SLO on this machine"
     if ratio.low is None and ratio.high is None:
+        ends = ((top, "low", top.low), (bottom, "high", bottom.high))
         missing = [
             f"{knee.strategy}'s knee has no {side} end" + (f" ({knee.note})" if knee.note else "")
-            for knee, side in ((top, "low"), (bottom, "high"))
-            if (knee.low if side == "low" else knee.high) is None
+            for knee, side, end in ends
+            if end is None
         ]
         return f"{top.strategy} against {bottom.strategy}: not measured: {'; '.join(missing)}"
     span = f"[{rate_text(ratio.low)}, {rate_text(ratio.high)}]"

@@ -109,9 +109,7 @@ step serve-openai 45 "$PYTHON" -m scripts.gpu_check_serve "$OUT/runs/serve-opena
 # the main job as `make run` runs it, but for its model, the device and a budget of a minute
 if [[ -f $RECIPE/comparison.args ]]; then read -ra COMPARISON < "$RECIPE/comparison.args"
 else read -ra COMPARISON <<< "$(make -s --no-print-directory comparison-args)"; fi
-MAIN_JOB=()
-for arg in "${COMPARISON[@]}"; do [[ $arg == search.budget_s=* ]] || MAIN_JOB+=("$arg"); done
-step search 60 "${SERVELAB[@]}" search "${MAIN_JOB[@]}" \
+step search 60 "${SERVELAB[@]}" search "${COMPARISON[@]}" \
   "model=$SEARCH_MODEL" "${TOKENIZER[@]}" "engine.device=$DEVICE" "engine.cache_dir=$OUT/cache" \
   "search.budget_s=$SEARCH_BUDGET" "search.out_dir=$OUT/search"
 "$PYTHON" -m scripts.gpu_check_summary "$OUT" > "$OUT/summary.md"

@@ -113,6 +113,12 @@ def compare(
     return differs
 
 
+def install_differs(lock_text: str) -> dict[str, dict[str, Any]]:
+    """What of this interpreter's install, servelab's requirements followed, the lock does not
+    pin (`compare`)."""
+    return compare(locked_pins(lock_text), installed_versions(), runtime_closure())
+
+
 @cache
 def lock_record(root: Path) -> dict[str, Any] | None:
     """The lock under `root`: its path, sha256, whether the install matches it, and what differs.
@@ -121,7 +127,7 @@ def lock_record(root: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     data = path.read_bytes()
-    differs = compare(locked_pins(data.decode()), installed_versions(), runtime_closure())
+    differs = install_differs(data.decode())
     return {
         "path": LOCK.as_posix(),
         "sha256": hashlib.sha256(data).hexdigest(),
@@ -133,7 +139,7 @@ def lock_record(root: Path) -> dict[str, Any] | None:
 def main(argv: list[str]) -> int:
     """Check this interpreter's install against the lock at argv[0]; 1 with a line a difference."""
     path = Path(argv[0]) if argv else LOCK
-    differs = compare(locked_pins(path.read_text()), installed_versions(), runtime_closure())
+    differs = install_differs(path.read_text())
     for name, difference in differs.items():
         print(
             f"{name}: installed {difference['installed']}, locked "

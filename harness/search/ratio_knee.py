@@ -285,14 +285,26 @@ def quantile_bounds(
     )
 
 
-Sample = tuple[float, np.ndarray, np.ndarray, bool]  # rate, ratios, censored, over capacity
+@dataclass(frozen=True)
+class RateSample:
+    """Every steady request probed at one rate: draws of one load."""
+
+    rate: float
+    ratios: np.ndarray
+    censored: np.ndarray
+    over_capacity: bool  # any probe at this rate was
+
+    def quantile(self, share: float, confidence: float) -> ProbeQuantile:
+        probe = ProbeRatios(self.rate, tuple(self.ratios), tuple(self.censored))
+        found = probe_quantile(probe, share, confidence)
+        return replace(found, over_capacity=self.over_capacity)
 
 
 def rate_samples(
     probes: Sequence[ProbeRatios], share: float, confidence: float, warmup_share: float = 0.0
-) -> list[Sample]:
+) -> list[RateSample]:
     """One sample per probed rate, in rate order: the steady requests of every probe at that
-    rate (draws of one load), over capacity where any of those probes was."""
+    rate, over capacity where any of those probes was."""
     by_rate: dict[float, list[ProbeRatios]] = {}
     for probe in probes:
         if probe.rate is not None:
@@ -305,7 +317,8 @@ def rate_samples(
             over = any(
                 probe_quantile(p, share, confidence, warmup_share).over_capacity for p in group
             )
-            samples.append((rate, ratios, np.concatenate([c for _, c in steady]), over))
+            censored = np.concatenate([c for _, c in steady])
+            samples.append(RateSample(rate, ratios, censored, over))
     return samples
 
 
@@ -313,19 +326,12 @@ def rate_quantiles(
     probes: Sequence[ProbeRatios], share: float, confidence: float, warmup_share: float = 0.0
 ) -> list[ProbeQuantile]:
     """One quantile per probed rate, in rate order (`rate_samples`)."""
-    return [_quantile_of(sample, share, confidence) for sample in rate_samples(
-        probes, share, confidence, warmup_share
-    )]  # fmt: skip
-
-
-def _quantile_of(sample: Sample, share: float, confidence: float) -> ProbeQuantile:
-    rate, ratios, censored, over = sample
-    found = probe_quantile(ProbeRatios(rate, tuple(ratios), tuple(censored)), share, confidence)
-    return replace(found, over_capacity=over)
+    samples = rate_samples(probes, share, confidence, warmup_share)
+    return [sample.quantile(share, confidence) for sample in samples]
 
 
 def pooled_bounds(
-    samples: Sequence[Sample], share: float, confidence: float
+    samples: Sequence[RateSample], share: float, confidence: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each rate's quantile bounds from the requests of its neighbours too: a request's ratio
     grows with the load, so the requests at every rate from r up to a higher one are draws
@@ -338,8 +344,8 @@ def pooled_bounds(
     upper, lower = np.full(count, math.inf), np.zeros(count)
     for i in range(count):
         for j in range(i, count):
-            ratios = np.concatenate([samples[k][1] for k in range(i, j + 1)])
-            censored = np.concatenate([samples[k][2] for k in range(i, j + 1)])
+            ratios = np.concatenate([sample.ratios for sample in samples[i : j + 1]])
+            censored = np.concatenate([sample.censored for sample in samples[i : j + 1]])
             low, high = quantile_bounds(ratios, censored, share, confidence)
             upper[i] = min(upper[i], high)
             lower[j] = max(lower[j], low)
@@ -360,7 +366,7 @@ def fit_ratio_knee(
     interpolation bounds it there). `ceiling` (the most the system serves, every request at
     once) bounds it from above where no probe does."""
     samples = rate_samples(probes, share, confidence, warmup_share)
-    points = tuple(_quantile_of(sample, share, confidence) for sample in samples)
+    points = tuple(sample.quantile(share, confidence) for sample in samples)
     if not points:
         return RatioKnee(None, None, None, False, points)
     rates = np.array([q.rate for q in points])
