@@ -75,6 +75,12 @@ class ProbeRatios:
         if len(self.ratios) != len(self.censored):
             raise ValueError("one censored flag per ratio")
 
+    def at_speed(self, speed: float) -> ProbeRatios:
+        """These requests at the reference speed, where they ran `speed` times as fast
+        (`search.speed`): at rate / speed, every latency (so every ratio) `speed` times."""
+        rate = None if self.rate is None else self.rate / speed
+        return ProbeRatios(rate, tuple(r * speed for r in self.ratios), self.censored)
+
     @property
     def met(self) -> int:
         """Requests that met the SLO (ratio at most 1, served to the end)."""
