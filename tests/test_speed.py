@@ -17,8 +17,20 @@ from servelab.harness.search.ratio_knee import ProbeRatios
 from servelab.harness.search.speed import Speeds
 
 
-def test_a_speed_mark_is_a_positive_time_and_a_summary_without_one_has_none() -> None:
+def test_a_speed_mark_is_a_positive_time_and_a_summary_without_one_has_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    threads = torch.get_num_threads()
+    seen: list[int] = []
+    product = torch.matmul
+
+    def counted(*args: object, **kwargs: object) -> object:
+        seen.append(torch.get_num_threads())
+        return product(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "matmul", counted)
     assert 0 < speed_mark_s(torch.device("cpu")) < 1
+    assert set(seen) == {1} and torch.get_num_threads() == threads  # one thread, then back
     assert SpeedMark.of_summary({}) is None
     assert SpeedMark.of_summary({"speed_mark": {"before_s": 0.002, "after_s": None}}) is None
     mark = SpeedMark.of_summary({"speed_mark": {"before_s": 0.002, "after_s": 0.008}})

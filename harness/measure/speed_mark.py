@@ -1,6 +1,8 @@
 """This machine's speed at one moment, in one number: the median time of a fixed product
 shaped like a decode step's linear (8 rows through a 2048 x 2048 fp32 weight) on the run's
-device, so memory traffic and compute both count.
+device, so memory traffic and compute both count. On a CPU it runs on one thread: a core's
+speed is what a shared machine's drift moves, while a thread pool's wake-up after other work
+scattered two-thread marks by 10-30% around one run on a 2-core VM (one thread: 2-3%).
 
 A shared machine's speed moves by tens of percent within minutes (`measure.drift`). Every run
 of the engine in this process marks it just before its clock starts and again after its last
@@ -48,13 +50,19 @@ class SpeedMark:
 
 
 def speed_mark_s(device: torch.device) -> float:
-    """The median seconds of `REPEATS` products of the fixed shape on `device`, after one
-    untimed."""
+    """The median seconds of `REPEATS` products of the fixed shape on `device` (one thread
+    on a CPU), after one untimed."""
     generator = torch.Generator().manual_seed(0)
     rows = torch.randn(ROWS, SIDE, generator=generator).to(device)
     weight = torch.randn(SIDE, SIDE, generator=generator).to(device)
     out = torch.empty(ROWS, SIDE, device=device)
-    torch.matmul(rows, weight, out=out)
-    return statistics.median(
-        timed(lambda: torch.matmul(rows, weight, out=out), device) for _ in range(REPEATS)
-    )
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        torch.matmul(rows, weight, out=out)
+        return statistics.median(
+            timed(lambda: torch.matmul(rows, weight, out=out), device) for _ in range(REPEATS)
+        )
+    finally:
+        torch.set_num_threads(threads)
