@@ -4,10 +4,9 @@
 one SLO, on this machine. Whether its intervals hold that answer (coverage) and how narrow they
 are (width) cannot be read off one real run, whose true knees nobody knows; here they are
 known. Each simulated `make run` is the search's real procedure (`knee.find_knees`: anchors,
-rate probes steered by the fit, the shared budget; each probe judged at its own speed from its
-speed marks, `search.speed`, or with `--no-marks` the reference floor before and after and the
-drift's widening) over synthetic strategies, on a simulated clock and a machine whose speed
-drifts:
+rate probes steered by the fit, the shared budget; the reference floor before and after, and
+the drift's widening, `knee.widened_for_drift`) over synthetic strategies, on a simulated clock
+and a machine whose speed drifts:
 
 - A strategy's request, served at Poisson rate r, has the SLO ratio
   `base / speed * X * (1 + steepness * rho / (1 - rho))` with rho = r / (capacity * speed):
@@ -21,9 +20,7 @@ drifts:
   defaults are the comparison's four strategies as the published searches measured them
   (floor ratio about 0.54; knees about 1.2, 0.6, 0.6 and 0.06 req/s).
 - The machine's speed moves linearly from 1 at the start to `1 + drift` at the budget's end
-  (or the opposite way), every latency divided by it and every capacity multiplied. Each
-  probe's speed marks, before and after it, are the speed then times a log-normal error
-  (`mark_noise`).
+  (or the opposite way), every latency divided by it and every capacity multiplied.
 - The simulator's prediction, which places each strategy's first rate probes, is its true
   knee times a log-normal error (`prediction_spread`; the published searches' predictions
   were off by up to 1.4x), or absent.
@@ -36,8 +33,7 @@ the true knee (the ratio of true knees), the median and 80th-percentile width (h
 the share with both ends bounded (a ratio decided two-sided), and for a pair the share whose
 ratio's low end is above 1 (the faster one's lead shown, "at least Nx").
 
-    python -m benchmarks.bench_search [--searches 200] [--drift 0.2] [--mark-noise 0.05]
-        [--no-marks] [--budget-s 840] [--seed 0]
+    python -m benchmarks.bench_search [--searches 200] [--drift 0.2] [--budget-s 840] [--seed 0]
 """
 
 from __future__ import annotations
@@ -51,7 +47,6 @@ from itertools import combinations
 import numpy as np
 
 from servelab.harness.measure.drift import Drift
-from servelab.harness.measure.speed_mark import SpeedMark
 from servelab.harness.runner.compose import compose
 from servelab.harness.search.knee import (
     Knee,
@@ -59,18 +54,16 @@ from servelab.harness.search.knee import (
     Outcome,
     ProbeSpec,
     find_knees,
-    widened,
+    widened_for_drift,
 )
 from servelab.harness.search.profile import SearchSettings
 from servelab.harness.search.ratio_knee import ProbeRatios, knee_ratio
-from servelab.harness.search.speed import Speeds
 
 # the search's settings as `make run` runs it: conf/config.yaml's, probes skipping idle spans
 MAKE_RUN = SearchSettings.of(
     compose(["replay.skip_idle=true", "search.slo_scale.normalized_latency_s=2"])
 ).knee
 OVER_CAPACITY_GROWTH = 0.05  # over capacity, each later request's ratio grows by this x (rho - 1)
-MARK_S = 0.002  # a speed mark at the start's speed
 
 
 @dataclass(frozen=True)
@@ -129,14 +122,10 @@ COMPARISON = (
 
 class Machine:
     """The simulated clock and the machine's speed along it: 1 at the start, moving linearly
-    to `1 + drift` by `span_s`; its speed marks off by log-normal `mark_noise` (None: no
-    marks)."""
+    to `1 + drift` by `span_s`."""
 
-    def __init__(
-        self, drift: float, span_s: float, mark_noise: float | None, rng: np.random.Generator
-    ) -> None:
+    def __init__(self, drift: float, span_s: float) -> None:
         self.now, self.drift, self.span_s = 0.0, drift, span_s
-        self.mark_noise, self.rng = mark_noise, rng
 
     def __call__(self) -> float:
         return self.now
@@ -144,12 +133,6 @@ class Machine:
     @property
     def speed(self) -> float:
         return 1 + self.drift * min(self.now / self.span_s, 1.0)
-
-    def mark_s(self) -> float | None:
-        """A speed mark now."""
-        if self.mark_noise is None:
-            return None
-        return MARK_S / self.speed * math.exp(self.mark_noise * self.rng.normal())
 
 
 class SyntheticProber:
@@ -161,7 +144,6 @@ class SyntheticProber:
 
     def run(self, spec: ProbeSpec) -> Outcome:
         s, speed = self.strategy, self.machine.speed
-        before = self.machine.mark_s()
         alone_s = s.alone_s / speed
         if spec.kind == "ceiling":
             served_s = spec.requests / (s.ceiling * speed)
@@ -175,11 +157,8 @@ class SyntheticProber:
             throughput = None
         seconds = served_s + s.load_s
         self.machine.now += seconds
-        after = self.machine.mark_s()
-        mark = None if before is None or after is None else SpeedMark(before, after)
         probe = ProbeRatios(spec.rate, tuple(ratios), (False,) * len(ratios))
-        return Outcome(f"{s.name}/{spec.name}", probe, throughput, seconds, served_s,
-                       speed_mark=mark)  # fmt: skip
+        return Outcome(f"{s.name}/{spec.name}", probe, throughput, seconds, served_s)
 
 
 @dataclass(frozen=True)
@@ -189,7 +168,6 @@ class Scenario:
     budget_s: float = 840.0
     drift: float = 0.2  # the speed's move over the budget (half the searches each way)
     prediction_spread: float | None = 0.3  # None: no prediction
-    mark_noise: float | None = 0.05  # None: probes unmarked, knees widened by the drift
 
 
 def one_search(
@@ -197,8 +175,7 @@ def one_search(
     seed: int,
 ) -> list[Knee]:  # fmt: skip
     """A whole search with the speed moving by `drift`: the reference floor, every knee within
-    the budget (its first probes around a prediction), each probe judged at its own speed
-    (the knees widened by the marks' scatter), or, unmarked, the reference floor again and the
+    the budget (its first probes around a prediction), the reference floor again, and the
     knees widened by the drift the two floors measured."""
     rng = np.random.default_rng(seed)
     spread = scenario.prediction_spread
@@ -210,20 +187,14 @@ def one_search(
             for s in strategies
         }
     )
-    machine = Machine(drift, scenario.budget_s, scenario.mark_noise, rng)
+    machine = Machine(drift, scenario.budget_s)
     reference = strategies[0]
-    marks = machine.mark_s()
     machine.now += settings.floor_requests * reference.alone_s + reference.load_s
     before = 1 / machine.speed
-    marks = None if marks is None else (marks * (machine.mark_s() or marks)) ** 0.5
-    speeds = Speeds(marks)
     probers = {s.name: SyntheticProber(s, machine, rng) for s in strategies}
     left_s = scenario.budget_s - machine.now
-    knees = find_knees(probers, settings, left_s, machine, predicted=predicted, speeds=speeds)
-    if speeds.judged_all:
-        widened(knees, speeds.uncertainty, settings.resolution)
-    else:
-        widened(knees, Drift(before, 1 / machine.speed).factor, settings.resolution)
+    knees = find_knees(probers, settings, left_s, machine, predicted=predicted)
+    widened_for_drift(knees, Drift(before, 1 / machine.speed).factor, settings.resolution)
     return knees
 
 
@@ -313,33 +284,19 @@ def main(argv: list[str] | None = None) -> None:
         help="log-normal spread of the predicted knees around the true ones",
     )  # fmt: skip
     parser.add_argument("--no-prediction", action="store_true", help="search without one")
-    parser.add_argument(
-        "--mark-noise", type=float, default=0.05,
-        help="log-normal error of each speed mark (the machine's speed before and after a probe)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--no-marks", action="store_true",
-        help="probes unmarked: knees widened by the drift the reference floors measure",
-    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.searches < 1 or args.budget_s <= 0 or not -0.9 < args.drift < 9:
         parser.error("--searches >= 1, --budget-s > 0, --drift in (-0.9, 9)")
-    if args.prediction_spread < 0 or args.mark_noise < 0:
-        parser.error("--prediction-spread >= 0, --mark-noise >= 0")
+    if args.prediction_spread < 0:
+        parser.error("--prediction-spread >= 0")
     spread = None if args.no_prediction else args.prediction_spread
-    marks = None if args.no_marks else args.mark_noise
-    scenario = Scenario(args.budget_s, args.drift, spread, marks)
+    scenario = Scenario(args.budget_s, args.drift, spread)
     rows = evaluate(COMPARISON, MAKE_RUN, scenario, args.searches, args.seed)
     predicted = "no prediction" if spread is None else f"predictions off by x e^N(0, {spread:g})"
-    judged = (
-        "probes unmarked (knees widened by the drift)"
-        if marks is None
-        else f"each probe judged at its own speed, marks off by x e^N(0, {marks:g})"
-    )
     print(
         f"{args.searches} simulated searches, {args.budget_s:g} s each, the machine's speed "
         f"moving by {args.drift:+.0%} and {-args.drift:+.0%} over the budget (half each), "
-        f"{predicted}, {judged}"
+        f"{predicted}"
     )
     print(HEADER)
     print("\n".join(r.line() for r in rows))

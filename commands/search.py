@@ -35,8 +35,7 @@ search.resolution, all within search.budget_s; the knee where the SLO's attainme
 
 
 def probe_line(strategy: str, probe: Probe) -> str:
-    """One line for a probe as it ends: what ran, its ratio quantile and its interval (as
-    judged at the reference speed), the machine's speed against the reference where marked."""
+    """One line for a probe as it ends: what ran, its ratio quantile and its interval."""
     spec, outcome = probe.spec, probe.outcome
     what = {"floor": "one at a time", "ceiling": "all at once"}.get(spec.kind)
     ratios, throughput = outcome.ratios, outcome.request_throughput
@@ -45,7 +44,6 @@ def probe_line(strategy: str, probe: Probe) -> str:
         f"{quantile_text(probe.quantile)}, {ratios.met}/{len(ratios.ratios)} met the SLO"
         + (" (stopped early)" if outcome.stopped else "")
         + (f", {throughput:.3g} req/s served" if spec.kind == "ceiling" and throughput else "")
-        + (f"; at {probe.speed:.3g}x the reference's speed" if probe.speed != 1 else "")
         + f" ({outcome.seconds:.0f} s"
         + (f", {outcome.idle_skipped_s:.3g} s idle skipped" if outcome.idle_skipped_s else "")
         + ")"

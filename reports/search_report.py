@@ -81,19 +81,10 @@ def add_search_section(page: Page, path: Path, record: dict) -> None:
     slo = SLO.from_config(record["slo"])
     drift = record.get("drift") or {}
     notes = [slo.describe()]
-    speed = record.get("speed") or {}
     if drift:
         notes.append(
             f"The machine's speed moved {drift['change']:+.1%} between the first probe and the "
-            "last (median TPOT one request at a time); "
-            + ("every interval is widened by it." if drift.get("widened", True) else "")
-        )
-    if speed:
-        low, high = speed["speed_range"]
-        notes.append(
-            f"Each probe was judged at the machine's speed of its own time, marked before and "
-            f"after it ({low:.3g}x to {high:.3g}x the reference floor's); every interval is "
-            f"widened x{speed['widened_by']:.3g} for the marks' own scatter."
+            "last (median TPOT one request at a time); every interval is widened by it."
         )
     busy = record.get("busy_probes") or []
     if busy:

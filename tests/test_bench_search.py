@@ -45,15 +45,11 @@ def test_a_faster_machine_moves_every_ratio_down_and_a_probe_over_capacity_rises
 
 
 def test_the_machine_drifts_linearly_and_a_probe_moves_its_clock() -> None:
-    machine = Machine(-0.2, span_s=100.0, mark_noise=0.0, rng=np.random.default_rng(3))
+    machine = Machine(-0.2, span_s=100.0)
     assert machine.speed == 1.0
     prober = SyntheticProber(COMPARISON[-1], machine, np.random.default_rng(3))
     outcome = prober.run(ProbeSpec("rate", 48, rate=2.0))
     assert machine.now == pytest.approx(outcome.seconds) and outcome.seconds > 48 * 0.5 - 1
-    assert outcome.speed_mark is not None  # marked at the speed before and after it
-    assert outcome.speed_mark.after_s / outcome.speed_mark.before_s == pytest.approx(
-        1 / machine.speed
-    )
     machine.now = 50.0
     assert machine.speed == pytest.approx(0.9)
     machine.now = 500.0

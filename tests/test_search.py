@@ -21,7 +21,6 @@ from servelab.harness.search.knee import (
     find_knees,
 )
 from servelab.harness.search.ratio_knee import ProbeRatios, fit_ratio_knee, probe_quantile
-from servelab.harness.search.speed import Speeds
 
 SETTINGS = KneeSettings(
     target=0.9,
@@ -248,13 +247,7 @@ def test_a_probe_line_says_what_ran_and_what_it_showed() -> None:
     stopped = Outcome("d", stopped_ratios, 0.9, 41.2, 40.0, stopped=True)
     line = probe_line(
         "vllm",
-        Probe(
-            ProbeSpec("rate", 48, 0.58),
-            stopped,
-            stopped_ratios,
-            1.0,
-            probe_quantile(stopped_ratios, 0.9, 0.95),
-        ),
+        Probe(ProbeSpec("rate", 48, 0.58), stopped, probe_quantile(stopped_ratios, 0.9, 0.95)),
     )
     assert line == (
         "  vllm: 0.58 req/s, 48 requests: ratio q >= 3 [3, inf], rising: over capacity, "
@@ -263,10 +256,7 @@ def test_a_probe_line_says_what_ran_and_what_it_showed() -> None:
     top_ratios = ProbeRatios(None, (2.0,) * 16, (False,) * 16)
     top = Outcome("d", top_ratios, 1.16, 16.0, 14.0)
     line = probe_line(
-        "vllm",
-        Probe(
-            ProbeSpec("ceiling", 16), top, top_ratios, 1.0, probe_quantile(top_ratios, 0.9, 0.95)
-        ),
+        "vllm", Probe(ProbeSpec("ceiling", 16), top, probe_quantile(top_ratios, 0.9, 0.95))
     )
     assert line == (
         "  vllm: all at once, 16 requests: ratio q 2 [2, inf], 0/16 met the SLO, "
@@ -276,10 +266,7 @@ def test_a_probe_line_says_what_ran_and_what_it_showed() -> None:
     waited_ratios = ProbeRatios(0.0507, tuple(spread.tolist()), (False,) * 48)
     waited = Outcome("d", waited_ratios, 0.05, 96.3, 950.0, idle_skipped_s=861.52)
     quantile = probe_quantile(waited_ratios, 0.9, 0.95)
-    line = probe_line(
-        "fastertransformer",
-        Probe(ProbeSpec("rate", 48, 0.0507), waited, waited.ratios, 1.0, quantile),
-    )
+    line = probe_line("fastertransformer", Probe(ProbeSpec("rate", 48, 0.0507), waited, quantile))
     assert line == (
         "  fastertransformer: 0.0507 req/s, 48 requests: ratio q 0.91 [0.828, 1], 48/48 met "
         "the SLO (96 s, 862 s idle skipped)"
@@ -435,8 +422,7 @@ def test_a_probe_that_skips_its_idle_spans_is_costed_at_its_busy_time() -> None:
     48 x 0.125 = 6 s. Both add the drain of one request alone (the ceiling loaded nothing)."""
 
     def first_cost(settings: KneeSettings) -> float:
-        system = System(knee=3.0, ceiling=10.0)
-        search = KneeSearch("s", system, settings, lambda s, p: None, Speeds())
+        search = KneeSearch("s", System(knee=3.0, ceiling=10.0), settings, lambda s, p: None)
         search.anchor()
         return search.next.cost_s
 

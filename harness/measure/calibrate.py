@@ -99,15 +99,10 @@ def best_seconds(fn: Callable[[], object], device: torch.device, budget: Budget)
     while len(timings) < budget.max_repeats and (
         len(timings) < budget.min_repeats or spent < budget.seconds
     ):
-        seconds = timed(fn, device)
+        seconds = _time_cuda(fn) if device.type == "cuda" else _time_cpu(fn)
         timings.append(seconds)
         spent += seconds
     return min(timings)
-
-
-def timed(fn: Callable[[], object], device: torch.device) -> float:
-    """The seconds of one call of `fn` on `device` (CUDA events on a GPU)."""
-    return _time_cuda(fn) if device.type == "cuda" else _time_cpu(fn)
 
 
 def _time_cpu(fn: Callable[[], object]) -> float:

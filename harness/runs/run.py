@@ -57,7 +57,6 @@ from servelab.harness.runner.settings import EngineSettings, dtype_name
 from servelab.harness.runner.spec import RunRecord, RunSpec, config_hash, run_spec
 from servelab.harness.runner.startup import Started, start_engine
 from servelab.harness.runner.step_delay import delay_flag
-from servelab.harness.measure.speed_mark import SpeedMark, speed_mark_s
 from servelab.harness.runner.warmup import Warmup, warm_up, warmup_shapes
 from servelab.kernels.int4_matmul import Int4Kernel
 from servelab.kernels.paths import RunKernels, kernel_record
@@ -260,9 +259,6 @@ def run_spec_into(spec: RunSpec, run_dir: Path, progress: bool = True) -> dict:
             run_dir / "telemetry.csv", record.telemetry_period_s, clock, backend.device
         )
     )
-    # the machine's speed around the run (`speed_mark`); not where a sleep sets the steps'
-    marked = spec.backend == "inprocess" and record.step_delay_s == 0
-    mark_before = speed_mark_s(backend.device) if marked else None
     clock.zero()
     sampler.start()
     error: str | None = None
@@ -277,7 +273,6 @@ def run_spec_into(spec: RunSpec, run_dir: Path, progress: bool = True) -> dict:
     finally:
         with collector_paused():  # the records kept for the summary: millions of objects
             telemetry = sampler.stop()
-            mark = None if mark_before is None else SpeedMark(mark_before, speed_mark_s(backend.device))
             writer.close()
             served = meta["strategy"]
             if spec.backend in ENGINE_LOOPS:  # the strategy node as configured, every key
@@ -294,8 +289,6 @@ def run_spec_into(spec: RunSpec, run_dir: Path, progress: bool = True) -> dict:
                 meta.get("peaks"),
                 served,
             )
-            if mark is not None:
-                summary["speed_mark"] = mark.to_json()
             if clock.skipped:
                 summary["idle_skipped"] = {"spans": len(clock.skipped), "s": clock.skipped_s}
             if stopped is not None:

@@ -39,7 +39,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from servelab.harness.measure.speed_mark import SpeedMark
 from servelab.harness.search.ratio_knee import (
     ProbeQuantile,
     ProbeRatios,
@@ -49,7 +48,6 @@ from servelab.harness.search.ratio_knee import (
     next_rate,
     probe_quantile,
 )
-from servelab.harness.search.speed import Speeds
 
 LOWEST_SHARE = 1 / 64  # the lowest rate probed, as a share of the ceiling
 PREDICTED_SHARES = (0.7, 1.0, 1.3)  # the first rate probes, around a predicted knee
@@ -88,16 +86,13 @@ class Outcome:
     served_s: float  # the run's own duration (first arrival to last response)
     stopped: bool = False  # ended early, over saturation: its unserved requests are censored
     idle_skipped_s: float = 0.0  # of the run's clock, skipped with nothing in flight
-    speed_mark: SpeedMark | None = None  # the machine's speed before and after it
 
 
 @dataclass(frozen=True)
 class Probe:
     spec: ProbeSpec
     outcome: Outcome
-    ratios: ProbeRatios  # the outcome's, at the search's reference speed (`speed.Speeds`)
-    speed: float  # the machine's, against the reference (1 where unmarked)
-    quantile: ProbeQuantile  # its requests' ratio quantile and interval, as judged
+    quantile: ProbeQuantile  # its requests' ratio quantile and interval
 
 
 @dataclass
@@ -161,8 +156,6 @@ class Knee:
                     "quantile_low": p.quantile.low,
                     "quantile_high": _finite(p.quantile.high),
                     "over_capacity": p.quantile.over_capacity,
-                    "judged_rate": p.ratios.rate,
-                    "speed": p.speed,
                     "met": p.outcome.ratios.met,
                     "counted": len(p.outcome.ratios.ratios),
                     "stopped": p.outcome.stopped,
@@ -229,11 +222,10 @@ class KneeSearch:
         prober: Prober,
         settings: KneeSettings,
         seen: ProbeSeen,
-        speeds: Speeds,
         predicted: float | None = None,
     ) -> None:
         self.knee = Knee(strategy, predicted=predicted)
-        self.prober, self.settings, self.seen, self.speeds = prober, settings, seen, speeds
+        self.prober, self.settings, self.seen = prober, settings, seen
         self.done = False
         self.overhead_s = 0.0  # beyond a probe's requests over its rate: loading, drain
         self.alone_s = 0.0  # one request served alone (the floor probe's duration per request)
@@ -248,12 +240,11 @@ class KneeSearch:
         if floor.quantile.low > 1:
             self._finish("one request at a time already misses the SLO: no rate is sustained")
             return
-        ceiling = self._run(ProbeSpec("ceiling", settings.ceiling_requests))
-        top = ceiling.outcome
+        top = self._run(ProbeSpec("ceiling", settings.ceiling_requests)).outcome
         if not top.request_throughput:
             self._finish("the ceiling probe served nothing")
             return
-        knee.ceiling = top.request_throughput / ceiling.speed
+        knee.ceiling = top.request_throughput
         self.alone_s = floor.outcome.served_s / settings.floor_requests
         self.overhead_s = max(top.seconds - top.served_s, 0.0) + self.alone_s
         start = [knee.predicted * share for share in PREDICTED_SHARES] if knee.predicted else []
@@ -277,9 +268,9 @@ class KneeSearch:
         added = self._run(self.next.spec)
         self.spent_s += added.outcome.seconds
         if added.quantile.low > 1 or added.quantile.over_capacity:  # no need to go higher
-            self.queued = [rate for rate in self.queued if rate < (added.ratios.rate or 0.0)]
+            self.queued = [rate for rate in self.queued if rate < (added.spec.rate or 0.0)]
         knee.found = fit_ratio_knee(
-            [p.ratios for p in knee.rate_probes],
+            [p.outcome.ratios for p in knee.rate_probes],
             settings.target,
             settings.confidence,
             ceiling=knee.ceiling,
@@ -299,7 +290,7 @@ class KneeSearch:
         """The next rate from the fit (`next_rate`), or the end of the search."""
         knee, found = self.knee, self.knee.found
         assert found is not None and knee.ceiling is not None  # a rate probe ran
-        rates = [p.ratios.rate for p in knee.rate_probes if p.ratios.rate is not None]
+        rates = [p.spec.rate for p in knee.rate_probes if p.spec.rate is not None]
         rate = next_rate(found)
         assert rate is not None
         if knee.width <= 1 + self.settings.resolution:
@@ -320,7 +311,7 @@ class KneeSearch:
         knee's log width over the resolution's) squared, at most twice it, within
         [requests, max_requests]."""
         settings, knee = self.settings, self.knee
-        nearest = min(knee.rate_probes, key=lambda p: abs(math.log((p.ratios.rate or 1.0) / rate)))
+        nearest = min(knee.rate_probes, key=lambda p: abs(math.log((p.spec.rate or 1.0) / rate)))
         needed = (math.log(knee.width) / math.log(1 + settings.resolution)) ** 2
         count = round(nearest.spec.requests * min(needed, 2.0))
         return min(max(count, settings.requests), settings.max_requests)
@@ -345,9 +336,8 @@ class KneeSearch:
     def _run(self, spec: ProbeSpec) -> Probe:
         outcome = self.prober.run(spec)
         settings = self.settings
-        ratios, speed = self.speeds.judged(outcome.ratios, outcome.speed_mark)
-        quantile = probe_quantile(ratios, settings.target, settings.confidence)
-        probe = Probe(spec, outcome, ratios, speed, quantile)
+        quantile = probe_quantile(outcome.ratios, settings.target, settings.confidence)
+        probe = Probe(spec, outcome, quantile)
         self.knee.probes.append(probe)
         self.seen(self.knee.strategy, probe)
         return probe
@@ -359,10 +349,9 @@ class KneeSearch:
         self.knee.note = note
 
 
-def widened(knees: list[Knee], factor: float, resolution: float) -> None:
-    """Each fitted knee's interval moved out by `factor` (>= 1) on each bounded side: the
-    machine's speed drift, or the speed marks' own error where every probe was judged at its
-    own speed (`speed.Speeds`); resolved only if still within the resolution once widened."""
+def widened_for_drift(knees: list[Knee], factor: float, resolution: float) -> None:
+    """Each fitted knee's interval moved out by the machine's speed drift (`factor` >= 1) on
+    each bounded side; resolved only if still within the resolution once widened."""
     for knee in knees:
         knee.found = None if knee.found is None else knee.found.widened(factor)
         knee.resolved = knee.resolved and knee.width <= 1 + resolution
@@ -375,16 +364,13 @@ def find_knees(
     clock: Callable[[], float] = time.monotonic,
     seen: ProbeSeen = lambda strategy, probe: None,
     predicted: Mapping[str, float] | None = None,
-    speeds: Speeds | None = None,
 ) -> list[Knee]:
     """Each strategy's knee, in `probers`' order, within `budget_s` shared among them; `seen`
-    hears of every probe as it ends; `predicted` places each one's first rate probes; every
-    probe is judged at its own speed against `speeds`' reference (the first probe's mark where
-    it has none). The anchors always run; the budget governs rate probes."""
+    hears of every probe as it ends; `predicted` places each one's first rate probes. The
+    anchors always run; the budget governs rate probes."""
     deadline = clock() + budget_s
-    speeds = Speeds() if speeds is None else speeds
     searches = [
-        KneeSearch(name, prober, settings, seen, speeds, (predicted or {}).get(name))
+        KneeSearch(name, prober, settings, seen, (predicted or {}).get(name))
         for name, prober in probers.items()
     ]
     for search in searches:

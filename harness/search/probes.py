@@ -19,7 +19,6 @@ from omegaconf import DictConfig, open_dict
 from servelab.base.records import RequestRecord
 from servelab.harness.measure.rundir import read_requests
 from servelab.harness.measure.slo.limits import SLO
-from servelab.harness.measure.speed_mark import SpeedMark
 from servelab.harness.search.knee import Outcome, ProbeSpec
 from servelab.harness.search.ratio_knee import probe_ratios
 
@@ -87,7 +86,6 @@ class RunProber:
             float(summary.get("duration_s") or 0.0),
             stopped,
             idle_skipped_s(summary),
-            SpeedMark.of_summary(summary),
         )
 
     def reference(

@@ -5,10 +5,8 @@ speed drift measured around them, and `search.json` written.
 The SLO is `slo.*` as given, or scaled from one request at a time on this machine
 (`search.slo_scale`, `slo.scaled`: the first strategy's reference floor run before any
 probe), or an earlier search's (`search.slo_from`, `slo.earlier_run`), so a repeat judges against
-the same limits. Either of the last two runs the reference floor again after the last probe
-and says how far the machine's speed moved between the two. Each probe is judged at the
-speed of its own time against the reference floor's (`speed`); where a probe has no speed
-mark, the drift widens every knee's interval instead. Over simulated runs the budget
+the same limits. Either of the last two runs the reference floor again after the last probe;
+the speed drift between the two widens every knee's interval. Over simulated runs the budget
 is in the seconds they simulate (`probes.SimulatedClock`). `servelab search` prints what this
 returns; `servelab plan` and `scripts/simulation_accuracy.py` call it on simulated runs.
 """
@@ -30,7 +28,6 @@ from servelab.harness.measure.slo.earlier_run import SourceSLO, judged_record, r
 from servelab.harness.measure.slo.limits import LIMITS, SLO
 from servelab.harness.measure.slo.scaled import limits_line, scaled_keys, scaled_limits, speed_drift
 from servelab.harness.measure.slo.sources import one_source_each
-from servelab.harness.measure.speed_mark import SpeedMark
 from servelab.harness.runner.backends import backend_of
 from servelab.harness.runner.settings import device_line, engine_settings
 from servelab.harness.search.knee import (
@@ -38,11 +35,10 @@ from servelab.harness.search.knee import (
     KneeSettings,
     ProbeSeen,
     find_knees,
-    widened,
+    widened_for_drift,
 )
 from servelab.harness.search.probes import RunFn, RunProber, SimulatedClock
 from servelab.harness.search.ratio_knee import centre, fewest_requests
-from servelab.harness.search.speed import Speeds
 
 Say = Callable[[str], None]  # a line for the person watching, as the search goes
 # a strategy's config and a directory -> the file of a step-cost model of this machine for
@@ -208,21 +204,14 @@ def search(
         record["predicted"] = predicted
     probers = {s: prober(s) for s in settings.strategies}
     left_s = max(deadline - clock(), 0.0)
-    mark = SpeedMark.of_summary(reference)
-    speeds = Speeds(None if mark is None else mark.seconds)
-    knees = find_knees(probers, settings.knee, left_s, clock, seen, predicted, speeds)
-    if speeds.judged_all:
-        say(speeds.line())
-        record["speed"] = speeds.to_json()
-        widened(knees, speeds.uncertainty, settings.knee.resolution)
+    knees = find_knees(probers, settings.knee, left_s, clock, seen, predicted)
     if settings.measures_speed:
         end, _ = probers[first].reference(settings.knee.floor_requests, "reference-floor-end")
-        drift = speed_drift(reference, end, widens=not speeds.judged_all)
+        drift = speed_drift(reference, end)
         if drift is not None:
             say(drift.line())
             record["drift"] = drift.to_json()
-            if drift.widens:
-                widened(knees, drift.factor, settings.knee.resolution)
+            widened_for_drift(knees, drift.factor, settings.knee.resolution)
     busy = busy_probes(settings.out_dir)
     if busy:
         say(

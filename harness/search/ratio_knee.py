@@ -31,7 +31,7 @@ log-log crosses later, which only moves the end inwards), the second first excee
 high end, at a probed rate: between two probes the curve may rise as steeply as it likes (a
 queue forming), so no interpolation bounds it from above (`benchmarks.bench_search` found
 the interpolated high end inside the true knee in 15-20% of searches). The caller widens it
-for the machine's speed (`search.speed`). A percentile bootstrap over requests under-covers
+by the machine's measured speed drift. A percentile bootstrap over requests under-covers
 here: a resampled 0.9-quantile of 48 requests varies less than the quantile does, since the
 resamples of the top order statistics repeat the few largest ratios.
 
@@ -75,12 +75,6 @@ class ProbeRatios:
         if len(self.ratios) != len(self.censored):
             raise ValueError("one censored flag per ratio")
 
-    def at_speed(self, speed: float) -> ProbeRatios:
-        """These requests at the reference speed, where they ran `speed` times as fast
-        (`search.speed`): at rate / speed, every latency (so every ratio) `speed` times."""
-        rate = None if self.rate is None else self.rate / speed
-        return ProbeRatios(rate, tuple(r * speed for r in self.ratios), self.censored)
-
     @property
     def met(self) -> int:
         """Requests that met the SLO (ratio at most 1, served to the end)."""
@@ -117,7 +111,7 @@ class RatioKnee:
     high: float | None
     cliff: bool  # the fit jumps across the crossing: the knee is the bracket of two probes
     probes: tuple[ProbeQuantile, ...]  # one per probed rate (`rate_quantiles`)
-    widened_by: float = 1.0  # the factor its interval was widened by for the machine's speed
+    widened_by: float = 1.0  # the speed drift's factor its interval was widened by
     below: float | None = None  # the highest probed rate whose fitted ratio is at most 1
     above: float | None = None  # the lowest probed rate whose fitted ratio is above 1
 
@@ -126,7 +120,7 @@ class RatioKnee:
         return interval_width(self)
 
     def widened(self, factor: float) -> RatioKnee:
-        """The interval moved out by `factor` on each bounded side (the machine's speed)."""
+        """The interval moved out by `factor` on each bounded side (the speed drift)."""
         return replace(
             self,
             low=None if self.low is None else self.low / factor,
@@ -497,12 +491,9 @@ def rate_text(value: float | None) -> str:
 
 def knee_text(knee: RatioKnee) -> str:
     """The knee in words: "0.73 req/s [0.61, 0.80] req/s (high / low 1.31)", or a cliff's
-    bracket, or the side of every probed rate it lies on; its widening for the machine's speed
-    (the drift, or the speed marks' own error: `search.speed`)."""
+    bracket, or the side of every probed rate it lies on; its widening for the speed drift."""
     where = f"[{rate_text(knee.low)}, {rate_text(knee.high)}] req/s"
-    widened = (
-        f", widened x{knee.widened_by:.3g} for the machine's speed" if knee.widened_by > 1 else ""
-    )
+    widened = f", widened x{knee.widened_by:.3g} for the speed drift" if knee.widened_by > 1 else ""
     if knee.cliff:
         return (
             f"a cliff between {rate_text(knee.below)} and {rate_text(knee.above)} req/s, "

@@ -120,13 +120,9 @@ def limits_line(strategy: str, scale: dict[str, float], limits: dict[str, float]
     )
 
 
-@dataclass(frozen=True)
 class SpeedDrift(Drift):
     """The reference floor's median TPOT (one request at a time) before the first probe and
-    after the last: how far this machine's speed moved while the search ran; it `widens`
-    every knee where the probes were not each judged at their own speed (`search.speed`)."""
-
-    widens: bool = True
+    after the last: how far this machine's speed moved while the search ran."""
 
     def line(self) -> str:
         said = (
@@ -134,8 +130,6 @@ class SpeedDrift(Drift):
             f"before the first probe, {self.after_s * 1e3:.3g} ms after the last "
             f"({self.change:+.1%})"
         )
-        if not self.widens:
-            return said + "; every probe was judged at its own speed"
         said += f"; each fitted knee's interval widened x{self.factor:.3g} for it"
         if self.too_large:
             said += (
@@ -145,13 +139,10 @@ class SpeedDrift(Drift):
             )
         return said
 
-    def to_json(self) -> dict:
-        return {**super().to_json(), "widened": self.widens}
 
-
-def speed_drift(start: dict, end: dict, widens: bool = True) -> SpeedDrift | None:
+def speed_drift(start: dict, end: dict) -> SpeedDrift | None:
     """From the two reference floor runs' summaries; None when either measured no TPOT."""
     before, after = ((s.get("tpot") or {}).get("p50") for s in (start, end))
     if not isinstance(before, int | float) or not isinstance(after, int | float) or before <= 0:
         return None
-    return SpeedDrift(float(before), float(after), widens)
+    return SpeedDrift(float(before), float(after))
