@@ -118,6 +118,21 @@ def test_finished_prefix_blocks_stay_cached_and_the_tail_is_evicted_first() -> N
     manager.check_integrity()
 
 
+def test_a_new_request_reusing_an_earlier_id_counts_its_hit_as_cached() -> None:
+    """A server's next run sends ids "0", "1", ... again: blocks computed under the same id by
+    a request that is gone are another request's, a prefix hit (only a preempted request
+    finds its own blocks)."""
+    manager = _manager(prefix=True)
+    earlier = _request(list(range(9)), "0")
+    manager.admit(earlier)
+    _step(manager, earlier)
+    manager.free(earlier)
+    again = _request(list(range(9)), "0")
+    assert manager.admit(again) and again.cached_prompt_tokens == 8
+    assert manager.stats().extra["prefix_hit_tokens"] == 8
+    manager.check_integrity()
+
+
 def test_a_prefix_hit_stops_one_token_short_of_the_known_tokens() -> None:
     manager = _manager(prefix=True)
     first = _request(list(range(8)), "a")

@@ -434,3 +434,35 @@ def test_failed_requests_are_recorded_with_their_error(
     assert all(r.finish_reason == "error" and r.t_done is not None for r in records)
     wait_for(lambda: _cancelled(http) == before + 2)
     assert metrics(http)["servelab_kv_slots_allocated"] == 0
+
+
+def test_a_repeat_served_from_the_warm_prefix_cache_is_flagged_and_a_busted_one_is_cold(
+    served: tuple[ServerProcess, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same seeded workload twice against the server (prefix caching on): the first run
+    fills the cache, the repeat finds its prompts there, from a cache it did not fill, and is
+    flagged; with workload.cache_bust=true the repeat's prompts are new to the cache again."""
+    server, _ = served
+    monkeypatch.setenv(KEY_ENV, KEY)
+    workload = [
+        "workload=random", "workload.seed=4242", "workload.num_requests=6",
+        "workload.input_len.dist=fixed", "workload.input_len.value=48",
+        "workload.output_len.value=4",
+        "workload.arrival.process=constant", "workload.arrival.rate=4",
+    ]  # fmt: skip
+    common = [*COMMON, *workload, *endpoint_of(server), "telemetry.roofline=false"]
+
+    def measured(name: str, *extra: str) -> dict:
+        return run(compose([*common, *extra]), tmp_path / name, progress=False)
+
+    first, repeat = measured("first"), measured("repeat")
+    assert first["warm_cache_share"] == 0 and "warm_prefix_cache" not in first["flag_codes"]
+    assert repeat["warm_cache_share"] > 0.5 and "warm_prefix_cache" in repeat["flag_codes"]
+    assert repeat["cached_prompt_share"] == repeat["warm_cache_share"]  # the prompts share none
+    records = read_requests(tmp_path / "repeat")
+    assert all(r.counters["cached_tokens_from"] == "usage" for r in records)
+    assert all(r.cached_prompt_tokens == 32 for r in records)  # whole 16-token blocks
+    busted = measured("busted", "workload.cache_bust=true")
+    assert busted["warm_cache_share"] == 0 and "warm_prefix_cache" not in busted["flag_codes"]
+    config = (tmp_path / "busted" / "config.yaml").read_text()
+    assert "cache_bust: true" not in config and "cache_bust: " in config  # its nonce recorded

@@ -52,7 +52,26 @@ def test_token_ids_per_chunk(words) -> None:
         "token_times_from": "token_ids",
         "token_count_from": "usage",
         "output_ids_from": "token_ids",
+        "cached_tokens_from": None,  # the server said nothing of its prefix cache
     }
+
+
+@pytest.mark.parametrize(
+    ("chunk", "cached", "source"),
+    [
+        ({"usage": {"completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 32}}},
+         32, "usage"),
+        ({"timings": {"cache_n": 16}}, 16, "timings"),  # llama.cpp
+        ({"usage": {"completion_tokens": 1}}, None, None),
+    ],
+)  # fmt: skip
+def test_the_cached_prompt_tokens_come_from_what_the_server_reports(
+    words, chunk: dict, cached: int | None, source: str | None
+) -> None:
+    tally = _tally([(_text("a", "length", token_ids=[1]), 1.0), (chunk, 1.1)])
+    settled = tally.settle(words)
+    assert settled.cached_prompt_tokens == cached
+    assert settled.counters["cached_tokens_from"] == source
 
 
 def test_running_usage_counts_a_chunk_of_two(words) -> None:

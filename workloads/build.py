@@ -6,11 +6,15 @@ model's context length: the same inputs give the same requests and the same hash
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from servelab.base.errors import ConfigError
+from servelab.workloads.cache_bust import bust_tokens, busted
 from servelab.workloads.config import ROOT, WorkloadConfig, parse_workload_config
+from servelab.workloads.corpus import Prompt
 from servelab.workloads.hashing import workload_hash
 from servelab.workloads.seeds import Stream, stream
 from servelab.workloads.sources import Draft, draft_requests
@@ -36,6 +40,11 @@ def build_workload(cfg: object, tokenizer: PreTrainedTokenizerBase, max_context:
             f"{ROOT}.warmup",
             f"warm-up and cool-down cover all {len(excluded)} requests; shrink them",
         )
+    if config.cache_bust is not None:  # every prompt's head drawn from the nonce
+        tokens = bust_tokens(config.cache_bust, tokenizer)
+        heads = [busted(p.ids, tokens, tokenizer.bos_token_id) for p in draft.prompts]
+        prompts = [Prompt(ids, tokenizer.decode(list(ids))) for ids in heads]
+        draft = replace(draft, prompts=prompts)
     requests = tuple(
         _request(config, draft, int(index), arrival, exclude, int(seeds[index]))
         for index, arrival, exclude in zip(order, arrivals, excluded, strict=True)

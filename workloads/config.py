@@ -12,6 +12,7 @@ from pathlib import Path
 
 from servelab.base.errors import ConfigError
 from servelab.workloads.arrivals import ArrivalSpec, parse_arrival_spec
+from servelab.workloads.cache_bust import resolved
 from servelab.workloads.fields import Node
 from servelab.workloads.lengths import LengthSpec, parse_length_spec
 from servelab.workloads.prompts import GENERATED, PromptSpec, parse_prompt_spec
@@ -28,6 +29,7 @@ WORKLOAD_KEYS = (
     "input_len",
     "output_len",
     "length_scale",
+    "cache_bust",
     "prompt",
     "arrival",
     "warmup",
@@ -66,6 +68,7 @@ class WorkloadConfig:
     cooldown: WindowSpec
     trace: TraceSpec
     path: Path | None  # jsonl prompt file
+    cache_bust: int | None = None  # a nonce: every prompt's head drawn from it (`cache_bust`)
 
 
 def parse_workload_config(value: object) -> WorkloadConfig:
@@ -90,6 +93,7 @@ def parse_workload_config(value: object) -> WorkloadConfig:
         cooldown=parse_window_spec(node.raw("cooldown"), node.field("cooldown")),
         trace=trace,
         path=_prompt_file(node, prompt.source),
+        cache_bust=resolved(node.raw("cache_bust")),
     )
     _check_combination(config)
     return config

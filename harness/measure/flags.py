@@ -21,6 +21,9 @@ reports show) and the codes in `flag_codes`; gates refuse a run with any code in
   steps went unrecorded); or a gap in `telemetry.csv`, over the time requests were in flight,
   longer than `DROPOUT_MIN_GAP_S` and `DROPOUT_SAMPLE_FACTOR` sampling periods.
 - `incomplete`: the run stopped before writing its own summary (rebuilt from its records).
+- `warm_prefix_cache`: more than `WARM_CACHE_BOUND` of the prompt tokens were served from a
+  prefix cache the run did not fill (`prompt_cache`: an earlier run's, on a server that
+  outlived it): its TTFT and prefill figures measure warm prompts, not the workload's.
 
 Four codes say something without refusing the run: `test_step_delay` (the test-only knob
 slowed every step on purpose, which is how a gate is shown to fail on its ratios),
@@ -65,6 +68,8 @@ PEAKS_BEATEN = "peaks_beaten"
 ESTIMATED = "estimated"
 SIMULATED = "simulated"
 BUSY_MACHINE = "busy_machine"
+WARM_PREFIX_CACHE = "warm_prefix_cache"
+WARM_CACHE_BOUND = 0.1  # of the prompt tokens, served from a cache the run did not fill
 BUSY_OTHERS_PCT = 50.0  # percent of one core
 OTHERS_CPU = "others_cpu_pct"  # telemetry.csv's column of the CPU other processes used
 REFUSED = frozenset(
@@ -76,6 +81,7 @@ REFUSED = frozenset(
         TELEMETRY_DROPOUT,
         INCOMPLETE,
         SIMULATED,
+        WARM_PREFIX_CACHE,
     }
 )
 
@@ -88,7 +94,7 @@ class Flag:
 
 def summary_flags(summary: dict) -> list[Flag]:
     """Flags the summary's own figures raise: failed requests, send lag, arrivals off the
-    configured process, preemption storm."""
+    configured process, a warm prefix cache, preemption storm."""
     flags = []
     if summary.get("failed"):
         flags.append(Flag(FAILED_REQUESTS, f"{summary['failed']} requests failed or were rejected"))
@@ -103,6 +109,14 @@ def summary_flags(summary: dict) -> list[Flag]:
             f"{summary['load_generator'].get('process')} arrivals (KS p = {p_value:.2g})"
         )
         flags.append(Flag(ARRIVALS_OFF, text))
+    warm = summary.get("warm_cache_share")
+    if warm is not None and warm > WARM_CACHE_BOUND:
+        text = (
+            f"{warm:.0%} of the prompt tokens were served from a prefix cache this run did not "
+            "fill (an earlier run's): TTFT and prefill throughput measure warm prompts; repeat "
+            "with workload.cache_bust=true to measure cold ones"
+        )
+        flags.append(Flag(WARM_PREFIX_CACHE, text))
     preemptions = summary.get("preemptions") or 0
     completed = summary.get("completed") or 0
     per_request = preemptions / max(completed, 1)

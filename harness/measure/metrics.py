@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from servelab.base.records import RequestRecord, StepRecord
+from servelab.harness.measure.prompt_cache import prompt_cache_summary
 from servelab.harness.measure.roofline import run_utilisation
 from servelab.harness.measure.slo.limits import SLO, RequestLatency
 from servelab.harness.measure.summary_schema import LATENCY_METRICS, STAT_KEYS
@@ -155,6 +156,7 @@ def summarize(
     summary["send_lag"] = distribution(
         [r.t_send - r.t_scheduled for r in counted if r.t_send is not None]
     )
+    summary.update(prompt_cache_summary(counted))
     measured = [s for s in steps if window and window.holds(s)]
     summary.update(step_summary(measured))
     summary.update(speculative_summary(measured))

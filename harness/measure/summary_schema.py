@@ -61,6 +61,20 @@ SCALARS = (
     Metric("sustained", "", "load sustained under the SLO", "record", None),
     Metric("input_tokens", "", "input tokens", "schedule", None),
     Metric("output_tokens", "", "output tokens", "schedule", None),
+    Metric(
+        "cached_prompt_share",
+        "fraction",
+        "prompt tokens served from a prefix cache",
+        "schedule",
+        None,
+    ),  # fmt: skip
+    Metric(
+        "warm_cache_share",
+        "fraction",
+        "prompt tokens from a cache the run did not fill",
+        "schedule",
+        "lower",
+    ),  # fmt: skip
     Metric("kv_waste_mean", "fraction", "KV waste (time mean)", "schedule", "lower"),
     Metric("peak_running", "", "peak running requests", "schedule", "higher"),
     Metric("preemptions", "", "preemptions", "schedule", "lower"),

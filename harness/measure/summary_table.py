@@ -61,6 +61,11 @@ def render_summary(summary: dict, run_dir: str, console: Console | None = None) 
         )
     for name, digits in HEAD_ROWS:
         head.add_row(METRICS[name].label, _value(summary[name], digits, METRICS[name].unit))
+    cached = summary.get("cached_prompt_share")
+    if cached is not None:
+        warm = summary.get("warm_cache_share")
+        said = "" if warm is None else f" ({warm:.1%} from a cache this run did not fill)"
+        head.add_row(METRICS["cached_prompt_share"].label, f"{cached:.1%}{said}")
     if summary.get("mfu_mean") is not None:
         head.add_row(
             "MFU / MBU (mean)",

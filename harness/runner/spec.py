@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.slo.limits import SLO
@@ -31,6 +31,7 @@ from servelab.harness.runner.step_delay import step_delay_s
 from servelab.models.spec import ModelSpec
 from servelab.strategies.settings import StrategySettings, strategy_settings
 from servelab.workloads.arrivals import ArrivalSpec, parse_arrival_spec
+from servelab.workloads.cache_bust import resolved
 from servelab.workloads.config import WorkloadConfig, parse_workload_config
 
 
@@ -146,7 +147,10 @@ class RunSpec:
 
 def run_spec(cfg: DictConfig) -> RunSpec:
     """`cfg` checked, the SLO first, then what the backend reads; one line for the first
-    field at fault, before anything loads."""
+    field at fault, before anything loads. A `workload.cache_bust` of true becomes this run's
+    nonce first, so that the run's config records it."""
+    with open_dict(cfg.workload):
+        cfg.workload.cache_bust = resolved(cfg.workload.get("cache_bust"))
     record = run_record(cfg)
     kind = record.backend
     skip_idle = bool(cfg.replay.skip_idle)

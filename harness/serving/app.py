@@ -236,7 +236,13 @@ async def _whole(
         for sample in request.every_sample  # the engine is done with them all
     ]
     payload = response_body(
-        chat, request.id, state.card.name, choices, body.return_token_ids, request.prompt_len
+        chat,
+        request.id,
+        state.card.name,
+        choices,
+        body.return_token_ids,
+        request.prompt_len,
+        request.cached_prompt_tokens,
     )
     return JSONResponse(payload)
 
@@ -279,8 +285,11 @@ async def _sse(
     every = body.usage_every_chunk()
     finished = False
 
-    def running() -> dict[str, int] | None:
-        return usage(prompt_len, len(text.ids)) if every else None
+    def counts() -> dict[str, Any]:  # the prefix cache's share is known once admitted
+        return usage(prompt_len, len(text.ids), stream.request.cached_prompt_tokens)
+
+    def running() -> dict[str, Any] | None:
+        return counts() if every else None
 
     try:
         if chat:
@@ -304,8 +313,7 @@ async def _sse(
                 last["token_ids"] = []
             yield _event(chunk_body(chat, rid, model, last, event.finish_reason, running()))
             if body.usage_at_end():
-                total = usage(prompt_len, len(text.ids))
-                yield _event(chunk_body(chat, rid, model, None, None, total))
+                yield _event(chunk_body(chat, rid, model, None, None, counts()))
         yield _event("[DONE]")
     finally:
         if not finished:

@@ -86,11 +86,14 @@ class ChatRequest(Sampling):
     logprobs: bool | None = None
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """The token counts, with the prompt tokens served from the prefix cache as vLLM and the
+    OpenAI API report them (`prompt_tokens_details.cached_tokens`)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -117,6 +120,7 @@ def response_body(
     choices: list[Choice],
     return_token_ids: bool,
     prompt_tokens: int,
+    cached_tokens: int,
 ) -> dict[str, Any]:
     """A whole (non-streaming) completion or chat completion: one choice per sample, the
     prompt counted once and every sample's tokens in `completion_tokens`."""
@@ -132,7 +136,7 @@ def response_body(
         "created": int(time.time()),
         "model": model,
         "choices": bodies,
-        "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in choices)),
+        "usage": usage(prompt_tokens, sum(len(c.token_ids) for c in choices), cached_tokens),
     }
 
 
@@ -142,7 +146,7 @@ def chunk_body(
     model: str,
     delta: dict[str, Any] | None,
     finish_reason: str | None = None,
-    running_usage: dict[str, int] | None = None,
+    running_usage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One streamed chunk. `delta`: the choice's new `text` or chat `content` (and any
     `role`, `token_ids`); None for the usage-only chunk at the end, which has no choices."""

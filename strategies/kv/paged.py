@@ -141,7 +141,10 @@ class PagedKVManager(KVManager):
             table.append(entry.block_id)
         size = self.block_size
         hit = len(hits) * size
-        own = sum(size for entry in hits if entry.computed_by == request.id)
+        # only a preempted request can find its own blocks: an id seen again on a request
+        # never preempted is another request's (a client reusing ids, or a server's next run)
+        mine = request.preemptions > 0
+        own = sum(size for entry in hits if mine and entry.computed_by == request.id)
         query = request.num_tokens if self.prefix_caching and not request.preemptions else 0
         self._tables[request] = table
         self._chains[request] = hits
@@ -150,7 +153,7 @@ class PagedKVManager(KVManager):
         self._self_hit_tokens += own
         self._query_tokens += query
         request.num_computed_tokens = hit
-        others = [i for i, entry in enumerate(hits) if entry.computed_by != request.id]
+        others = [i for i, entry in enumerate(hits) if not mine or entry.computed_by != request.id]
         request.cached_prompt_tokens = min(len(others) * size, request.prompt_len)
         return True
 

@@ -35,6 +35,7 @@ from servelab.base.errors import ConfigError
 from servelab.base.records import RequestRecord
 from servelab.engine.request import Request
 from servelab.harness.measure.flags import ESTIMATED, Flag
+from servelab.harness.measure.prompt_cache import PREFIX_IN_RUN, prefixes_in_run
 from servelab.harness.measure.rundir import RunRecords, RunWriter
 from servelab.harness.measure.server_metrics import (
     FILE,
@@ -222,6 +223,8 @@ class EndpointClient:
         request.output_ids = settled.output_ids
         request.token_times = settled.token_times
         request.counters.update(settled.counters)
+        if settled.cached_prompt_tokens is not None:
+            request.cached_prompt_tokens = settled.cached_prompt_tokens
         reason = settled.finish_reason
         if reason in ("stop", "length"):
             request.finish(reason)
@@ -255,6 +258,9 @@ class EndpointBackend(Backend):
         self.seeds = seeds
         self.device = torch.device("cpu")
         self.requests = requests
+        shared = prefixes_in_run([request.prompt_ids for request in requests])
+        for request, prefix in zip(requests, shared, strict=True):  # what this run can cache
+            request.counters[PREFIX_IN_RUN] = prefix
         self.slo = slo  # its `stop_early` ends a run once its verdict can only be a failure
         bodies = {  # encoded now, not while requests are due
             request.id: json.dumps(request_body(request, model, settings.extra_body)).encode()

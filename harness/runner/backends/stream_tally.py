@@ -10,7 +10,10 @@ response's total comes from the server's `usage`, else from the token ids, else 
 re-tokenising the text (only then). Where the per-chunk counts and the total disagree, the
 tokens not accounted for are stamped at the last chunk and the record says how many. Every
 request's record says which source each figure came from (`token_times_from`,
-`token_count_from`), so a run whose counts were estimated is flagged.
+`token_count_from`), so a run whose counts were estimated is flagged. The prompt tokens the
+server found in its prefix cache come from `usage.prompt_tokens_details.cached_tokens` (vLLM,
+SGLang, the OpenAI API, `servelab serve`) or llama.cpp's `timings.cache_n`, and the record says
+which (`prompt_cache.CACHED_FROM`; None where the server said neither).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
+
+from servelab.harness.measure.prompt_cache import CACHED_FROM
 
 ESTIMATED_TIMES = "chunks"
 ESTIMATED_COUNT = "retokenised"
@@ -30,6 +35,7 @@ class Settled:
     token_times: list[float]
     finish_reason: str | None
     counters: dict[str, Any]
+    cached_prompt_tokens: int | None  # None: the server did not say
 
 
 @dataclass
@@ -40,11 +46,20 @@ class StreamTally:
     reported: int | None = None  # the last `usage.completion_tokens` seen
     finish_reason: str | None = None
     times_from: set[str] = field(default_factory=set)
+    cached: int | None = None  # prompt tokens the server found in its prefix cache
+    cached_from: str | None = None
 
     def add(self, chunk: dict[str, Any], now: float) -> None:
         """One parsed `data:` chunk, received at `now`."""
         usage = chunk.get("usage") or {}
         total = usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        for source, cached in (
+            ("usage", details.get("cached_tokens")),
+            ("timings", (chunk.get("timings") or {}).get("cache_n")),
+        ):
+            if isinstance(cached, int) and not isinstance(cached, bool):
+                self.cached, self.cached_from = cached, source
         choices = chunk.get("choices") or []
         if choices:
             self._choice(choices[0], total, now)
@@ -94,7 +109,8 @@ class StreamTally:
             "token_times_from": "+".join(sorted(self.times_from)) or None,
             "token_count_from": count_from,
             "output_ids_from": "token_ids" if self.ids is not None else ESTIMATED_COUNT,
+            CACHED_FROM: self.cached_from,
         }
         if count != len(self.times):
             counters["tokens_unaccounted"] = count - len(self.times)
-        return Settled(ids, times, self.finish_reason, counters)
+        return Settled(ids, times, self.finish_reason, counters, self.cached)
