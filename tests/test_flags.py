@@ -236,3 +236,35 @@ def test_the_summary_on_screen_ends_with_the_flags() -> None:
         "flag: other processes used 77% of a core",
         "run directory: runs/x",
     ]
+
+
+def test_the_summary_on_screen_gives_a_peer_servers_own_view_and_the_prompt_cache() -> None:
+    """A peer's run: the server's scraped gauges (peak / mean) as the server's, no engine step
+    figure standing in for them, and the share of prompt tokens served from cache."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from servelab.harness.measure.summary_table import render_summary
+    from tests.reports_rundirs import RunSpec, requests_of, summary_of
+
+    spec = RunSpec(extra_summary={"preemptions": 0})
+    summary = summary_of(spec, requests_of(spec))
+    summary.update(
+        peak_running=None, kv_waste_mean=None, cached_prompt_share=0.96, warm_cache_share=0.9,
+        server_metrics={"samples": 9, "failed": 0, "running_requests_max": 7.0,
+                        "running_requests_mean": 3.25, "waiting_requests_max": None,
+                        "waiting_requests_mean": None, "kv_usage_share_max": 0.5,
+                        "kv_usage_share_mean": 0.125},
+    )  # fmt: skip
+    out = StringIO()
+    render_summary(summary, "runs/x", Console(file=out, width=120))
+    lines = [" ".join(line.split()) for line in out.getvalue().splitlines()]
+    assert "server: running requests (peak / mean) 7 / 3.25" in lines
+    assert "server: KV cache usage (peak / mean) 0.5 / 0.125" in lines
+    assert not any(line.startswith("server: waiting") for line in lines)  # not scraped
+    assert "peak running requests -" in lines
+    assert (
+        "prompt tokens served from a prefix cache 96.0% (90.0% from a cache this run did not fill)"
+        in lines
+    )

@@ -146,3 +146,7 @@ def test_a_closed_loop_or_a_bad_worker_count_is_refused_before_any_work() -> Non
     assert workers_for("auto", requests, closed_loop=False) == 1  # 100 req/s: one is enough
     dense = [Request(str(i), [1], SamplingParams(4), t_scheduled=i / 3600) for i in range(3600)]
     assert workers_for("auto", dense, closed_loop=False) == min(os.cpu_count() or 1, 5)
+    assert workers_for("auto", dense, closed_loop=False, stops_early=True) == 1
+    burst = [Request(str(i), [1], SamplingParams(4)) for i in range(1600)]  # all at t = 0
+    assert workers_for("auto", burst, closed_loop=False) == min(os.cpu_count() or 1, 2)
+    assert workers_for("auto", burst[:8], closed_loop=False) == 1

@@ -391,6 +391,7 @@ def test_over_http_the_same_tokens_and_ttft_within_the_transport_overhead(
     assert meta["backend"]["server_metrics"]["source"] == "servelab"  # its /metrics, scraped
     scrape = summary["server_metrics"]
     assert scrape["samples"] >= 3 and scrape["failed"] == 0
+    assert summary["peak_running"] is None  # no engine step seen here: the server's, below
     assert 0 <= scrape["kv_usage_share_max"] <= 1 and scrape["waiting_requests_max"] >= 0
     assert load_run(tmp_path / "http").server_metrics["running_requests"].notna().all()
     for path in (tmp_path / "http").rglob("*"):

@@ -170,7 +170,7 @@ def step_summary(steps: Sequence[StepRecord]) -> dict:
     step_time = sum(s.t_end - s.t_start for s in steps)
     return {
         "kv_waste_mean": time_weighted_mean(steps, "kv_waste") if steps else None,
-        "peak_running": max((s.running for s in steps), default=0),
+        "peak_running": max((s.running for s in steps), default=None),  # None: no steps seen
         "preemptions": sum(s.preempted for s in steps),
         "pad_tokens": sum(s.pad_tokens for s in steps),
         "steps": len(steps),

@@ -19,6 +19,13 @@ HEAD_ROWS = (  # (summary key, decimals; None for a count)
 )
 
 
+SERVER_ROWS = (  # (server_metrics column, what it counts), scraped from the server's /metrics
+    ("running_requests", "running requests"),
+    ("waiting_requests", "waiting requests"),
+    ("kv_usage_share", "KV cache usage"),
+)
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f}"
 
@@ -61,6 +68,11 @@ def render_summary(summary: dict, run_dir: str, console: Console | None = None) 
         )
     for name, digits in HEAD_ROWS:
         head.add_row(METRICS[name].label, _value(summary[name], digits, METRICS[name].unit))
+    server = summary.get("server_metrics") or {}  # a peer's own view, where it was scraped
+    for column, what in SERVER_ROWS:
+        peak, mean = server.get(f"{column}_max"), server.get(f"{column}_mean")
+        if peak is not None and mean is not None:
+            head.add_row(f"server: {what} (peak / mean)", f"{peak:.3g} / {mean:.3g}")
     cached = summary.get("cached_prompt_share")
     if cached is not None:
         warm = summary.get("warm_cache_share")

@@ -293,9 +293,12 @@ class EndpointBackend(Backend):
             workload = inputs.workload
             check_one_sample(workload, "an endpoint, read as a stream (one choice),")
             requests = requests_of(workload)
-            workers = workers_for(settings.workers, requests, workload.concurrency is not None)
             slo = spec.slo
-            if workers > 1 and slo.stop_early is not None:
+            stops = slo.stop_early is not None
+            workers = workers_for(
+                settings.workers, requests, workload.concurrency is not None, stops
+            )
+            if workers > 1 and stops:
                 raise ConfigError(
                     "slo.stop_early", "one client process watches the verdict; endpoint.workers=1"
                 )

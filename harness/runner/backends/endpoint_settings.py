@@ -45,7 +45,7 @@ def endpoint_settings(node: DictConfig) -> EndpointSettings:
     extra = OmegaConf.to_container(extra, resolve=True) if isinstance(extra, DictConfig) else extra
     if not isinstance(extra, dict):
         raise ConfigError("endpoint.extra_body", f"{extra!r} must be a mapping of request fields")
-    workers = node.get("workers", 1)
+    workers = node.get("workers", "auto")
     if workers != "auto" and (
         not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
     ):

@@ -38,14 +38,17 @@ READY_TIMEOUT_S = 120.0  # a worker imports the package and opens its connection
 PER_WORKER_RATE = 800.0  # req/s one worker is given under `auto` (`scripts.client_bench`)
 
 
-def workers_for(setting: int | str, requests: list[Request], closed_loop: bool) -> int:
-    """How many processes send the schedule: `endpoint.workers` as set, or under `auto` one
-    per PER_WORKER_RATE of the schedule's mean rate, at most one per CPU."""
+def workers_for(
+    setting: int | str, requests: list[Request], closed_loop: bool, stops_early: bool = False
+) -> int:
+    """How many processes send the schedule: `endpoint.workers` as set, or under `auto` (the
+    default) one per PER_WORKER_RATE of the schedule's mean rate, at most one per CPU; one
+    for a closed loop or a run that stops early (one process watches the verdict)."""
     if setting == "auto":
-        if closed_loop or len(requests) < 2:
+        if closed_loop or stops_early or len(requests) < 2:
             return 1
         span = requests[-1].t_scheduled - requests[0].t_scheduled
-        rate = len(requests) / span if span > 0 else math.inf
+        rate = len(requests) / max(span, 1.0)  # a burst at once: its requests in a second
         return max(1, min(os.cpu_count() or 1, math.ceil(rate / PER_WORKER_RATE)))
     assert isinstance(setting, int), "endpoint_settings checked it"
     if setting > 1 and closed_loop:
