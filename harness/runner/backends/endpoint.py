@@ -149,6 +149,13 @@ class EndpointClient:
                 request.token_times = []  # a first token noted for the stop check only
             fail_in_flight(unserved, error, clock, sink, reason)
 
+        def recorded(request: Request) -> None:
+            del in_flight[request]
+            record = request.record()
+            record.output_len = len(record.token_times)
+            sink.request(record)
+            client.completed(request)
+
         client = Client(requests, clock, _LoopInbox(loop, start), concurrency, think_s)
         client.start()
         try:
@@ -159,14 +166,13 @@ class EndpointClient:
                 except TimeoutError:
                     request = None
                 if request is not None:
-                    del in_flight[request]
-                    record = request.record()
-                    record.output_len = len(record.token_times)
-                    sink.request(record)
-                    client.completed(request)
+                    recorded(request)
                     delivered += 1
                 stopped = stop(clock())
                 if stopped is not None:
+                    # delivered, its record not taken yet (its task's callback still queued)
+                    for request in [r for r in in_flight if r.t_done is not None]:
+                        recorded(request)
                     unserved = [r for r in requests if r.t_done is None]
                     end(unserved, stopped.reason(), "stopped")
                     raise StoppedEarly(stopped)
