@@ -3,8 +3,7 @@ fill itself.
 
 A server with prefix caching (vLLM, SGLang, servelab's paged strategies) keeps the KV of the
 prompts it served, so a second run of the same seeded workload finds its prompts cached and
-measures warm prefills: against `servelab serve strategy=vllm`, TTFT p50 360 ms on the first
-run and 81 ms on the repeat, with nothing in the run saying so. Each request's record holds
+measures warm prefills, with nothing in the run saying so. Each request's record holds
 `cached_prompt_tokens`: counted by the engine in this process, or reported by the server
 (`usage.prompt_tokens_details.cached_tokens`: vLLM, SGLang, the OpenAI API, `servelab serve`;
 llama.cpp's `timings.cache_n`), the record's `counters["cached_tokens_from"]` saying which; a

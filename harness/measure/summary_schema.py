@@ -67,14 +67,14 @@ SCALARS = (
         "prompt tokens served from a prefix cache",
         "schedule",
         None,
-    ),  # fmt: skip
+    ),
     Metric(
         "warm_cache_share",
         "fraction",
         "prompt tokens from a cache the run did not fill",
         "schedule",
         "lower",
-    ),  # fmt: skip
+    ),
     Metric("kv_waste_mean", "fraction", "KV waste (time mean)", "schedule", "lower"),
     Metric("peak_running", "", "peak running requests", "schedule", "higher"),
     Metric("preemptions", "", "preemptions", "schedule", "lower"),
