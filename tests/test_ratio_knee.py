@@ -225,6 +225,23 @@ def test_speed_drift_widens_both_ends() -> None:
     assert widened.widened_by == 1.1
 
 
+def test_a_ratio_of_two_knees_widened_for_one_drift_is_widened_by_it_once() -> None:
+    """Both knees of a search widened x1.2 for its drift: their ratio's interval is the one
+    of the knees as fitted, widened x1.2 on each side (their probes ran within one band of
+    speeds), not x1.44; one knee unwidened (no rate fitted) leaves the ratio widened once."""
+    rng = np.random.default_rng(7)
+    fast = fit_ratio_knee([made_up(rate, 96, rng) for rate in (1.4, 2.0, 2.6)], 0.9, 0.95)
+    slow = fit_ratio_knee([made_up(r / 2, 96, rng, 1.0) for r in (1.4, 2.0, 2.6)], 0.9, 0.95)
+    assert None not in (fast.low, fast.high, slow.low, slow.high)
+    plain = knee_ratio(fast, slow)
+    drifted = knee_ratio(fast.widened(1.2), slow.widened(1.2))
+    assert drifted.estimate == plain.estimate
+    assert drifted.low == pytest.approx(plain.low / 1.2)
+    assert drifted.high == pytest.approx(plain.high * 1.2)
+    one = knee_ratio(fast.widened(1.2), slow)
+    assert (one.low, one.high) == (pytest.approx(plain.low / 1.2), pytest.approx(plain.high * 1.2))
+
+
 def test_an_outlier_s_bound_at_one_rate_does_not_hide_a_clear_rate_above_it() -> None:
     """Two of 48 requests at 0.7 req/s missed (its quantile's upper bound 1.45), every one at
     1 req/s met with room (upper bound 0.6), 1.4 req/s is over capacity: the quantile at 0.7

@@ -126,6 +126,11 @@ class Knee:
         return interval_width(self)
 
     @property
+    def widened_by(self) -> float:
+        """The speed drift's factor the interval was widened by (1 where none was fitted)."""
+        return 1.0 if self.found is None else self.found.widened_by
+
+    @property
     def rate_probes(self) -> list[Probe]:
         return [p for p in self.probes if p.spec.kind == "rate"]
 
@@ -142,7 +147,7 @@ class Knee:
             "cliff": bool(found and found.cliff),
             "below": None if found is None else found.below,
             "above": None if found is None else found.above,
-            "widened_by": 1.0 if found is None else found.widened_by,
+            "widened_by": self.widened_by,
             "resolved": self.resolved,
             "note": self.note,
             "probes": [
@@ -172,12 +177,16 @@ def _finite(value: float) -> float | None:
 
 def knee_of_record(record: dict) -> Knee:
     """A knee as `search.json` records it, without its probes: to read a search again."""
-    fields = ("estimate", "low", "high", "cliff", "widened_by", "below", "above")
+    fields = ("estimate", "low", "high", "cliff", "below", "above")
     return Knee(
         strategy=record["strategy"],
         ceiling=record.get("ceiling"),
         predicted=record.get("predicted"),
-        found=RatioKnee(**{key: record.get(key) for key in fields}, probes=()),
+        found=RatioKnee(
+            **{key: record.get(key) for key in fields},
+            probes=(),
+            widened_by=record.get("widened_by") or 1.0,
+        ),
         resolved=bool(record.get("resolved")),
         note=record.get("note", ""),
     )

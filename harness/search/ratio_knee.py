@@ -35,7 +35,8 @@ by the machine's measured speed drift. A percentile bootstrap over requests unde
 here: a resampled 0.9-quantile of 48 requests varies less than the quantile does, since the
 resamples of the top order statistics repeat the few largest ratios.
 
-Two knees give a ratio (`knee_ratio`) whose interval joins their intervals' ends; and a knee
+Two knees give a ratio (`knee_ratio`) whose interval joins their intervals' ends, widened by
+the drift once; and a knee
 says where one more probe narrows its interval most (`next_rate`).
 """
 
@@ -426,6 +427,8 @@ class Bounded(Protocol):
     def low(self) -> float | None: ...
     @property
     def high(self) -> float | None: ...
+    @property
+    def widened_by(self) -> float: ...
 
 
 def interval_width(knee: Bounded) -> float:
@@ -445,14 +448,24 @@ def centre(knee: Bounded) -> float | None:
 
 def knee_ratio(top: Bounded, bottom: Bounded) -> KneeRatio:
     """`top`'s knee over `bottom`'s; its interval from the two intervals' far ends, so it
-    holds whenever both hold (two 95% intervals: at least 90%)."""
+    holds whenever both hold (two 95% intervals: at least 90%).
+
+    A speed drift moves both knees of one search the same way: each knee's interval is
+    widened by the drift's factor F on each side (`RatioKnee.widened`: its probes ran at
+    speeds within F of the reference's), but the two knees' probes ran within one band of
+    speeds F wide, so their ratio is off by at most F either way, not F squared. The ratio
+    joins the far ends of the intervals as measured and is widened by F once."""
     estimate = (
         top.estimate / bottom.estimate
         if top.estimate is not None and bottom.estimate is not None
         else None
     )
-    low = top.low / bottom.high if top.low is not None and bottom.high is not None else None
-    high = top.high / bottom.low if top.high is not None and bottom.low else None
+    drift = max(top.widened_by, bottom.widened_by)
+    undone = top.widened_by * bottom.widened_by / drift  # each end's widening off, F once on
+    low = (
+        top.low / bottom.high * undone if top.low is not None and bottom.high is not None else None
+    )
+    high = top.high / bottom.low / undone if top.high is not None and bottom.low else None
     return KneeRatio(estimate, low, high)
 
 
