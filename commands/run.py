@@ -32,6 +32,7 @@ def main(args: list[str]) -> None:
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
     def job(cfg: DictConfig) -> None:
         from servelab.harness.measure.summary_table import render_summary
+        from servelab.harness.runner.backends.managed_server import ServerFailed
         from servelab.harness.runs.run import completed_summary, run
         from servelab.reports.run_report import write_run_report
 
@@ -46,6 +47,9 @@ def main(args: list[str]) -> None:
         except ConfigError as error:
             print(f"servelab: error: {error}", file=sys.stderr)
             sys.exit(2)
+        except ServerFailed as error:
+            print(f"servelab: error: {error}", file=sys.stderr)
+            sys.exit(1)
         write_run_report(run_dir)
         render_summary(summary, str(run_dir))
 

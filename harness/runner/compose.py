@@ -12,7 +12,15 @@ from omegaconf import DictConfig, OmegaConf
 from servelab.base.errors import ConfigError
 from servelab.harness.runner.settings import CONF_DIR
 
-GROUPS = ("model", "workload", "strategy")
+GROUPS = ("model", "workload", "strategy", "server")
+
+
+def _served(server: str | None, strategy: str) -> str:
+    """What serves a run, as its directory is named: the server it starts, else its strategy."""
+    return strategy if server is None else server
+
+
+OmegaConf.register_new_resolver("served", _served, replace=True)
 
 
 def check_group_choices(overrides: list[str]) -> None:

@@ -21,6 +21,7 @@ from servelab.base.errors import ConfigError
 from servelab.harness.measure.slo.limits import SLO
 from servelab.harness.runner.backends import ENGINE_LOOPS, STOPS_EARLY, backend_of
 from servelab.harness.runner.backends.endpoint_settings import EndpointSettings, endpoint_settings
+from servelab.harness.runner.backends.managed_server import ServerSettings, server_settings
 from servelab.harness.runner.draft import draft_model_of
 from servelab.harness.runner.settings import (
     EngineSettings,
@@ -125,6 +126,7 @@ class RunSpec:
     workload: WorkloadConfig
     engine: EngineSpec | None  # None: a server elsewhere serves (backend=openai)
     endpoint: EndpointSettings | None  # backend=openai
+    server: ServerSettings | None  # a server the run starts (`server=NAME`), backend=openai
     simulate: SimulateSettings | None  # backend=simulated
     skip_idle: bool  # replay.skip_idle
     profile: ProfileSettings
@@ -161,17 +163,22 @@ def run_spec(cfg: DictConfig) -> RunSpec:
     workload = parse_workload_config(cfg.workload)
     profile = cfg.profile
     engine = None if kind == "openai" else engine_spec(cfg)
+    model = model_of(cfg) if engine is None else engine.model
+    server = server_settings(cfg, model)
+    if server is not None and kind != "openai":
+        raise ConfigError("server", f"a started server is measured over HTTP, not backend={kind}")
     return RunSpec(
         record=record,
         workload=workload,
         engine=engine,
         endpoint=endpoint_settings(cfg.endpoint) if kind == "openai" else None,
+        server=server,
         simulate=simulate_settings(cfg.get("simulate") or {}) if kind == "simulated" else None,
         skip_idle=skip_idle,
         profile=ProfileSettings(
             bool(profile.enabled), int(profile.first_step), int(profile.num_steps)
         ),
-        model=model_of(cfg) if engine is None else engine.model,
+        model=model,
         seeds={"engine": int(cfg.engine.get("seed", 0)), "workload": workload.seed},
     )
 

@@ -14,8 +14,9 @@ as failed, and a summary marked failed.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -49,6 +50,7 @@ from servelab.harness.measure.telemetry import NoTelemetry, TelemetryResult, Tel
 from servelab.harness.measure.weights_quality import read_quality, weights_summary
 from servelab.harness.runner.backends import ENGINE_LOOPS, SERVED_HERE
 from servelab.harness.runner.backends.base import Backend
+from servelab.harness.runner.backends.managed_server import running_server
 from servelab.harness.runner.build import ServedModel
 from servelab.harness.runner.clock import RunClock
 from servelab.harness.runner.collector import collector_paused
@@ -226,8 +228,18 @@ def peer_backend(spec: RunSpec, progress: bool) -> Backend:
 
 def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
     """Execute one configured run into `run_dir`; returns the summary. `cfg` is read here,
-    once, and checked whole before anything loads."""
-    return run_spec_into(run_spec(cfg), run_dir, progress)
+    once, and checked whole before anything loads; a server the run starts (`server=NAME`)
+    answers before the run's clock starts and is stopped after, however the run ends."""
+    spec = run_spec(cfg)
+    if spec.server is None or spec.endpoint is None:
+        return run_spec_into(spec, run_dir, progress)
+    def say(line: str) -> None:
+        if progress:
+            print(line, file=sys.stderr, flush=True)
+
+    with running_server(spec.server, run_dir, say) as url:
+        endpoint = replace(spec.endpoint, url=url, label=spec.endpoint.label or spec.server.label)
+        return run_spec_into(replace(spec, endpoint=endpoint), run_dir, progress)
 
 
 def run_spec_into(spec: RunSpec, run_dir: Path, progress: bool = True) -> dict:

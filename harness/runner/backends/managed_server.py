@@ -1,0 +1,321 @@
+"""A server the run starts itself (`server=servelab|vllm|sglang|llamacpp|command`), so that a
+sweep over a server's flags measures each flag set from a clean server (no prefix cache, no
+queue left by the last run) and no person starts or stops anything.
+
+Before the run's clock: the server starts on a free loopback port (`server_kinds` builds its
+command line, `server.flags` appended), in its own process group, and the run waits until its
+health path answers 200, at most `server.start_timeout_s`; a server that exits first or does
+not answer in time is stopped and the run ends with one line carrying its last log lines.
+After the run, whatever ended it (its end, an error, Ctrl-C, SIGTERM), the whole process group
+gets SIGTERM, then SIGKILL past `server.stop_timeout_s`; a server whose parent dies unasked is
+sent SIGTERM by the kernel (Linux). The run directory keeps `server.log` (everything it
+printed) and `server.json` (kind, command line, flags, version, URL, pid, start-up time, exit
+status), so every run is reproducible from its record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from servelab.base.errors import ConfigError
+from servelab.harness.runner.backends.server_kinds import (
+    HOST,
+    ServerKind,
+    check_model,
+    kind_of,
+    model_loaded,
+)
+from servelab.models.spec import ModelSpec
+
+LOG = "server.log"
+RECORD = "server.json"
+TAIL_LINES = 4  # of the server's log, in the one-line error when it fails to start
+POLL_S = 0.2  # between two health checks
+PLAIN_VALUE = re.compile(r"[\w./:+-]*")  # an override value Hydra reads as written
+
+
+class ServerFailed(RuntimeError):
+    """The server exited or did not answer before the run: one line, with its log's tail."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """The `server` node, checked: what to start and how long to wait on it."""
+
+    kind: ServerKind
+    executable: str
+    flags: tuple[str, ...]  # the server's own flags, appended to its command line
+    command: tuple[str, ...]  # kind=command: the whole command line, `{port}` in it
+    strategy: str | None  # servelab: the strategy preset it serves
+    passes: tuple[str, ...]  # servelab: the run's model and engine settings, as overrides
+    model: str | None  # what the server loads; None: the run's own (`model_loaded`)
+    run_model: ModelSpec
+    health_path: str
+    start_timeout_s: float
+    stop_timeout_s: float
+
+    @property
+    def label(self) -> str:
+        """The server's name in reports: its kind (servelab's strategy) and flags."""
+        if self.kind.name == "command":
+            return " ".join([Path(self.command[0]).name, *self.command[1:]])
+        name = self.kind.name if self.strategy is None else f"servelab:{self.strategy}"
+        return " ".join([name, *self.flags])
+
+    def argv(self, port: int) -> list[str]:
+        """The command line that starts it on `port`."""
+        if self.kind.name == "command":
+            return [part.replace("{port}", str(port)) for part in self.command]
+        model = model_loaded(self.kind, self.model, self.run_model)
+        head = self.kind.argv(self.executable, model, port)
+        if self.strategy is not None:
+            head += [f"strategy={self.strategy}", *self.passes]
+        return [*head, *self.flags]
+
+
+def server_settings(cfg: DictConfig, run_model: ModelSpec) -> ServerSettings | None:
+    """`cfg.server` checked, with one line naming the field at fault; None where it names no
+    server (`server.kind` null)."""
+    node = cfg.get("server") or {}
+    if node.get("kind") is None:
+        return None
+    kind = kind_of(node.get("kind"))
+    flags = _strings(node.get("flags"), "server.flags")
+    command = _strings(node.get("command"), "server.command")
+    if (kind.name == "command") != bool(command):
+        raise ConfigError(
+            "server.command",
+            "server=command runs server.command (a list, {port} where the port goes)"
+            if kind.name == "command"
+            else f"server={kind.name} builds its own command line; add flags with server.flags",
+        )
+    if command and not any("{port}" in part for part in command):
+        raise ConfigError("server.command", "say where the port goes: {port} in one argument")
+    strategy = node.get("strategy")
+    if (strategy is not None) != (kind.name == "servelab"):
+        raise ConfigError(
+            "server.strategy",
+            "servelab's server serves a strategy preset: server.strategy=NAME"
+            if strategy is None
+            else f"{kind.name} takes no servelab strategy: its own switches go in server.flags",
+        )
+    executable = str(node.get("executable") or kind.executable or command[0])
+    if shutil.which(executable) is None:
+        raise ConfigError(
+            "server.executable",
+            f"{executable!r} is not an executable here: install {kind.name}'s server or name "
+            "its path (server.executable=PATH)",
+        )
+    given = node.get("model")
+    check_model(kind, None if given is None else str(given), run_model)
+    health = str(node.get("health_path") or "")
+    if not health.startswith("/"):
+        raise ConfigError("server.health_path", f"{health!r} must be a path such as /health")
+    timeouts = {key: node.get(key) for key in ("start_timeout_s", "stop_timeout_s")}
+    for key, value in timeouts.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ConfigError(f"server.{key}", f"{value!r} must be seconds > 0")
+    passes = ()
+    if kind.name == "servelab":
+        passes = (*_overrides("model", cfg.model), *_overrides("engine", cfg.engine))
+    return ServerSettings(
+        kind=kind,
+        executable=executable,
+        flags=flags,
+        command=command,
+        strategy=None if strategy is None else str(strategy),
+        passes=passes,
+        model=None if given is None else str(given),
+        run_model=run_model,
+        health_path=health,
+        start_timeout_s=float(timeouts["start_timeout_s"]),
+        stop_timeout_s=float(timeouts["stop_timeout_s"]),
+    )
+
+
+def _strings(value: Any, field: str) -> tuple[str, ...]:
+    """A list of strings from the config (Hydra reads `[a,b]`); every item as text."""
+    if value is None:
+        return ()
+    items = OmegaConf.to_container(value) if OmegaConf.is_list(value) else value
+    if not isinstance(items, list):
+        raise ConfigError(field, f"{value!r} must be a list, e.g. {field}=[--a,1]")
+    return tuple(str(item) for item in items)
+
+
+def _overrides(prefix: str, node: Mapping[str, Any]) -> list[str]:
+    """A config node's scalar keys as the overrides that set them in a server's config."""
+    out = [f"model={node['name']}"] if prefix == "model" else []
+    for key, value in node.items():
+        if isinstance(value, Mapping | list) or OmegaConf.is_config(value):
+            continue
+        text = (
+            "null"
+            if value is None
+            else str(value).lower()
+            if isinstance(value, bool)
+            else str(value)
+        )
+        if not PLAIN_VALUE.fullmatch(text):
+            text = "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        out.append(f"{prefix}.{key}={text}")
+    return out
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (the server binds it a moment later)."""
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return int(probe.getsockname()[1])
+
+
+def version_of(settings: ServerSettings) -> str | None:
+    """The server's version as its own command prints it (None where it has none)."""
+    if settings.kind.version is None:
+        return None
+    try:
+        done = subprocess.run(
+            settings.kind.version(settings.executable), capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"unknown ({type(error).__name__})"
+    lines = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    said = next((line for line in lines if "version" in line.lower()), lines[0] if lines else "")
+    return said or f"unknown (exit {done.returncode})"
+
+
+@contextmanager
+def running_server(
+    settings: ServerSettings, run_dir: Path, say: Callable[[str], None]
+) -> Iterator[str]:
+    """The server started, healthy, for the body (its base URL); stopped and recorded after."""
+    port = free_port()
+    url = f"http://{HOST}:{port}"
+    argv = settings.argv(port)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / LOG
+    record: dict[str, Any] = {
+        "kind": settings.kind.name, "label": settings.label, "command": argv,
+        "flags": list(settings.flags), "strategy": settings.strategy,
+        "version": version_of(settings), "url": url, "health_path": settings.health_path,
+    }  # fmt: skip
+    say(f"server: starting {settings.label} at {url} (log {log_path})")
+    begun = time.monotonic()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, preexec_fn=_ended_with_parent,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+    record["pid"] = process.pid
+    _write(run_dir, record)
+    restore = _sigterm_raises()
+    try:
+        _wait_healthy(process, url + settings.health_path, settings, log_path, begun)
+        record["startup_s"] = time.monotonic() - begun
+        _write(run_dir, record)
+        say(f"server: {settings.label} answered {settings.health_path} after "
+            f"{record['startup_s']:.1f} s")  # fmt: skip
+        yield url
+    finally:
+        record["exit_status"] = stop_group(process, settings.stop_timeout_s)
+        record["stopped_after_s"] = time.monotonic() - begun
+        _write(run_dir, record)
+        restore()
+
+
+def _wait_healthy(
+    process: subprocess.Popen, health_url: str, settings: ServerSettings, log: Path, begun: float
+) -> None:
+    """Until `health_url` answers 200; ServerFailed (the server stopped) when it exits first
+    or the start-up limit passes."""
+    deadline = begun + settings.start_timeout_s
+    while True:
+        status = process.poll()
+        if status is not None:
+            raise ServerFailed(
+                f"server {settings.label} exited with status {status} after "
+                f"{time.monotonic() - begun:.1f} s, before {settings.health_path} answered; "
+                + _tail(log)
+            )
+        try:
+            with urllib.request.urlopen(health_url, timeout=POLL_S * 10) as answer:
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            stop_group(process, settings.stop_timeout_s)
+            raise ServerFailed(
+                f"server {settings.label} did not answer {settings.health_path} within "
+                f"{settings.start_timeout_s:g} s (server.start_timeout_s), stopped; " + _tail(log)
+            )
+        time.sleep(POLL_S)
+
+
+def stop_group(process: subprocess.Popen, timeout_s: float) -> int:
+    """SIGTERM to the server's process group, SIGKILL past `timeout_s`; its exit status."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sig)
+        try:
+            return process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            continue
+    return process.wait()
+
+
+def _tail(log: Path) -> str:
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    if not lines:
+        return f"it printed nothing ({log})"
+    return f"its last lines ({log}): " + " | ".join(lines[-TAIL_LINES:])
+
+
+def _write(run_dir: Path, record: dict) -> None:
+    (run_dir / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _ended_with_parent() -> None:
+    """In the child before it runs: SIGTERM when this process dies (Linux's PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _sigterm_raises() -> Callable[[], None]:
+    """SIGTERM to this process ends it through its cleanup (the server stopped), as Ctrl-C
+    does; the previous handler back when the server is stopped."""
+    if sys.platform == "win32" or not _main_thread():
+        return lambda: None
+
+    def raise_exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, raise_exit)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
