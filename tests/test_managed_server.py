@@ -89,16 +89,34 @@ def test_servelab_s_server_gets_the_run_s_model_engine_and_strategy() -> None:
     assert argv[-1] == "engine.max_batch_size=4"  # its flags last: they win
     assert spec.server.label == "servelab:orca engine.max_batch_size=4"
     assert run_spec(compose(WORKLOAD)).server is None  # no server group: none started
+    vllm = run_spec(
+        compose(
+            [
+                "server=vllm",
+                f"server.executable={sys.executable}",
+                "server.model=/models/x",
+                "server.flags=[--max-num-seqs,8]",
+            ]
+        )
+    )
+    assert vllm.server is not None and vllm.server.argv(1234) == [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/x",
+        "--host", "127.0.0.1", "--port", "1234", "--max-num-seqs", "8",
+    ]  # fmt: skip
 
 
 @pytest.mark.integration
-def test_a_run_starts_measures_stops_and_records_its_server(tmp_path: Path) -> None:
+def test_a_run_starts_measures_stops_and_records_its_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")  # a server's setting, recorded with it
     summary = run(compose([*FAKE_SERVER, *WORKLOAD, "workload.num_requests=20"]), tmp_path)
     assert summary["status"] == "complete" and summary["completed"] == 20
     record = json.loads((tmp_path / RECORD).read_text())
     assert record["kind"] == "command" and record["command"][-1].isdigit()
     assert record["url"].endswith(record["command"][-1]) and record["startup_s"] > 0
     assert record["exit_status"] is not None and gone(record["pid"])
+    assert record["warmup_s"] > 0 and record["environment"]["VLLM_CPU_KVCACHE_SPACE"] == "4"
     assert "fake server: streaming" in (tmp_path / "server.log").read_text()
     meta = json.loads((tmp_path / "meta.json").read_text())
     assert meta["strategy"]["name"] == record["label"]  # the report names the server
@@ -119,6 +137,10 @@ def test_a_server_that_fails_gives_one_line_with_its_last_words_before_its_limit
     with pytest.raises(ServerFailed, match=r"did not answer /health within 2 s.*loading"):
         run(compose([*silent, *WORKLOAD]), tmp_path / "silent")
     assert gone(json.loads((tmp_path / "silent" / RECORD).read_text())["pid"])
+    not_openai = ["server=command", "server.health_path=/", command("-m", "http.server")]
+    with pytest.raises(ServerFailed, match=r"answered / but not its warm-up completion"):
+        run(compose([*not_openai, *WORKLOAD]), tmp_path / "not_openai")
+    assert gone(json.loads((tmp_path / "not_openai" / RECORD).read_text())["pid"])
 
 
 def servelab_until_serving(run_dir: Path) -> tuple[subprocess.Popen, int]:

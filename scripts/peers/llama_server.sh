@@ -4,8 +4,8 @@
 #   scripts/peers/llama_server.sh build          # build only (skipped when the binary exists)
 #   scripts/peers/llama_server.sh serve [PORT]   # build if needed, then serve on 127.0.0.1:PORT
 #
-# The sources are the llama.cpp copy vendored in the llama-cpp-python sdist, fetched with
-# `pip download --no-binary :all:` (no git, no other download). The build is Release, server
+# The sources are the llama.cpp copy vendored in the llama-cpp-python sdist, fetched from PyPI
+# (its simple index, sha256 checked; no git, no other download). The build is Release, server
 # target only, for x86-64 with the AVX-512 family (F/VBMI/VNNI/BF16) chosen explicitly, not
 # detected: GGML_NATIVE=OFF and AMX OFF, because a VM can advertise CPU features (AMX) that it
 # then refuses with SIGILL. The web UI is neither built nor downloaded; HTTPS is off. The
@@ -39,12 +39,12 @@ die() { echo "llama_server: error: $*" >&2; exit 1; }
 
 need_tools() {
     local missing=()
-    for tool in cmake make g++; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+    for tool in cmake make g++ curl; do command -v "$tool" >/dev/null || missing+=("$tool"); done
     [[ ${#missing[@]} -eq 0 ]] && return 0
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
         echo "llama_server: installing cmake and build-essential with apt-get (missing: ${missing[*]})"
-        apt-get install -y cmake build-essential >/dev/null ||
-            { apt-get update >/dev/null && apt-get install -y cmake build-essential >/dev/null; } ||
+        apt-get install -y cmake build-essential curl >/dev/null ||
+            { apt-get update >/dev/null && apt-get install -y cmake build-essential curl >/dev/null; } ||
             die "apt-get could not install cmake build-essential"
     else
         die "missing ${missing[*]}; install cmake, make and a C++ compiler (or: pip install cmake)"
@@ -66,10 +66,17 @@ fetch_sources() {
     mkdir -p "$LLAMA_ROOT"
     local sdist="$LLAMA_ROOT/llama_cpp_python-$VERSION.tar.gz"
     if [[ ! -f "$sdist" ]]; then
+        # from PyPI's simple index, its sha256 checked (pip download would first build the
+        # sdist's build dependencies from source, minutes on a small machine)
         echo "llama_server: downloading the llama-cpp-python==$VERSION sdist"
-        python3 -m pip download --quiet --no-deps --no-binary :all: \
-            "llama-cpp-python==$VERSION" -d "$LLAMA_ROOT" ||
-            die "pip could not download the llama-cpp-python==$VERSION sdist"
+        local url
+        url=$(curl -fsSL https://pypi.org/simple/llama-cpp-python/ |
+            grep -o "https://[^\"]*/llama_cpp_python-$VERSION\.tar\.gz#sha256=[0-9a-f]*" | head -1) ||
+            die "no llama-cpp-python==$VERSION sdist on https://pypi.org/simple/llama-cpp-python/"
+        curl -fsSL -o "$sdist.part" "${url%%#*}" || die "could not download ${url%%#*}"
+        echo "${url##*sha256=}  $sdist.part" | sha256sum -c --quiet - ||
+            die "the downloaded sdist does not match PyPI's sha256"
+        mv "$sdist.part" "$sdist"
     fi
     tar -xzf "$sdist" -C "$LLAMA_ROOT" || die "could not unpack $sdist"
     [[ -f "$SRC/CMakeLists.txt" ]] || die "no vendored llama.cpp in $sdist (looked for $SRC)"

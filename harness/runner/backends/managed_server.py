@@ -4,13 +4,15 @@ queue left by the last run) and no person starts or stops anything.
 
 Before the run's clock: the server starts on a free loopback port (`server_kinds` builds its
 command line, `server.flags` appended), in its own process group, and the run waits until its
-health path answers 200, at most `server.start_timeout_s`; a server that exits first or does
-not answer in time is stopped and the run ends with one line carrying its last log lines.
+health path answers 200, at most `server.start_timeout_s`, then sends it one short completion
+(`server.warmup`); a server that exits first, does not answer in time or fails the warm-up is
+stopped and the run ends with one line carrying its last log lines.
 After the run, whatever ended it (its end, an error, Ctrl-C, SIGTERM), the whole process group
 gets SIGTERM, then SIGKILL past `server.stop_timeout_s`; a server whose parent dies unasked is
 sent SIGTERM by the kernel (Linux). The run directory keeps `server.log` (everything it
-printed) and `server.json` (kind, command line, flags, version, URL, pid, start-up time, exit
-status), so every run is reproducible from its record.
+printed) and `server.json` (kind, command line, flags, version, the environment variables a
+server reads its settings from, URL, pid, start-up time, exit status), so every run is
+reproducible from its record.
 """
 
 from __future__ import annotations
@@ -46,8 +48,13 @@ from servelab.models.spec import ModelSpec
 
 LOG = "server.log"
 RECORD = "server.json"
+WARMUP_PROMPT = "The weather today is"  # server.warmup's completion, before the run's clock
 TAIL_LINES = 4  # of the server's log, in the one-line error when it fails to start
 POLL_S = 0.2  # between two health checks
+# the environment a server reads its settings from (VLLM_CPU_KVCACHE_SPACE, OMP_NUM_THREADS, ...),
+# recorded with it
+SETTINGS_ENV = ("VLLM_", "SGLANG_", "SGL_", "LLAMA_", "GGML_", "OMP_", "MKL_", "CUDA_VISIBLE",
+                "HF_", "SERVELAB_")  # fmt: skip
 PLAIN_VALUE = re.compile(r"[\w./:+-]*")  # an override value Hydra reads as written
 
 
@@ -68,6 +75,7 @@ class ServerSettings:
     model: str | None  # what the server loads; None: the run's own (`model_loaded`)
     run_model: ModelSpec
     health_path: str
+    warmup: bool  # one short completion once it answers, before the run's clock
     start_timeout_s: float
     stop_timeout_s: float
 
@@ -145,6 +153,7 @@ def server_settings(cfg: DictConfig, run_model: ModelSpec) -> ServerSettings | N
         model=None if given is None else str(given),
         run_model=run_model,
         health_path=health,
+        warmup=bool(node.get("warmup", True)),
         start_timeout_s=float(timeouts["start_timeout_s"]),
         stop_timeout_s=float(timeouts["stop_timeout_s"]),
     )
@@ -216,6 +225,7 @@ def running_server(
         "kind": settings.kind.name, "label": settings.label, "command": argv,
         "flags": list(settings.flags), "strategy": settings.strategy,
         "version": version_of(settings), "url": url, "health_path": settings.health_path,
+        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(SETTINGS_ENV)},
     }  # fmt: skip
     say(f"server: starting {settings.label} at {url} (log {log_path})")
     begun = time.monotonic()
@@ -231,6 +241,8 @@ def running_server(
     try:
         _wait_healthy(process, url + settings.health_path, settings, log_path, begun)
         record["startup_s"] = time.monotonic() - begun
+        if settings.warmup:
+            record["warmup_s"] = _warm_up(url, settings, log_path)
         _write(run_dir, record)
         say(f"server: {settings.label} answered {settings.health_path} after "
             f"{record['startup_s']:.1f} s")  # fmt: skip
@@ -269,6 +281,28 @@ def _wait_healthy(
                 f"{settings.start_timeout_s:g} s (server.start_timeout_s), stopped; " + _tail(log)
             )
         time.sleep(POLL_S)
+
+
+def _warm_up(url: str, settings: ServerSettings, log: Path) -> float:
+    """One short greedy completion, untimed by the run: whatever a server does lazily on its
+    first request (a kernel compiled, a pool grown) is done before the clock; its seconds."""
+    begun = time.monotonic()
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=60) as answer:
+            model = json.load(answer)["data"][0]["id"]
+        body = {"model": model, "prompt": WARMUP_PROMPT, "max_tokens": 8, "temperature": 0}
+        request = urllib.request.Request(
+            url + "/v1/completions", json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=settings.start_timeout_s) as answer:
+            answer.read()
+    except (OSError, ValueError, KeyError, IndexError) as error:
+        raise ServerFailed(
+            f"server {settings.label} answered {settings.health_path} but not its warm-up "
+            f"completion ({type(error).__name__}: {error}); " + _tail(log)
+        ) from error
+    return time.monotonic() - begun
 
 
 def stop_group(process: subprocess.Popen, timeout_s: float) -> int:

