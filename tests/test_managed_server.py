@@ -57,7 +57,7 @@ def wait_until(condition, timeout_s: float = 60.0) -> None:  # noqa: ANN001
 def test_the_server_node_is_checked_before_any_work() -> None:
     cases = {
         "server.kind": ["server=servelab", "server.kind=nope"],
-        "server.strategy": ["server=llamacpp", "server.strategy=orca"],
+        "server.strategy": ["server=servelab", "server.strategy=null"],
         "server.executable": ["server=vllm", "server.executable=/no/such/vllm"],
         "server.command": ["server=command"],
         "server.start_timeout_s": [*FAKE_SERVER, "server.start_timeout_s=0"],

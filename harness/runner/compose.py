@@ -43,6 +43,31 @@ def compose(overrides: list[str]) -> DictConfig:
         return hydra_compose(config_name="config", overrides=overrides)
 
 
+def strategy_preset(name: str) -> DictConfig:
+    """A strategy preset's node as the run composes it (`strategy=NAME`), read from its file:
+    the presets its defaults name first, itself over them. For a second strategy inside a
+    run, where Hydra composes once."""
+    path = CONF_DIR / "strategy" / f"{name}.yaml"
+    if not path.is_file():
+        check_group_choices([f"strategy={name}"])
+    node = OmegaConf.load(path)
+    assert isinstance(node, DictConfig)
+    defaults = list(node.pop("defaults", None) or [])
+    if "_self_" not in defaults:
+        defaults.append("_self_")
+    merged = OmegaConf.create()
+    for parent in defaults:
+        merged = OmegaConf.merge(merged, node if parent == "_self_" else strategy_preset(parent))
+    assert isinstance(merged, DictConfig)
+    return merged
+
+
+def strategy_presets() -> dict[str, DictConfig]:
+    """Every strategy preset by name, in name order."""
+    names = sorted(p.stem for p in (CONF_DIR / "strategy").glob("*.yaml"))
+    return {name: strategy_preset(name) for name in names}
+
+
 def serving_weights(cfg: DictConfig, weights: str) -> DictConfig:
     """`cfg` serving `weights` as weights' quality is measured: in float32, without the
     roofline's peak measurement."""

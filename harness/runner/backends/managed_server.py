@@ -1,6 +1,8 @@
 """A server the run starts itself (`server=servelab|vllm|sglang|llamacpp|command`), so that a
 sweep over a server's flags measures each flag set from a clean server (no prefix cache, no
-queue left by the last run) and no person starts or stops anything.
+queue left by the last run) and no person starts or stops anything. `server.strategy` names the
+preset it serves: servelab's own, or for vLLM, SGLang and llama.cpp the preset as their own
+switches (`strategy_flags`), put before `server.flags`.
 
 Before the run's clock: the server starts on a free loopback port (`server_kinds` builds its
 command line, `server.flags` appended), in its own process group, and the run waits until its
@@ -44,6 +46,8 @@ from servelab.harness.runner.backends.server_kinds import (
     kind_of,
     model_loaded,
 )
+from servelab.harness.runner.backends.strategy_flags import ENGINES, Translated, translate
+from servelab.harness.runner.compose import strategy_preset
 from servelab.models.spec import ModelSpec
 
 LOG = "server.log"
@@ -70,7 +74,8 @@ class ServerSettings:
     executable: str
     flags: tuple[str, ...]  # the server's own flags, appended to its command line
     command: tuple[str, ...]  # kind=command: the whole command line, `{port}` in it
-    strategy: str | None  # servelab: the strategy preset it serves
+    strategy: str | None  # the strategy preset it serves (servelab's own, else as switches)
+    translated: Translated  # the preset as the engine's switches (`strategy_flags`)
     passes: tuple[str, ...]  # servelab: the run's model and engine settings, as overrides
     model: str | None  # what the server loads; None: the run's own (`model_loaded`)
     run_model: ModelSpec
@@ -84,7 +89,7 @@ class ServerSettings:
         """The server's name in reports: its kind (servelab's strategy) and flags."""
         if self.kind.name == "command":
             return " ".join([Path(self.command[0]).name, *self.command[1:]])
-        name = self.kind.name if self.strategy is None else f"servelab:{self.strategy}"
+        name = self.kind.name if self.strategy is None else f"{self.kind.name}:{self.strategy}"
         return " ".join([name, *self.flags])
 
     def argv(self, port: int) -> list[str]:
@@ -93,9 +98,9 @@ class ServerSettings:
             return [part.replace("{port}", str(port)) for part in self.command]
         model = model_loaded(self.kind, self.model, self.run_model)
         head = self.kind.argv(self.executable, model, port)
-        if self.strategy is not None:
+        if self.kind.name == "servelab":
             head += [f"strategy={self.strategy}", *self.passes]
-        return [*head, *self.flags]
+        return [*head, *self.translated.flags, *self.flags]
 
 
 def server_settings(cfg: DictConfig, run_model: ModelSpec) -> ServerSettings | None:
@@ -117,13 +122,17 @@ def server_settings(cfg: DictConfig, run_model: ModelSpec) -> ServerSettings | N
     if command and not any("{port}" in part for part in command):
         raise ConfigError("server.command", "say where the port goes: {port} in one argument")
     strategy = node.get("strategy")
-    if (strategy is not None) != (kind.name == "servelab"):
+    if strategy is None and kind.name == "servelab":
         raise ConfigError(
-            "server.strategy",
-            "servelab's server serves a strategy preset: server.strategy=NAME"
-            if strategy is None
-            else f"{kind.name} takes no servelab strategy: its own switches go in server.flags",
+            "server.strategy", "servelab's server serves a preset: server.strategy=NAME"
         )
+    if strategy is not None and kind.name == "command":
+        raise ConfigError("server.strategy", "server=command runs server.command as it is given")
+    translated = Translated((), ())
+    if strategy is not None:
+        preset = strategy_preset(str(strategy))  # an unknown name: one line, the known ones
+        if kind.name in ENGINES:
+            translated = translate(kind.name, str(strategy), preset, cfg.engine)
     executable = str(node.get("executable") or kind.executable or command[0])
     if shutil.which(executable) is None:
         raise ConfigError(
@@ -149,6 +158,7 @@ def server_settings(cfg: DictConfig, run_model: ModelSpec) -> ServerSettings | N
         flags=flags,
         command=command,
         strategy=None if strategy is None else str(strategy),
+        translated=translated,
         passes=passes,
         model=None if given is None else str(given),
         run_model=run_model,
@@ -224,10 +234,13 @@ def running_server(
     record: dict[str, Any] = {
         "kind": settings.kind.name, "label": settings.label, "command": argv,
         "flags": list(settings.flags), "strategy": settings.strategy,
+        "strategy_flags": list(settings.translated.flags), "notes": list(settings.translated.notes),
         "version": version_of(settings), "url": url, "health_path": settings.health_path,
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(SETTINGS_ENV)},
     }  # fmt: skip
     say(f"server: starting {settings.label} at {url} (log {log_path})")
+    for note in settings.translated.notes:
+        say(f"server: {settings.kind.name} serves {settings.strategy} its own way: {note}")
     begun = time.monotonic()
     with open(log_path, "w") as log:
         process = subprocess.Popen(
