@@ -33,6 +33,7 @@ VERBS = {
     "profile-steps": "servelab.commands.profile_steps",
     "plan": "servelab.commands.plan",
     "knee": "servelab.commands.knee",
+    "step-errors": "servelab.commands.step_errors",
 }
 HELP_FLAGS = ("-h", "--help")
 

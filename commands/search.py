@@ -119,13 +119,17 @@ PREDICTION_GRID = {
 }
 
 
-def profiled(cfg: DictConfig, out_dir: Path) -> Path:
+def profiled(cfg: DictConfig, out_dir: Path, reference_dir: Path | None) -> Path:
     """A step-cost model of this machine serving `cfg`'s model as its strategy serves it
-    (`servelab profile-steps` on `PREDICTION_GRID`), profiled once per search and kind of
-    model served (strategies that serve the same one share it)."""
+    (`servelab profile-steps` on `PREDICTION_GRID`), with the loop's own time measured on the
+    reference floor run's steps (`with_loop_time`; none where no reference ran), profiled once
+    per search and kind of model served (strategies that serve the same one share it)."""
+    from servelab.harness.measure.rundir import read_steps
     from servelab.harness.runner.spec import engine_spec
     from servelab.harness.simulate.backend import described_by
+    from servelab.harness.simulate.cost_model import StepCostModel
     from servelab.harness.simulate.profile_steps import ProfileArgs, profile_steps
+    from servelab.harness.simulate.step_errors import with_loop_time
     from servelab.models.load import model_config_of
 
     checked = engine_spec(cfg)
@@ -142,6 +146,8 @@ def profiled(cfg: DictConfig, out_dir: Path) -> Path:
         }
         options = ProfileArgs(out=str(path), repeats=2, warmup=1, subsets="1", **within)
         profile_steps(checked, options, [], progress=False)
+        if reference_dir is not None:
+            with_loop_time(StepCostModel.load(path), [read_steps(reference_dir)]).save(path)
     return path
 
 
@@ -166,6 +172,16 @@ def main(args: list[str]) -> None:
     print("the answer (as the report opens):")
     for line in answer_lines(result.knees):
         print(f"  {line}.")
+    if result.record.get("cost_models"):
+        from servelab.harness.simulate.step_errors import (
+            render,
+            search_step_errors,
+            write_step_errors,
+        )
+
+        errors = search_step_errors(result.settings.out_dir)
+        print(render(errors))
+        print(f"  (written to {write_step_errors(result.settings.out_dir, errors)})")
     unresolved = [k.strategy for k in result.knees if not k.resolved]
     if unresolved:
         print(f"not resolved within the budget: {', '.join(unresolved)} (raise search.budget_s)")

@@ -444,8 +444,9 @@ def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_predi
 
     profiles: list[Path] = []
 
-    def profiling(cfg, out_dir: Path) -> Path:
-        profiles.append(profiled(cfg, out_dir))
+    def profiling(cfg, out_dir: Path, reference_dir: Path | None) -> Path:
+        assert reference_dir is None  # absolute limits: no reference floor ran
+        profiles.append(profiled(cfg, out_dir, reference_dir))
         return profiles[-1]
 
     overrides = [
@@ -473,6 +474,7 @@ def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_predi
         assert first == pytest.approx(expected, rel=5e-3), knee.note
     recorded = json.loads((tmp_path / "search.json").read_text())
     assert [k["predicted"] for k in recorded["knees"]] == [k.predicted for k in result.knees]
+    assert recorded["cost_models"] == {s: str(profiles[0]) for s in ("fastertransformer", "vllm")}
 
 
 def test_the_prediction_is_set_beside_what_was_measured() -> None:

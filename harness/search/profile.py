@@ -41,9 +41,10 @@ from servelab.harness.search.probes import RunFn, RunProber, SimulatedClock
 from servelab.harness.search.ratio_knee import centre, fewest_requests
 
 Say = Callable[[str], None]  # a line for the person watching, as the search goes
-# a strategy's config and a directory -> the file of a step-cost model of this machine for
-# it (`servelab profile-steps`, supplied by the command: a lower layer does not call it)
-Profiler = Callable[[DictConfig, Path], Path]
+# a strategy's config, a directory and the reference floor run's (None where none ran) -> the
+# file of a step-cost model of this machine for it (`servelab profile-steps`, the loop's own
+# time from the reference run's steps; supplied by the command: a lower layer does not call it)
+Profiler = Callable[[DictConfig, Path, Path | None], Path]
 
 
 @dataclass(frozen=True)
@@ -182,8 +183,10 @@ def search(
         say(settings.slo_from.line())
         configs = {s: with_slo(c, settings.slo_from.limits) for s, c in configs.items()}
     reference: dict = {}
+    reference_dir = None
     if settings.measures_speed:
         reference, requests = prober(first).reference(settings.knee.floor_requests)
+        reference_dir = settings.out_dir / first / "reference-floor"
     if settings.slo_from is not None:
         against = settings.slo_from.speed_against(first, reference)
         if against is not None:
@@ -199,9 +202,10 @@ def search(
     if settings.predict:
         if profiler is None:
             raise ConfigError("search.predict", "this caller profiles no steps; set it false")
-        predicted = predicted_knees(configs, settings, run, profiler)
+        predicted, models = predicted_knees(configs, settings, run, profiler, reference_dir)
         say(predicted_line(predicted))
         record["predicted"] = predicted
+        record["cost_models"] = models
     probers = {s: prober(s) for s in settings.strategies}
     left_s = max(deadline - clock(), 0.0)
     knees = find_knees(probers, settings.knee, left_s, clock, seen, predicted)
@@ -239,24 +243,30 @@ def busy_probes(out_dir: Path) -> list[str]:
 
 
 def predicted_knees(
-    configs: dict[str, DictConfig], settings: SearchSettings, run: RunFn, profiler: Profiler
-) -> dict[str, float]:
+    configs: dict[str, DictConfig],
+    settings: SearchSettings,
+    run: RunFn,
+    profiler: Profiler,
+    reference_dir: Path | None,
+) -> tuple[dict[str, float], dict[str, str]]:
     """Each strategy's knee as the simulator predicts it: the same search, under the same
     SLO, on simulated runs whose steps take what a grid profiled here takes (`profiler`),
-    under `out_dir/predicted/`; a knee's estimate, else the middle of its interval."""
+    under `out_dir/predicted/`; a knee's estimate, else the middle of its interval; and each
+    strategy's step-cost model file."""
     out_dir = settings.out_dir / "predicted"
     clock = SimulatedClock()
-    probers = {}
+    probers, models = {}, {}
     for strategy, cfg in configs.items():
         simulated = copy.deepcopy(cfg)
         simulated.backend = "simulated"
+        models[strategy] = str(profiler(cfg, out_dir, reference_dir))
         with open_dict(simulated.simulate):
-            simulated.simulate.cost_model = str(profiler(cfg, out_dir))
+            simulated.simulate.cost_model = models[strategy]
         probers[strategy] = RunProber(
             simulated, out_dir / strategy, settings.knee.confidence, run, clock
         )
     knees = find_knees(probers, settings.knee, settings.budget_s, clock)
-    return {k.strategy: middle for k in knees if (middle := centre(k)) is not None}
+    return {k.strategy: middle for k in knees if (middle := centre(k)) is not None}, models
 
 
 def predicted_line(predicted: dict[str, float]) -> str:
