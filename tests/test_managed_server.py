@@ -127,9 +127,11 @@ def test_a_server_that_fails_gives_one_line_with_its_last_words_before_its_limit
     tmp_path: Path,
 ) -> None:
     exits = ["server=command", "server.start_timeout_s=120",
-             command("-c", "import sys; print('no model here'); sys.exit(3)")]  # fmt: skip
+             command("-c", "import sys; print('ValueError: no model here'); "
+                     "[print('shutting down', i) for i in range(6)]; sys.exit(3)")]  # fmt: skip
     started = time.monotonic()
-    with pytest.raises(ServerFailed, match=r"exited with status 3 .*no model here") as failed:
+    cause = r"exited with status 3 .*its error: ValueError: no model here; .*shutting down 5$"
+    with pytest.raises(ServerFailed, match=cause) as failed:
         run(compose([*exits, *WORKLOAD]), tmp_path / "exits")
     assert time.monotonic() - started < 120 and "\n" not in str(failed.value)
     silent = ["server=command", "server.start_timeout_s=2",

@@ -39,7 +39,10 @@ def test_each_axis_becomes_the_engine_s_switch() -> None:
     )
     assert chunked.notes and "paged" in chunked.notes[0]  # vLLM has no contiguous KV
     paged = translate("vllm", "vllm", strategy_preset("vllm"), LIMITS)
-    assert "--enable-prefix-caching" in paged.flags and paged.notes == ()
+    assert "--enable-prefix-caching" in paged.flags and "--block-size" not in paged.flags
+    assert paged.notes == (
+        "its KV block size is its own (vLLM on a CPU takes multiples of 32 only)",
+    )
     ngram = translate("vllm", "vllm-spec-ngram", strategy_preset("vllm-spec-ngram"), LIMITS)
     assert ngram.flags[-2:] == (
         "--speculative-config",

@@ -54,6 +54,7 @@ LOG = "server.log"
 RECORD = "server.json"
 WARMUP_PROMPT = "The weather today is"  # server.warmup's completion, before the run's clock
 TAIL_LINES = 4  # of the server's log, in the one-line error when it fails to start
+ERROR_LINE = re.compile(r"\b\w*(Error|Exception): ")  # an exception's own line, in a log
 POLL_S = 0.2  # between two health checks
 # the environment a server reads its settings from (VLLM_CPU_KVCACHE_SPACE, OMP_NUM_THREADS, ...),
 # recorded with it
@@ -331,10 +332,14 @@ def stop_group(process: subprocess.Popen, timeout_s: float) -> int:
 
 
 def _tail(log: Path) -> str:
+    """The server's last words: the last error line it printed (an exception's `...Error: ...`,
+    often above a screen of shutdown warnings), then its last lines."""
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     if not lines:
         return f"it printed nothing ({log})"
-    return f"its last lines ({log}): " + " | ".join(lines[-TAIL_LINES:])
+    errors = [line for line in lines if ERROR_LINE.search(line)]
+    said = f"its error: {errors[-1]}; " if errors and errors[-1] not in lines[-TAIL_LINES:] else ""
+    return said + f"its last lines ({log}): " + " | ".join(lines[-TAIL_LINES:])
 
 
 def _write(run_dir: Path, record: dict) -> None:

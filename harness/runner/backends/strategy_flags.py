@@ -2,14 +2,16 @@
 seed strategies measured as vLLM, SGLang and llama.cpp implement them.
 
 Each axis of the preset (`conf/strategy/`) becomes the engine's switch where it has one: vLLM's
-`--enable-chunked-prefill`, `--enable-prefix-caching`, `--block-size`, `--max-num-seqs`,
-`--quantization awq`, `--speculative-config`; SGLang's `--chunked-prefill-size`,
-`--disable-radix-cache`, `--page-size`, `--max-running-requests`, `--quantization awq`;
+`--enable-chunked-prefill`, `--enable-prefix-caching`, `--max-num-seqs`, `--quantization awq`,
+`--speculative-config`; SGLang's `--chunked-prefill-size`, `--disable-radix-cache`,
+`--max-running-requests`, `--quantization awq`;
 llama.cpp's `--parallel`, `--cont-batching`, `--cache-reuse`. The batch limits come from the
 run's `engine.max_batch_size` and `engine.max_num_batched_tokens`, as they bound servelab's own
 engine. A choice the engine has no switch for is refused with one line naming the engine and
 the axis; where the engine's fixed design differs from the preset without a switch to say so
-(vLLM's KV is always paged), the translation says so in a note the run records.
+(vLLM's KV is always paged), the translation says so in a note the run records. A paged
+preset's block size is left to the engine, whose attention backend decides what it takes
+(vLLM on a CPU refuses 16, the presets' block, and starts only with multiples of 32).
 
     python -m servelab.harness.runner.backends.strategy_flags   # the table docs/strategies.md shows
 """
@@ -87,9 +89,11 @@ def _vllm(s: Mapping, paged: bool, prefix: bool, limits: Mapping, refuse: Refuse
     else:
         flags.append("--no-enable-chunked-prefill")
     flags.append("--enable-prefix-caching" if prefix else "--no-enable-prefix-caching")
-    notes = [] if paged else ["its KV is paged whatever the preset: no contiguous reservation"]
-    if paged:
-        flags += ["--block-size", f"{s['block_size']}"]
+    notes = [
+        "its KV block size is its own (vLLM on a CPU takes multiples of 32 only)"
+        if paged
+        else "its KV is paged whatever the preset: no contiguous reservation"
+    ]
     if s["weights"] == "int4-awq":
         flags += ["--quantization", "awq"]
         notes.append("server.model must be an AWQ checkpoint")
@@ -121,13 +125,13 @@ def _sglang(s: Mapping, paged: bool, prefix: bool, limits: Mapping, refuse: Refu
         "--chunked-prefill-size",
         f"{chunk}",
     ]
-    notes = (
-        [] if paged else ["its KV is a token pool whatever the preset: no contiguous reservation"]
-    )
+    notes = [
+        "its KV page size is its own"
+        if paged
+        else "its KV is a token pool whatever the preset: no contiguous reservation"
+    ]
     if not prefix:
         flags.append("--disable-radix-cache")
-    if paged:
-        flags += ["--page-size", f"{s['block_size']}"]
     if s["weights"] == "int4-awq":
         flags += ["--quantization", "awq"]
         notes.append("server.model must be an AWQ checkpoint")
