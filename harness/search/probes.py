@@ -60,6 +60,9 @@ def idle_skipped_s(summary: dict) -> float:
     return float((summary.get("idle_skipped") or {}).get("s") or 0.0)
 
 
+REFERENCE = "reference-floor"  # the first strategy's floor run before the first probe
+
+
 class RunProber:
     """One strategy's probes as runs of its config, each in `out_dir/NAME`."""
 
@@ -88,9 +91,7 @@ class RunProber:
             idle_skipped_s(summary),
         )
 
-    def reference(
-        self, requests: int, name: str = "reference-floor"
-    ) -> tuple[dict, list[RequestRecord]]:
+    def reference(self, requests: int, name: str = REFERENCE) -> tuple[dict, list[RequestRecord]]:
         """A floor run's summary and requests: what scaled limits scale (`slo.scaled`), and,
         run again after the last probe, how far the machine's speed moved meanwhile."""
         summary, run_dir, _ = self._run(ProbeSpec("floor", requests), name)

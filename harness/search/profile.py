@@ -37,7 +37,7 @@ from servelab.harness.search.knee import (
     find_knees,
     widened_for_drift,
 )
-from servelab.harness.search.probes import RunFn, RunProber, SimulatedClock
+from servelab.harness.search.probes import REFERENCE, RunFn, RunProber, SimulatedClock
 from servelab.harness.search.ratio_knee import centre, fewest_requests
 
 Say = Callable[[str], None]  # a line for the person watching, as the search goes
@@ -186,7 +186,7 @@ def search(
     reference_dir = None
     if settings.measures_speed:
         reference, requests = prober(first).reference(settings.knee.floor_requests)
-        reference_dir = settings.out_dir / first / "reference-floor"
+        reference_dir = prober(first).out_dir / REFERENCE
     if settings.slo_from is not None:
         against = settings.slo_from.speed_against(first, reference)
         if against is not None:

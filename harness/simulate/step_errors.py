@@ -29,16 +29,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import numpy as np
-
 from servelab.base.errors import ConfigError
 from servelab.base.records import StepRecord
 from servelab.harness.measure.rundir import read_steps
 from servelab.harness.simulate.cost_model import (
     StepCostModel,
-    StepCounts,
     StepErrors,
     busy_gap_s,
+    check_errors,
     duration,
     measured_steps,
 )
@@ -108,17 +106,12 @@ def strategy_errors(
     model at `model_path`, by kind."""
     model = StepCostModel.load(model_path)
     steps = measured_steps(runs)
-    groups = {kind: [s for s in steps if step_kind(s) == kind] for kind in KINDS}
-    groups = {kind: members for kind, members in groups.items() if members} | {"all": steps}
-    kinds = []
-    for kind, members in groups.items():
-        if not members:
-            continue
-        predicted = np.array([model.step_seconds(StepCounts.of_record(s)) for s in members])
-        measured = np.array([duration(s) for s in members])
-        kinds.append(
-            KindErrors(strategy, kind, StepErrors.of(predicted, measured), loop_in_step_s(members))
-        )
+    groups = {kind: [s for s in steps if step_kind(s) == kind] for kind in KINDS} | {"all": steps}
+    kinds = [
+        KindErrors(strategy, kind, check_errors(model, members), loop_in_step_s(members))
+        for kind, members in groups.items()
+        if members
+    ]
     return StrategyErrors(strategy, str(model_path), kinds, busy_gap_s(runs), model.gap_s)
 
 

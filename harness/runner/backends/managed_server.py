@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -152,7 +153,11 @@ def server_settings(cfg: DictConfig, run_model: ModelSpec) -> ServerSettings | N
             raise ConfigError(f"server.{key}", f"{value!r} must be seconds > 0")
     passes = ()
     if kind.name == "servelab":
-        passes = (*_overrides("model", cfg.model), *_overrides("engine", cfg.engine))
+        passes = (
+            f"model={cfg.model.name}",
+            *_overrides("model", cfg.model),
+            *_overrides("engine", cfg.engine),
+        )
     return ServerSettings(
         kind=kind,
         executable=executable,
@@ -182,7 +187,7 @@ def _strings(value: Any, field: str) -> tuple[str, ...]:
 
 def _overrides(prefix: str, node: Mapping[str, Any]) -> list[str]:
     """A config node's scalar keys as the overrides that set them in a server's config."""
-    out = [f"model={node['name']}"] if prefix == "model" else []
+    out = []
     for key, value in node.items():
         if isinstance(value, Mapping | list) or OmegaConf.is_config(value):
             continue
@@ -357,7 +362,7 @@ def _ended_with_parent() -> None:
 def _sigterm_raises() -> Callable[[], None]:
     """SIGTERM to this process ends it through its cleanup (the server stopped), as Ctrl-C
     does; the previous handler back when the server is stopped."""
-    if sys.platform == "win32" or not _main_thread():
+    if sys.platform == "win32" or threading.current_thread() is not threading.main_thread():
         return lambda: None
 
     def raise_exit(signum: int, frame: object) -> None:
@@ -365,9 +370,3 @@ def _sigterm_raises() -> Callable[[], None]:
 
     previous = signal.signal(signal.SIGTERM, raise_exit)
     return lambda: signal.signal(signal.SIGTERM, previous)
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()

@@ -37,8 +37,9 @@ class Translated:
 class NoSwitch(ConfigError):
     """The engine has no switch for one of the preset's choices."""
 
-    def __init__(self, engine: str, preset: str, message: str) -> None:
-        super().__init__("server.strategy", f"{engine} cannot serve {preset}: {message}")
+    def __init__(self, engine: str, preset: str, reason: str) -> None:
+        super().__init__("server.strategy", f"{engine} cannot serve {preset}: {reason}")
+        self.reason = reason
 
 
 def translate(
@@ -174,7 +175,7 @@ def table(presets: Mapping[str, Mapping[str, Any]], limits: Mapping[str, Any]) -
             try:
                 done = translate(engine, name, node, limits)
             except NoSwitch as refused:
-                cells.append("no: " + str(refused).split(": ", 2)[2])
+                cells.append("no: " + refused.reason)
                 continue
             cell = f"`{' '.join(done.flags)}`"
             cells.append(cell + "".join(f" ({note})" for note in done.notes))
