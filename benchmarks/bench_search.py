@@ -193,7 +193,8 @@ def one_search(
     before = 1 / machine.speed
     probers = {s.name: SyntheticProber(s, machine, rng) for s in strategies}
     left_s = scenario.budget_s - machine.now
-    knees = find_knees(probers, settings, left_s, machine, predicted=predicted)
+    predict = None if predicted is None else predicted.get
+    knees = find_knees(probers, settings, left_s, machine, predict=predict)
     widened_for_drift(knees, Drift(before, 1 / machine.speed).factor, settings.resolution)
     return knees
 

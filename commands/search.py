@@ -6,6 +6,7 @@ its plan, each probe as it ends, and the knees and their ratios at the end."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from servelab.harness.search.ratio_knee import (
     knee_text,
     rate_text,
 )
-from servelab.reports.search_report import answer_lines
+from servelab.reports.search_report import answer_lines, predicted_text
 
 SUMMARY = "each strategy's knee: the highest rate it sustains under the SLO, as an interval"
 USAGE = """usage: servelab search [search.strategies=[a,b]] slo.ttft_s=S ... [OVERRIDE ...]
@@ -57,21 +58,6 @@ def quantile_text(quantile: ProbeQuantile) -> str:
     return f"ratio q {at_least}{quantile.quantile:.3g} [{low}, {high}]" + (
         ", rising: over capacity" if quantile.over_capacity else ""
     )
-
-
-def predicted_text(knee: Knee) -> str:
-    """The simulator's knee and where the measured one lies against it, e.g. "1.23 (measured
-    x0.87)", "0.158 (measured below 0.113)"."""
-    if knee.predicted is None:
-        return "-"
-    predicted = rate_text(knee.predicted)
-    if knee.low is None or knee.high is None:
-        side = "below" if knee.low is None else "above"
-        end = knee.high if knee.low is None else knee.low
-        return predicted if end is None else f"{predicted} (measured {side} {rate_text(end)})"
-    middle = centre(knee)
-    assert middle is not None  # both ends are bounded
-    return f"{predicted} (measured x{middle / knee.predicted:.2f})"
 
 
 def render_search(knees: list[Knee]) -> str:
@@ -119,24 +105,23 @@ PREDICTION_GRID = {
 }
 
 
-def profiled(cfg: DictConfig, out_dir: Path, reference_dir: Path | None) -> Path:
-    """A step-cost model of this machine serving `cfg`'s model as its strategy serves it
-    (`servelab profile-steps` on `PREDICTION_GRID`), with the loop's own time measured on the
-    reference floor run's steps (`with_loop_time`; none where no reference ran), profiled once
-    per search and kind of model served (strategies that serve the same one share it)."""
+def profiled(cfg: DictConfig, out_dir: Path, runs: Sequence[Path]) -> Path:
+    """A step-cost model of this machine serving `cfg`'s model as its strategy serves it:
+    `servelab profile-steps` on `PREDICTION_GRID`, profiled once per search and kind of model
+    served (strategies that serve the same one share it), calibrated on the real `runs` so far
+    (`cost_model.calibrated`), in `out_dir`."""
     from servelab.harness.measure.rundir import read_steps
     from servelab.harness.runner.spec import engine_spec
     from servelab.harness.simulate.backend import described_by
-    from servelab.harness.simulate.cost_model import StepCostModel
+    from servelab.harness.simulate.cost_model import StepCostModel, calibrated
     from servelab.harness.simulate.profile_steps import ProfileArgs, profile_steps
-    from servelab.harness.simulate.step_errors import with_loop_time
     from servelab.models.load import model_config_of
 
     checked = engine_spec(cfg)
     described = described_by(checked.settings, checked.strategy, checked.model.name)
-    path = out_dir / ("steps-" + "-".join(described.values()) + ".json")
-    if not path.exists():
-        print(f"profiling this machine's steps for the prediction ({path})", flush=True)
+    grid = out_dir / ("steps-" + "-".join(described.values()) + ".json")
+    if not grid.exists():
+        print(f"profiling this machine's steps for the prediction ({grid})", flush=True)
         context = model_config_of(checked.model).max_context
         room = {"prefill_tokens": context - max(PREDICTION_GRID["prefill_cached"]),
                 "decode_context": context}  # fmt: skip
@@ -144,10 +129,11 @@ def profiled(cfg: DictConfig, out_dir: Path, reference_dir: Path | None) -> Path
             name: ",".join(str(n) for n in sizes if n <= room.get(name, n))
             for name, sizes in PREDICTION_GRID.items()
         }
-        options = ProfileArgs(out=str(path), repeats=2, warmup=1, subsets="1", **within)
+        options = ProfileArgs(out=str(grid), repeats=2, warmup=1, subsets="1", **within)
         profile_steps(checked, options, [], progress=False)
-        if reference_dir is not None:
-            with_loop_time(StepCostModel.load(path), [read_steps(reference_dir)]).save(path)
+    path = grid.with_name(f"{grid.stem}-{cfg.strategy.name}.json")
+    names = [str(run.resolve()) for run in runs]
+    calibrated(StepCostModel.load(grid), [read_steps(run) for run in runs], names).save(path)
     return path
 
 

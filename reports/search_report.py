@@ -72,6 +72,21 @@ def pair_sentence(top: Knee, bottom: Knee) -> str:
     return f"{top.strategy} sustains {how} {bottom.strategy}'s rate {where}"
 
 
+def predicted_text(knee: Knee) -> str:
+    """The simulator's knee and where the measured interval lies against it, e.g. "0.591
+    (inside the measured interval)", "0.851 (the measured interval starts 7% above it)"."""
+    if knee.predicted is None:
+        return "-"
+    predicted, low, high = knee.predicted, knee.low, knee.high
+    if low is not None and predicted < low:
+        where = f"the measured interval starts {low / predicted - 1:.0%} above it"
+    elif high is not None and predicted > high:
+        where = f"the measured interval ends {1 - high / predicted:.0%} below it"
+    else:
+        where = "inside the measured interval"
+    return f"{rate_text(predicted)} ({where})"
+
+
 def add_search_section(page: Page, path: Path, record: dict) -> None:
     """The answer, the conditions it holds under, and each strategy's curve."""
     knees = [knee_of_record(k) for k in record["knees"]]
@@ -104,7 +119,7 @@ def add_search_section(page: Page, path: Path, record: dict) -> None:
     page.tables([table_html(
         ["strategy", "knee (req/s)", "low", "high", "predicted", "ceiling", "note"],
         [[k.strategy, rate_text(k.estimate), rate_text(k.low), rate_text(k.high),
-          rate_text(k.predicted), rate_text(k.ceiling), k.note] for k in knees],
+          predicted_text(k), rate_text(k.ceiling), k.note] for k in knees],
         "Each strategy's knee: the 95% interval of the highest rate it sustains",
     )])  # fmt: skip
     page.figures([quantile_figure(k, r) for k, r in zip(knees, record["knees"], strict=True)])

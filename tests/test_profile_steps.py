@@ -46,7 +46,7 @@ def test_a_shape_counts_as_the_engine_counts_its_step(tmp_path: Path) -> None:
     scores 64 x 256 pairs against the cache and 64 x 65 / 2 among its own tokens."""
     timer = _simulated_timer(tmp_path, TRUE_SECONDS)
     chunk = timer.profile(Shape(PREFILL, 1, 64, 256), repeats=1, warmup=0)
-    assert chunk.counts == StepCounts(1, 64, 1, 64 * 256 + 64 * 65 // 2, 320)
+    assert chunk.counts == StepCounts(1, 64, 1, 64 * 256 + 64 * 65 // 2, 320, kind="prefill")
     decode = timer.profile(Shape(DECODE, 32, 1, 511), repeats=1, warmup=0)
     assert decode.counts == StepCounts(32, 32, 32, 32 * 512, 32 * 512)
 

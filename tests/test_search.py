@@ -163,7 +163,7 @@ def test_no_rate_down_to_a_64th_of_the_ceiling_is_sustained() -> None:
 
 def test_a_predicted_knee_places_the_first_probes_around_it() -> None:
     system = System(knee=3.0, ceiling=10.0)
-    found = find_knees({"s": system}, SETTINGS, 1e6, system.clock, predicted={"s": 2.5})[0]
+    found = find_knees({"s": system}, SETTINGS, 1e6, system.clock, predict={"s": 2.5}.get)[0]
     assert system.rates()[:3] == [1.75, 2.5, 3.25] and found.predicted == 2.5
     assert found.resolved and found.low is not None and found.high is not None
     assert found.low <= 3.0 <= found.high
@@ -171,7 +171,7 @@ def test_a_predicted_knee_places_the_first_probes_around_it() -> None:
 
 def test_a_first_probe_certainly_over_the_knee_drops_the_higher_ones() -> None:
     system = System(knee=1.0, ceiling=10.0)
-    find_knees({"s": system}, SETTINGS, 1e6, system.clock, predicted={"s": 4.0})
+    find_knees({"s": system}, SETTINGS, 1e6, system.clock, predict={"s": 4.0}.get)
     assert system.rates()[:2] == [2.8, 1.4]  # 4.0 and 5.2 not run; halving from 2.8
 
 
@@ -431,23 +431,26 @@ def test_a_probe_that_skips_its_idle_spans_is_costed_at_its_busy_time() -> None:
 
 
 def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_prediction(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`search.predict` on the tiny model: one step profile for both strategies (they serve
-    the same model), a simulated search under the same SLO, its knees recorded, and each
-    strategy's first rate probe at 0.7x its predicted knee (below the ceiling; run, or named
-    as the probe the budget had no room for)."""
+    the same model), each strategy's model calibrated on the search's real runs when its
+    anchors have run, its knee simulated under the same SLO, and its first rate probe at 0.7x
+    its predicted knee (below the ceiling; run, or named as the probe the budget had no room
+    for). The step errors leave out the runs a model was calibrated on."""
     from servelab.commands.search import profiled
+    from servelab.harness.measure.rundir import read_steps
     from servelab.harness.runner.compose import compose
     from servelab.harness.runs.run import run
     from servelab.harness.search.profile import search
+    from servelab.harness.simulate.cost_model import StepCostModel, measured_steps
+    from servelab.harness.simulate.step_errors import search_step_errors
 
-    profiles: list[Path] = []
+    calibrated_on: dict[str, list[str]] = {}
 
-    def profiling(cfg, out_dir: Path, reference_dir: Path | None) -> Path:
-        assert reference_dir is None  # absolute limits: no reference floor ran
-        profiles.append(profiled(cfg, out_dir, reference_dir))
-        return profiles[-1]
+    def profiling(cfg, out_dir: Path, runs) -> Path:
+        calibrated_on[str(cfg.strategy.name)] = [f"{r.parent.name}/{r.name}" for r in runs]
+        return profiled(cfg, out_dir, runs)
 
     overrides = [
         "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
@@ -459,12 +462,19 @@ def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_predi
     result = search(
         overrides, compose, lambda cfg, d: run(cfg, d, progress=False), profiler=profiling
     )
-    assert len(set(profiles)) == 1 and profiles[0].is_file()
-    predicted = result.record["predicted"]
-    assert set(predicted) == {"fastertransformer", "vllm"}
+    assert calibrated_on == {
+        "fastertransformer": ["fastertransformer/ceiling", "fastertransformer/floor"],
+        "vllm": ["fastertransformer/ceiling", "fastertransformer/floor", "vllm/ceiling",
+                 "vllm/floor"],
+    }  # fmt: skip
+    assert capsys.readouterr().out.count("profiling this machine's steps") == 1
+    models = result.record["cost_models"]
     for knee in result.knees:
-        assert knee.predicted == predicted[knee.strategy] > 0 and knee.ceiling is not None
-        assert (tmp_path / "predicted" / knee.strategy / "floor" / "summary.json").is_file()
+        model = StepCostModel.load(Path(models[knee.strategy]))
+        assert len(model.calibrated_on) == len(calibrated_on[knee.strategy])
+        assert set(model.kind_scale) == {"prefill", "decode", "mixed"}
+        assert knee.predicted is not None and knee.predicted > 0 and knee.ceiling is not None
+        assert (tmp_path / "predicted" / knee.strategy / "ceiling" / "summary.json").is_file()
         lowest = 0.7 * knee.predicted
         expected = lowest if lowest < knee.ceiling else knee.ceiling / 2
         if knee.rate_probes:  # it ran; else the budget was spent before it, and it says so
@@ -474,19 +484,24 @@ def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_predi
         assert first == pytest.approx(expected, rel=5e-3), knee.note
     recorded = json.loads((tmp_path / "search.json").read_text())
     assert [k["predicted"] for k in recorded["knees"]] == [k.predicted for k in result.knees]
-    assert recorded["cost_models"] == {s: str(profiles[0]) for s in ("fastertransformer", "vllm")}
+    checked = {e.strategy: e.kinds[-1].errors.steps for e in search_step_errors(tmp_path)}
+    for knee in result.knees:  # held out: the rate probes alone
+        runs = [read_steps(Path(p.outcome.run_dir)) for p in knee.rate_probes]
+        assert checked.get(knee.strategy, 0) == len(measured_steps(runs))
 
 
 def test_the_prediction_is_set_beside_what_was_measured() -> None:
-    from servelab.commands.search import predicted_text
     from servelab.harness.search.ratio_knee import RatioKnee
+    from servelab.reports.search_report import predicted_text
 
     def measured(low: float | None, high: float | None) -> Knee:
         return Knee("s", predicted=1.12, found=RatioKnee(None, low, high, True, ()))
 
-    assert predicted_text(measured(1.09, 1.31)) == "1.12 (measured x1.07)"  # the middle
-    assert predicted_text(measured(None, 0.113)) == "1.12 (measured below 0.113)"
-    assert predicted_text(measured(2.5, None)) == "1.12 (measured above 2.5)"
+    inside = "1.12 (inside the measured interval)"
+    assert predicted_text(measured(1.09, 1.31)) == inside
+    assert predicted_text(measured(None, 1.2)) == inside
+    assert predicted_text(measured(None, 0.56)) == "1.12 (the measured interval ends 50% below it)"
+    assert predicted_text(measured(1.4, None)) == "1.12 (the measured interval starts 25% above it)"
     assert predicted_text(Knee("s")) == "-"
 
 

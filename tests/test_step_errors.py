@@ -15,13 +15,12 @@ from servelab.commands.profile_steps import parse_args
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.spec import engine_spec
 from servelab.harness.runs.run import run
-from servelab.harness.simulate.cost_model import StepCostModel
+from servelab.harness.simulate.cost_model import StepCostModel, StepCounts, calibrated
 from servelab.harness.simulate.profile_steps import profile_steps
 from servelab.harness.simulate.step_errors import (
     FILE,
     search_step_errors,
     step_kind,
-    with_loop_time,
 )
 from tests.conftest import servelab
 from tests.test_profile_steps import SMALL_GRID, TINY
@@ -43,13 +42,31 @@ def test_a_step_is_prefill_decode_mixed_or_padded() -> None:
 
 def test_the_loop_s_own_time_is_measured_and_put_into_a_forwards_only_model() -> None:
     """Steps of 10 ms whose forward took 7 ms, 1 ms apart while work waited: the model's
-    per-step seconds grow by the 3 ms outside the forward, its gap becomes the 1 ms."""
+    per-step seconds grow by the 3 ms outside the forward, its gap becomes the 1 ms; its
+    decode steps then predicted as measured (factor 1), and every other kind as they are."""
     runs = [[step(i * 0.011, i * 0.011 + 0.010, 0.007, decode_tokens=1) for i in range(8)]]
-    model = StepCostModel({"step": 0.002, "tokens": 0.001}, 0.0, {"model": "m"})
-    looped = with_loop_time(model, runs)
-    assert looped.seconds_per_unit["step"] == pytest.approx(0.005)
+    model = StepCostModel({"step": 0.006, "tokens": 0.001}, 0.0, {"model": "m"})
+    looped = calibrated(model, runs, ["run"])
+    assert looped.seconds_per_unit["step"] == pytest.approx(0.009)
     assert looped.seconds_per_unit["tokens"] == 0.001
     assert looped.gap_s == pytest.approx(0.001)
+    assert looped.kind_scale == pytest.approx({"prefill": 1.0, "decode": 1.0, "mixed": 1.0})
+    assert looped.calibrated_on == ["run"]
+
+
+def test_each_kind_of_step_is_scaled_by_its_measured_over_predicted_time(tmp_path: Path) -> None:
+    """Decode steps twice as slow as the model says and prefill steps half as slow: each kind
+    is predicted by its own factor; mixed, never stepped, by the factor of all the steps."""
+    decode = [step(i, i + 0.02, 0.02, decode_tokens=1) for i in range(6)]
+    prefill = [step(10 + i, 10 + i + 0.05, 0.05, prefill_tokens=100) for i in range(6)]
+    model = StepCostModel({"step": 0.01, "tokens": 0.001}, 0.0, {"model": "m"})
+    fitted = calibrated(model, [decode, prefill], ["a", "b"])  # each run's first two left out
+    assert fitted.kind_scale["decode"] == pytest.approx(0.02 / 0.011)
+    assert fitted.kind_scale["prefill"] == pytest.approx(0.05 / 0.11)
+    assert fitted.kind_scale["mixed"] == pytest.approx(4 * 0.07 / (4 * 0.011 + 4 * 0.11))
+    assert fitted.step_seconds(StepCounts(1, 1, 1, 1, 1, kind="decode")) == pytest.approx(0.02)
+    fitted.save(tmp_path / "model.json")
+    assert StepCostModel.load(tmp_path / "model.json") == fitted
 
 
 @pytest.fixture(scope="module")

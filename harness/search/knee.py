@@ -9,9 +9,10 @@ A strategy's search runs two anchors, then rate probes:
 2. The ceiling probe sends `ceiling_requests` at once: its throughput is the most the strategy
    serves, so it bounds every knee from above.
 3. Rate probes start at 0.7x, 1x and 1.3x of the predicted knee where there is a prediction
-   (the simulator's), else at half the ceiling. After each, the knee is fitted on every rate
-   probe and the next one goes where `ratio_knee.next_rate` says one more probe narrows the
-   interval most (kept below the ceiling). Once probes bracket the crossing, a probe is as
+   (the simulator's, made once the anchors have run: `predict`), else at half the ceiling.
+   After each, the knee is fitted on every rate probe and the next one goes where
+   `ratio_knee.next_rate` says one more probe narrows the interval most (kept below the
+   ceiling). Once probes bracket the crossing, a probe is as
    long as the interval needs: a quantile's interval narrows as the square root of its
    requests, so a probe near an earlier one is longer by (the interval's log width over the
    resolution's) squared, at most twice, up to `max_requests`; a probe where one ran before
@@ -211,6 +212,7 @@ class Prober(Protocol):
 
 
 ProbeSeen = Callable[[str, Probe], None]  # (strategy, probe) as each probe ends
+Predict = Callable[[str], float | None]  # a strategy's predicted knee, once its anchors ran
 
 
 @dataclass(frozen=True)
@@ -231,10 +233,10 @@ class KneeSearch:
         prober: Prober,
         settings: KneeSettings,
         seen: ProbeSeen,
-        predicted: float | None = None,
+        predict: Predict | None = None,
     ) -> None:
-        self.knee = Knee(strategy, predicted=predicted)
-        self.prober, self.settings, self.seen = prober, settings, seen
+        self.knee = Knee(strategy)
+        self.prober, self.settings, self.seen, self.predict = prober, settings, seen, predict
         self.done = False
         self.overhead_s = 0.0  # beyond a probe's requests over its rate: loading, drain
         self.alone_s = 0.0  # one request served alone (the floor probe's duration per request)
@@ -256,6 +258,8 @@ class KneeSearch:
         knee.ceiling = top.request_throughput
         self.alone_s = floor.outcome.served_s / settings.floor_requests
         self.overhead_s = max(top.seconds - top.served_s, 0.0) + self.alone_s
+        if self.predict is not None:
+            knee.predicted = self.predict(knee.strategy)
         start = [knee.predicted * share for share in PREDICTED_SHARES] if knee.predicted else []
         self.queued = [rate for rate in start if rate < knee.ceiling] or [knee.ceiling / 2]
         self._plan(self.queued.pop(0), settings.requests)
@@ -372,15 +376,14 @@ def find_knees(
     budget_s: float,
     clock: Callable[[], float] = time.monotonic,
     seen: ProbeSeen = lambda strategy, probe: None,
-    predicted: Mapping[str, float] | None = None,
+    predict: Predict | None = None,
 ) -> list[Knee]:
     """Each strategy's knee, in `probers`' order, within `budget_s` shared among them; `seen`
-    hears of every probe as it ends; `predicted` places each one's first rate probes. The
-    anchors always run; the budget governs rate probes."""
+    hears of every probe as it ends; `predict` places each one's first rate probes. The
+    anchors (and the predictions after them) always run; the budget governs rate probes."""
     deadline = clock() + budget_s
     searches = [
-        KneeSearch(name, prober, settings, seen, (predicted or {}).get(name))
-        for name, prober in probers.items()
+        KneeSearch(name, prober, settings, seen, predict) for name, prober in probers.items()
     ]
     for search in searches:
         search.anchor()

@@ -13,14 +13,13 @@ returns; `servelab plan` and `scripts/simulation_accuracy.py` call it on simulat
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.flags import BUSY_MACHINE
@@ -37,14 +36,11 @@ from servelab.harness.search.knee import (
     find_knees,
     widened_for_drift,
 )
-from servelab.harness.search.probes import REFERENCE, RunFn, RunProber, SimulatedClock
-from servelab.harness.search.ratio_knee import centre, fewest_requests
+from servelab.harness.search.predict import Predictor, Profiler
+from servelab.harness.search.probes import RunFn, RunProber, SimulatedClock
+from servelab.harness.search.ratio_knee import fewest_requests
 
 Say = Callable[[str], None]  # a line for the person watching, as the search goes
-# a strategy's config, a directory and the reference floor run's (None where none ran) -> the
-# file of a step-cost model of this machine for it (`servelab profile-steps`, the loop's own
-# time from the reference run's steps; supplied by the command: a lower layer does not call it)
-Profiler = Callable[[DictConfig, Path, Path | None], Path]
 
 
 @dataclass(frozen=True)
@@ -58,7 +54,8 @@ class SearchSettings:
         SourceSLO | None
     )  # an earlier search's SLO, judged against instead (`slo.earlier_run`)
     predict: bool = False  # place the first rate probes around the simulator's knees (the
-    # engine in this process only: a simulation needs none, a peer's steps are not profiled)
+    # engine in this process only: a simulation needs none, a peer's steps are not profiled;
+    # harness/search/predict.py)
 
     @property
     def measures_speed(self) -> bool:
@@ -183,10 +180,8 @@ def search(
         say(settings.slo_from.line())
         configs = {s: with_slo(c, settings.slo_from.limits) for s, c in configs.items()}
     reference: dict = {}
-    reference_dir = None
     if settings.measures_speed:
         reference, requests = prober(first).reference(settings.knee.floor_requests)
-        reference_dir = prober(first).out_dir / REFERENCE
     if settings.slo_from is not None:
         against = settings.slo_from.speed_against(first, reference)
         if against is not None:
@@ -198,17 +193,16 @@ def search(
         values = {**{key: None for key in scaled_keys(settings.slo_scale)}, **limits}
         configs = {s: with_slo(c, values) for s, c in configs.items()}
     record["slo"] = judged_record(SLO.of_config(configs[first]))
-    predicted: dict[str, float] = {}
+    predictor = None
     if settings.predict:
         if profiler is None:
             raise ConfigError("search.predict", "this caller profiles no steps; set it false")
-        predicted, models = predicted_knees(configs, settings, run, profiler, reference_dir)
-        say(predicted_line(predicted))
-        record["predicted"] = predicted
-        record["cost_models"] = models
+        predictor = Predictor(configs, settings.knee, settings.out_dir, run, profiler, say)
     probers = {s: prober(s) for s in settings.strategies}
     left_s = max(deadline - clock(), 0.0)
-    knees = find_knees(probers, settings.knee, left_s, clock, seen, predicted)
+    knees = find_knees(probers, settings.knee, left_s, clock, seen, predictor)
+    if predictor is not None:
+        record["cost_models"] = predictor.models
     if settings.measures_speed:
         end, _ = probers[first].reference(settings.knee.floor_requests, "reference-floor-end")
         drift = speed_drift(reference, end)
@@ -240,38 +234,3 @@ def busy_probes(out_dir: Path) -> list[str]:
         if BUSY_MACHINE in codes:
             busy.append(f"{path.parent.parent.name}/{path.parent.name}")
     return busy
-
-
-def predicted_knees(
-    configs: dict[str, DictConfig],
-    settings: SearchSettings,
-    run: RunFn,
-    profiler: Profiler,
-    reference_dir: Path | None,
-) -> tuple[dict[str, float], dict[str, str]]:
-    """Each strategy's knee as the simulator predicts it: the same search, under the same
-    SLO, on simulated runs whose steps take what a grid profiled here takes (`profiler`),
-    under `out_dir/predicted/`; a knee's estimate, else the middle of its interval; and each
-    strategy's step-cost model file."""
-    out_dir = settings.out_dir / "predicted"
-    clock = SimulatedClock()
-    probers, models = {}, {}
-    for strategy, cfg in configs.items():
-        simulated = copy.deepcopy(cfg)
-        simulated.backend = "simulated"
-        models[strategy] = str(profiler(cfg, out_dir, reference_dir))
-        with open_dict(simulated.simulate):
-            simulated.simulate.cost_model = models[strategy]
-        probers[strategy] = RunProber(
-            simulated, out_dir / strategy, settings.knee.confidence, run, clock
-        )
-    knees = find_knees(probers, settings.knee, settings.budget_s, clock)
-    return {k.strategy: middle for k in knees if (middle := centre(k)) is not None}, models
-
-
-def predicted_line(predicted: dict[str, float]) -> str:
-    knees = ", ".join(f"{strategy} {rate:.3g}" for strategy, rate in predicted.items())
-    return (
-        f"predicted knees (req/s, simulated on steps profiled here): {knees or 'none'}; the "
-        "first rate probes go at 0.7x, 1x and 1.3x of each"
-    )

@@ -16,6 +16,13 @@ of real runs (`steps.jsonl` records every count), `harness.simulate.profile` on 
 step shapes timed on the model. `check_errors` says how well a model predicts steps it was
 not fitted on. The model keeps what it was fitted on, so a simulation can refuse a run it
 does not describe (another model, dtype, weights format or head layout).
+
+`calibrated` corrects a model on real runs' steps: the loop's own time a step and between
+steps as measured there, and per kind of step (`KINDS`: prefill, decode, mixed) the
+measured time over the predicted, multiplying that kind's predictions (`kind_scale`). A
+profile is timed in seconds on a shared machine whose speed moves between minutes, and not
+by the same factor for every kind (decode reads the weights once a step, prefill computes),
+so a search corrects its model on its own probes' steps before each prediction.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import json
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from operator import mul
 from pathlib import Path
@@ -34,8 +41,10 @@ import numpy as np
 from servelab.base.errors import ConfigError
 from servelab.base.records import StepRecord
 from servelab.engine.model_runner import StepShape
+from servelab.harness.measure.profiling import step_kind
 
 TERMS = ("step", "seqs", "tokens", "logits_rows", "attended_pairs", "context_tokens")
+KINDS = ("prefill", "decode", "mixed")  # what a step fed: prompt tokens, next tokens, or both
 WARMUP_STEPS = 2  # each run's first steps, left out of a fit
 BUSY_GAP_S = 0.05  # a gap longer than this between two steps is the engine idle, not overhead
 
@@ -50,15 +59,20 @@ class StepCounts:
     logits_rows: int
     attended_pairs: int
     context_tokens: int
+    kind: str = "decode"  # one of KINDS
 
     @classmethod
     def of_shape(cls, shape: StepShape) -> StepCounts:
+        """A feed's counts; a row of one token is a decode row (as a padded row is)."""
+        decode = sum(1 for n in shape.query_lens if n == 1)
+        kind = "decode" if decode == len(shape.query_lens) else "prefill" if not decode else "mixed"
         return cls(
             seqs=len(shape.query_lens),
             tokens=sum(shape.query_lens),
             logits_rows=shape.num_logits,
             attended_pairs=shape.attended_pairs,
             context_tokens=shape.context_tokens,
+            kind=kind,
         )
 
     @classmethod
@@ -69,6 +83,7 @@ class StepCounts:
             logits_rows=record.logits_rows,
             attended_pairs=record.attended_pairs,
             context_tokens=record.context_tokens,
+            kind=step_kind(record),
         )
 
     def row(self) -> list[float]:
@@ -118,12 +133,15 @@ class StepCostModel:
     described: dict[str, str]  # what the steps came from: model, dtype, weights, heads, device
     quality: FitQuality | None = None  # None: not fitted (derived from a hardware description)
     sources: list[str] = field(default_factory=list)  # the run directories fitted on
+    kind_scale: dict[str, float] = field(default_factory=dict)  # kind -> factor (`calibrated`)
+    calibrated_on: list[str] = field(default_factory=list)  # the run directories it scales by
 
     def step_seconds(self, counts: StepCounts) -> float:
         """The predicted duration of one step with these counts, correctly rounded (`fsum`):
         the builtin sum rounds differently from Python 3.12 on, and a simulated run must
         record the same times on every Python."""
-        return math.fsum(map(mul, self._per_unit, counts.row()))
+        seconds = math.fsum(map(mul, self._per_unit, counts.row()))
+        return seconds * self.kind_scale.get(counts.kind, 1.0)
 
     @cached_property
     def _per_unit(self) -> tuple[float, ...]:
@@ -158,6 +176,8 @@ class StepCostModel:
             described={str(k): str(v) for k, v in payload["described"].items()},
             quality=FitQuality(**quality) if quality else None,
             sources=list(payload.get("sources", [])),
+            kind_scale={str(k): float(v) for k, v in (payload.get("kind_scale") or {}).items()},
+            calibrated_on=list(payload.get("calibrated_on", [])),
         )
 
 
@@ -217,6 +237,35 @@ def check_errors(model: StepCostModel, steps: Sequence[StepRecord]) -> StepError
     """How far `model`'s predictions fall from measured steps it was not fitted on."""
     predicted = np.array([model.step_seconds(StepCounts.of_record(step)) for step in steps])
     return StepErrors.of(predicted, np.array([duration(step) for step in steps]))
+
+
+def loop_in_step_s(steps: Sequence[StepRecord]) -> float:
+    """The median of a step's time outside its model forward: scheduling, the update, the
+    record (0 where no step is given)."""
+    return statistics.median(duration(s) - s.model_s for s in steps) if steps else 0.0
+
+
+def calibrated(
+    model: StepCostModel, runs: Sequence[Sequence[StepRecord]], names: Sequence[str]
+) -> StepCostModel:
+    """`model` (forwards only, from a profiled grid) corrected on real `runs` (named `names`):
+    the loop's median time inside a step beside the forward added to every step, its gap
+    between steps while work waits, then each kind's measured over predicted time as that
+    kind's factor (a kind the runs never stepped gets the factor of all their steps)."""
+    steps = measured_steps(runs)
+    if not steps:
+        return model
+    per_unit = dict(model.seconds_per_unit)
+    per_unit["step"] = per_unit.get("step", 0.0) + max(loop_in_step_s(steps), 0.0)
+    looped = replace(model, seconds_per_unit=per_unit, gap_s=busy_gap_s(runs), kind_scale={})
+    sums = {kind: [0.0, 0.0] for kind in KINDS}  # measured, predicted
+    for step in steps:
+        counts = StepCounts.of_record(step)
+        sums[counts.kind][0] += duration(step)
+        sums[counts.kind][1] += looped.step_seconds(counts)
+    whole = math.fsum(m for m, _ in sums.values()) / math.fsum(p for _, p in sums.values())
+    scale = {kind: (m / p if p > 0 else whole) for kind, (m, p) in sums.items()}
+    return replace(looped, kind_scale=scale, calibrated_on=list(names))
 
 
 def busy_gap_s(runs: Sequence[Sequence[StepRecord]]) -> float:

@@ -2,12 +2,12 @@
 prediction for the same counts, by kind of step, and the loop's own time measured beside what
 the model gives it.
 
-A search that predicts its knees (`search.predict`) simulates every strategy on one step-cost
-model profiled on this machine (`servelab profile-steps` on a grid of forwards, plus the loop's
-own time measured on the reference floor run: `with_loop_time`). Its probes are real runs of
-every strategy, never fitted on, so each of their steps is held out: here each is predicted
-from its counts and set beside its measured duration (start to end, the loop's work inside the
-step included), grouped by the step's kind:
+A search that predicts its knees (`search.predict`) simulates each strategy on a step-cost
+model profiled on this machine (`servelab profile-steps` on a grid of forwards) and corrected
+on the real runs the search had made when it predicted (`cost_model.calibrated`). Every later
+probe of that strategy is held out: here each of their steps is predicted from its counts and
+set beside its measured duration (start to end, the loop's work inside the step included),
+grouped by the step's kind:
 
 - `prefill`: prompt tokens only; `decode`: one new token per sequence only;
 - `mixed`: prompt chunks beside decode rows in one step (iteration batching, chunked prefill);
@@ -24,20 +24,20 @@ SEARCH_DIR` prints it; `servelab search` prints it and writes `step_errors.json`
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from servelab.base.errors import ConfigError
 from servelab.base.records import StepRecord
+from servelab.harness.measure.profiling import step_kind as fed_kind
 from servelab.harness.measure.rundir import read_steps
 from servelab.harness.simulate.cost_model import (
     StepCostModel,
     StepErrors,
     busy_gap_s,
     check_errors,
-    duration,
+    loop_in_step_s,
     measured_steps,
 )
 
@@ -46,29 +46,9 @@ FILE = "step_errors.json"
 
 
 def step_kind(step: StepRecord) -> str:
-    """prefill, decode, mixed (both in one step) or padded (any padding computed)."""
-    if step.pad_tokens:
-        return "padded"
-    if step.prefill_tokens and step.decode_tokens:
-        return "mixed"
-    return "prefill" if step.prefill_tokens else "decode"
-
-
-def loop_in_step_s(steps: Sequence[StepRecord]) -> float:
-    """The median of a step's time outside its model forward: scheduling, the update, the
-    record (0 where no step is given)."""
-    return statistics.median(duration(s) - s.model_s for s in steps) if steps else 0.0
-
-
-def with_loop_time(model: StepCostModel, runs: Sequence[Sequence[StepRecord]]) -> StepCostModel:
-    """`model` (forwards only, from a profiled grid) with the loop's own time measured on
-    `runs`: its median time inside a step beside the forward, added to every step, and its
-    gap between steps while work waits."""
-    steps = measured_steps(runs)
-    per_unit = dict(model.seconds_per_unit)
-    per_unit["step"] = per_unit.get("step", 0.0) + max(loop_in_step_s(steps), 0.0)
-    sources = [*model.sources, "loop time: the reference floor run's steps"]
-    return replace(model, seconds_per_unit=per_unit, gap_s=busy_gap_s(runs), sources=sources)
+    """prefill, decode, mixed (both in one step: the kinds a model is calibrated by), or padded
+    (any padding computed)."""
+    return "padded" if step.pad_tokens else fed_kind(step)
 
 
 @dataclass(frozen=True)
@@ -117,7 +97,8 @@ def strategy_errors(
 
 def search_step_errors(search_dir: Path) -> list[StrategyErrors]:
     """Every strategy of a search that predicted its knees: its probes' steps against the
-    step-cost model its prediction simulated (`search.json`'s `cost_models`)."""
+    step-cost model its prediction simulated (`search.json`'s `cost_models`), but those of
+    the runs the model was calibrated on."""
     try:
         record = json.loads((search_dir / "search.json").read_text())
     except (OSError, json.JSONDecodeError) as error:
@@ -131,7 +112,12 @@ def search_step_errors(search_dir: Path) -> list[StrategyErrors]:
         )
     out = []
     for strategy, path in models.items():
-        runs = [read_steps(p.parent) for p in sorted((search_dir / strategy).glob("*/steps.jsonl"))]
+        fitted_on = set(StepCostModel.load(Path(path)).calibrated_on)
+        runs = [
+            read_steps(p.parent)
+            for p in sorted((search_dir / strategy).glob("*/steps.jsonl"))
+            if str(p.parent.resolve()) not in fitted_on
+        ]
         if any(runs):
             out.append(strategy_errors(strategy, Path(path), runs))
     return out

@@ -1,0 +1,103 @@
+"""The simulator's knee for one strategy, which places the search's first rate probes of it.
+
+Once a strategy's anchors have run, its step-cost model is profiled on this machine and
+calibrated on every real run the search has made so far (`Profiler`, supplied by the
+command: a lower layer does not profile), so the model holds the machine as it is now, not
+as it was minutes before. The strategy's probes are then simulated on it: the ceiling, then
+rate probes of the search's first length (the same requests its first real rate probes will
+draw), halved until one is sustained, then bisected in log rate until the crossing is within
+`PRECISION`. A simulated probe is judged by the point quantile of its requests' SLO ratios:
+the simulation has no noise to bound, so its knee is a rate, not an interval (a budgeted
+search over simulated runs left it as wide as the real one, and its middle missed by 2x).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig, open_dict
+
+from servelab.harness.search.knee import LOWEST_SHARE, KneeSettings, ProbeSpec
+from servelab.harness.search.probes import RunFn, RunProber, SimulatedClock
+from servelab.harness.search.ratio_knee import probe_quantile
+
+# a strategy's config, the directory of the prediction's files and the real runs so far -> the
+# file of a step-cost model of this machine for it, calibrated on those runs
+Profiler = Callable[[DictConfig, Path, Sequence[Path]], Path]
+PRECISION = 0.05  # the simulated knee's bracket, high / low - 1, when the bisection stops
+MOST_PROBES = 12  # simulated rate probes at most, a strategy
+
+
+class Predictor:
+    """`predictor(strategy)`: the strategy's simulated knee (None where no simulated rate is
+    sustained), its step-cost model in `models`."""
+
+    def __init__(
+        self,
+        configs: dict[str, DictConfig],
+        settings: KneeSettings,
+        out_dir: Path,
+        run: RunFn,
+        profiler: Profiler,
+        say: Callable[[str], None],
+    ) -> None:
+        self.configs, self.settings, self.out_dir = configs, settings, out_dir
+        self.run, self.profiler, self.say = run, profiler, say
+        self.models: dict[str, str] = {}  # strategy -> its calibrated step-cost model's file
+
+    def __call__(self, strategy: str) -> float | None:
+        cfg = self.configs[strategy]
+        runs = self.real_runs()
+        model = self.profiler(cfg, self.out_dir / "predicted", runs)
+        self.models[strategy] = str(model)
+        simulated = copy.deepcopy(cfg)
+        simulated.backend = "simulated"
+        with open_dict(simulated.simulate):
+            simulated.simulate.cost_model = str(model)
+        prober = RunProber(
+            simulated, self.out_dir / "predicted" / strategy, self.settings.confidence,
+            self.run, SimulatedClock(),
+        )  # fmt: skip
+        knee = simulated_knee(prober, self.settings)
+        self.say(
+            f"  {strategy}: predicted knee {'none' if knee is None else f'{knee:.3g} req/s'} "
+            f"(simulated on steps profiled here, calibrated on the search's {len(runs)} real "
+            "runs so far); its first rate probes go at 0.7x, 1x and 1.3x of it"
+        )
+        return knee
+
+    def real_runs(self) -> list[Path]:
+        """Every run of the search so far with steps (its simulated ones left out)."""
+        return [
+            path.parent
+            for path in sorted(self.out_dir.glob("*/*/steps.jsonl"))
+            if path.parent.parent.name != "predicted"
+        ]
+
+
+def simulated_knee(prober: RunProber, settings: KneeSettings) -> float | None:
+    """The rate where the simulated probes' ratio quantile crosses 1: below the simulated
+    ceiling, halved until one is sustained, then bisected in log rate (None where none down to
+    `LOWEST_SHARE` of the ceiling is)."""
+    ceiling = prober.run(ProbeSpec("ceiling", settings.ceiling_requests)).request_throughput
+    if not ceiling:
+        return None
+    low, high = None, ceiling
+    rate = ceiling / 2
+    for _ in range(MOST_PROBES):
+        rate = float(f"{rate:.4g}")
+        ratios = prober.run(ProbeSpec("rate", settings.requests, rate)).ratios
+        sustained = probe_quantile(ratios, settings.target, settings.confidence).quantile <= 1
+        low, high = (rate, high) if sustained else (low, rate)
+        if low is None:
+            if rate <= ceiling * LOWEST_SHARE:
+                return None
+            rate /= 2
+        elif high / low <= 1 + PRECISION:
+            break
+        else:
+            rate = math.sqrt(low * high)
+    return None if low is None else math.sqrt(low * high)
