@@ -60,6 +60,18 @@ def test_scaled_ttft_is_the_multiple_of_each_prompt_s_own_prefill() -> None:
     )
 
 
+def test_a_line_through_the_origin_limits_ttft_per_prompt_token_alone() -> None:
+    """TTFT with no fixed part (the line's intercept fitted below 0, as a search's reference
+    floor run found on 2026-12-06): no `slo.ttft_s`, which must be positive, but the per-token
+    part, so the SLO holds and a prompt of n tokens may take n times it."""
+    requests = [_served(10, 0.001), _served(20, 0.1), _served(30, 0.2)]
+    limits = scaled_limits({"ttft_s": 8}, {}, requests)
+    assert set(limits) == {"ttft_per_prompt_token_s"}
+    slo = SLO.from_config(limits)
+    assert slo.ttft_limit(100) == pytest.approx(100 * limits["ttft_per_prompt_token_s"])
+    assert "= 0 s + " in limits_line("fastertransformer", {"ttft_s": 8}, limits)
+
+
 def test_one_prompt_length_scales_the_median_alone() -> None:
     requests = [_served(8, 0.05), _served(8, 0.07), _served(8, 0.06)]
     limits = scaled_limits({"ttft_s": 4}, {}, requests)

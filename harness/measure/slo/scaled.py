@@ -11,8 +11,8 @@ at zero load is its prefill, which grows with the prompt, so a limit scaled from
 nothing else running, and such a request misses it at every load. The floor's TTFTs are
 fitted as a line in prompt length (least squares, neither part negative: `PromptLine`) and
 the limit is that line times the multiple (the "slowdown" form of an SLO, relative to the
-request served alone): `slo.ttft_s` its fixed part, `slo.ttft_per_prompt_token_s` what it
-grows by per prompt token.
+request served alone): `slo.ttft_s` its fixed part (unset where the line runs through the
+origin), `slo.ttft_per_prompt_token_s` what it grows by per prompt token.
 
 Scaled limits assume the machine keeps the speed it had when they were scaled; a shared VM
 does not always, and a slower machine during the probes reads every knee low. So the
@@ -79,7 +79,8 @@ def scaled_limits(
             if not points:
                 raise _unmeasured(key)
             line = prompt_line(points)
-            limits[key] = multiple * line.fixed_s
+            if line.fixed_s > 0:  # a line through the origin limits TTFT per prompt token alone
+                limits[key] = multiple * line.fixed_s
             if line.per_token_s > 0:
                 limits[PER_PROMPT_TOKEN] = multiple * line.per_token_s
             continue
@@ -107,7 +108,7 @@ def limits_line(strategy: str, scale: dict[str, float], limits: dict[str, float]
     parts = []
     for key, multiple in scale.items():
         if key == "ttft_s" and PER_PROMPT_TOKEN in limits:
-            fixed, grows = limits[key], limits[PER_PROMPT_TOKEN]
+            fixed, grows = limits.get(key, 0.0), limits[PER_PROMPT_TOKEN]
             parts.append(
                 f"ttft = {multiple:g} x ({fixed / multiple:.3g} s + {grows / multiple:.3g} s per "
                 f"prompt token) = {fixed:.3g} s + {grows:.3g} s per prompt token"
