@@ -23,7 +23,8 @@ and a machine whose speed drifts:
   (or the opposite way), every latency divided by it and every capacity multiplied.
 - The simulator's prediction, which places each strategy's first rate probes, is its true
   knee times a log-normal error (`prediction_spread`; the published searches' predictions
-  were off by up to 1.4x), or absent.
+  were off by up to 1.4x), its first probes at 0.7x and 1.3x of it (where its simulated
+  probes decide, about), or absent.
 - A probe costs what it would on the machine (its requests' span at its rate, or their
   service one at a time where the probe skips idle spans, plus loading), so the budget binds
   as it does in `make run`.
@@ -52,6 +53,7 @@ from servelab.harness.search.knee import (
     Knee,
     KneeSettings,
     Outcome,
+    Prediction,
     ProbeSpec,
     find_knees,
     widened_for_drift,
@@ -63,6 +65,7 @@ from servelab.harness.search.ratio_knee import ProbeRatios, knee_ratio
 MAKE_RUN = SearchSettings.of(
     compose(["replay.skip_idle=true", "search.slo_scale.normalized_latency_s=2"])
 ).knee
+PREDICTED_BELOW, PREDICTED_ABOVE = 0.7, 1.3  # a prediction's first probes, as knee shares
 OVER_CAPACITY_GROWTH = 0.05  # over capacity, each later request's ratio grows by this x (rho - 1)
 
 
@@ -193,8 +196,13 @@ def one_search(
     before = 1 / machine.speed
     probers = {s.name: SyntheticProber(s, machine, rng) for s in strategies}
     left_s = scenario.budget_s - machine.now
-    predict = None if predicted is None else predicted.get
-    knees = find_knees(probers, settings, left_s, machine, predict=predict)
+
+    def predict(strategy: str) -> Prediction:
+        assert predicted is not None
+        knee = predicted[strategy]
+        return Prediction(knee, PREDICTED_BELOW * knee, PREDICTED_ABOVE * knee)
+
+    knees = find_knees(probers, settings, left_s, machine, predict=predict if predicted else None)
     widened_for_drift(knees, Drift(before, 1 / machine.speed).factor, settings.resolution)
     return knees
 

@@ -16,6 +16,7 @@ from servelab.harness.search.knee import (
     KneeSearch,
     KneeSettings,
     Outcome,
+    Prediction,
     Probe,
     ProbeSpec,
     find_knees,
@@ -161,18 +162,39 @@ def test_no_rate_down_to_a_64th_of_the_ceiling_is_sustained() -> None:
     assert not knee.resolved and "no rate down to 0.156 req/s is sustained" in knee.note
 
 
-def test_a_predicted_knee_places_the_first_probes_around_it() -> None:
+def test_a_prediction_places_the_first_probes_where_it_says_they_decide() -> None:
     system = System(knee=3.0, ceiling=10.0)
-    found = find_knees({"s": system}, SETTINGS, 1e6, system.clock, predict={"s": 2.5}.get)[0]
-    assert system.rates()[:3] == [1.75, 2.5, 3.25] and found.predicted == 2.5
+    prediction = {"s": Prediction(2.5, 1.75, 3.25)}.get
+    found = find_knees({"s": system}, SETTINGS, 1e6, system.clock, predict=prediction)[0]
+    assert system.rates()[:2] == [1.75, 3.25] and found.predicted == 2.5
     assert found.resolved and found.low is not None and found.high is not None
     assert found.low <= 3.0 <= found.high
 
 
+def test_a_simulated_knee_is_bisected_and_its_first_probes_go_where_they_decide() -> None:
+    """On a made-up strategy as the simulation would run it: the point quantile's crossing
+    found to the bisection's precision, and the nearest rates either side whose probes decide
+    at the search's confidence (one step nearer, they do not)."""
+    from servelab.harness.search.predict import STEP, simulated_knee
+
+    def quantile(system: System, rate: float):
+        return probe_quantile(system.at(rate, 48).ratios, 0.9, 0.95)
+
+    system = System(knee=3.0, ceiling=10.0)
+    predicted = simulated_knee(system, SETTINGS)
+    assert predicted is not None and abs(math.log(predicted.knee / 3.0)) < math.log(1.1)
+    assert predicted.below < predicted.knee < predicted.above
+    assert quantile(system, predicted.below).high <= 1 < quantile(system, predicted.above).low
+    assert quantile(system, predicted.below * STEP).high > 1
+    assert quantile(system, predicted.above / STEP).low <= 1
+    assert simulated_knee(System(knee=0.01, ceiling=10.0), SETTINGS) is None
+
+
 def test_a_first_probe_certainly_over_the_knee_drops_the_higher_ones() -> None:
     system = System(knee=1.0, ceiling=10.0)
-    find_knees({"s": system}, SETTINGS, 1e6, system.clock, predict={"s": 4.0}.get)
-    assert system.rates()[:2] == [2.8, 1.4]  # 4.0 and 5.2 not run; halving from 2.8
+    prediction = {"s": Prediction(4.0, 2.8, 5.2)}.get
+    find_knees({"s": system}, SETTINGS, 1e6, system.clock, predict=prediction)
+    assert system.rates()[:2] == [2.8, 1.4]  # 5.2 not run; halving from 2.8
 
 
 def test_a_probe_that_does_not_fit_the_budget_is_not_run() -> None:
@@ -435,9 +457,10 @@ def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_predi
 ) -> None:
     """`search.predict` on the tiny model: one step profile for both strategies (they serve
     the same model), each strategy's model calibrated on the search's real runs when its
-    anchors have run, its knee simulated under the same SLO, and its first rate probe at 0.7x
-    its predicted knee (below the ceiling; run, or named as the probe the budget had no room
-    for). The step errors leave out the runs a model was calibrated on."""
+    anchors have run, its knee simulated under the same SLO, and its first rate probe at
+    the rate below its predicted knee where a simulated probe decided (below the ceiling; run,
+    or named as the probe the budget had no room for). The step errors leave out the runs a
+    model was calibrated on."""
     from servelab.commands.search import profiled
     from servelab.harness.measure.rundir import read_steps
     from servelab.harness.runner.compose import compose
@@ -475,13 +498,13 @@ def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_predi
         assert set(model.kind_scale) == {"prefill", "decode", "mixed"}
         assert knee.predicted is not None and knee.predicted > 0 and knee.ceiling is not None
         assert (tmp_path / "predicted" / knee.strategy / "ceiling" / "summary.json").is_file()
-        lowest = 0.7 * knee.predicted
-        expected = lowest if lowest < knee.ceiling else knee.ceiling / 2
         if knee.rate_probes:  # it ran; else the budget was spent before it, and it says so
             first = knee.rate_probes[0].spec.rate
         else:
             first = float(knee.note.split("before the probe at ")[1].split(" req/s")[0])
-        assert first == pytest.approx(expected, rel=5e-3), knee.note
+        simulated = tmp_path / "predicted" / knee.strategy / f"rate-{first:.4g}-n48"
+        halfway = first == pytest.approx(knee.ceiling / 2, rel=5e-3)  # none below the ceiling
+        assert halfway or (first < knee.predicted and simulated.is_dir())
     recorded = json.loads((tmp_path / "search.json").read_text())
     assert [k["predicted"] for k in recorded["knees"]] == [k.predicted for k in result.knees]
     checked = {e.strategy: e.kinds[-1].errors.steps for e in search_step_errors(tmp_path)}

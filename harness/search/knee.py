@@ -8,8 +8,10 @@ A strategy's search runs two anchors, then rate probes:
    certainly above 1, no rate is sustained.
 2. The ceiling probe sends `ceiling_requests` at once: its throughput is the most the strategy
    serves, so it bounds every knee from above.
-3. Rate probes start at 0.7x, 1x and 1.3x of the predicted knee where there is a prediction
-   (the simulator's, made once the anchors have run: `predict`), else at half the ceiling.
+3. Rate probes start where a prediction says they decide (the simulator's, made once the
+   anchors have run: `predict`): the highest rate its probes sustain at the search's
+   confidence and the lowest they miss at it, so the first two bound the knee if the
+   simulation is right; else at half the ceiling.
    After each, the knee is fitted on every rate probe and the next one goes where
    `ratio_knee.next_rate` says one more probe narrows the interval most (kept below the
    ceiling). Once probes bracket the crossing, a probe is as
@@ -51,7 +53,6 @@ from servelab.harness.search.ratio_knee import (
 )
 
 LOWEST_SHARE = 1 / 64  # the lowest rate probed, as a share of the ceiling
-PREDICTED_SHARES = (0.7, 1.0, 1.3)  # the first rate probes, around a predicted knee
 MOST_RATE_PROBES = 12  # a search not within the resolution by then ends unresolved
 
 Kind = Literal["floor", "ceiling", "rate"]
@@ -212,7 +213,18 @@ class Prober(Protocol):
 
 
 ProbeSeen = Callable[[str, Probe], None]  # (strategy, probe) as each probe ends
-Predict = Callable[[str], float | None]  # a strategy's predicted knee, once its anchors ran
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A strategy's knee as predicted, and the rates the first probes go to."""
+
+    knee: float  # where the predicted ratio quantile crosses 1
+    below: float  # a rate predicted sustained at the search's confidence (or the nearest tried)
+    above: float  # a rate predicted missed at it (or the nearest tried)
+
+
+Predict = Callable[[str], Prediction | None]  # a strategy's prediction, once its anchors ran
 
 
 @dataclass(frozen=True)
@@ -258,9 +270,11 @@ class KneeSearch:
         knee.ceiling = top.request_throughput
         self.alone_s = floor.outcome.served_s / settings.floor_requests
         self.overhead_s = max(top.seconds - top.served_s, 0.0) + self.alone_s
-        if self.predict is not None:
-            knee.predicted = self.predict(knee.strategy)
-        start = [knee.predicted * share for share in PREDICTED_SHARES] if knee.predicted else []
+        prediction = None if self.predict is None else self.predict(knee.strategy)
+        start = []
+        if prediction is not None:
+            knee.predicted = prediction.knee
+            start = [prediction.below, prediction.above]
         self.queued = [rate for rate in start if rate < knee.ceiling] or [knee.ceiling / 2]
         self._plan(self.queued.pop(0), settings.requests)
 
