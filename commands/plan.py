@@ -2,8 +2,9 @@
 
 The arithmetic and the knee searches on simulated runs are `harness.simulate.plan`'s; this
 verb runs them for every preset and strategy, prints the table and writes plan.json and
-plan.html under `plan.out_dir`. Everything is a prediction from published specifications and
-stated efficiencies, not a measurement, and every table and page says so.
+plan.html under `plan.out_dir`. Everything is a prediction, not a measurement, and every table
+and page says so; each row says what its step times rest on: steps profiled on that GPU
+(`plan.profiles`), or its published specifications and stated efficiencies.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from servelab.harness.runs.run import run
 from servelab.harness.simulate.plan import (
     PlanRow,
     PlanSettings,
+    basis_of,
     plan_row,
     predicted_line,
     spread_line,
@@ -30,11 +32,13 @@ from servelab.reports.run_report import reported
 SUMMARY = "devices each strategy needs for a traffic on GPU presets (simulated: a prediction)"
 USAGE = """usage: servelab plan slo.ttft_s=S slo.tpot_s=T [model=dummy-llama2-13b]
        [plan.hardware=[a100-40gb,a100-80gb]] [plan.rate=R] [plan.price_per_hour=P]
-       [plan.strategies=[...]] [workload=...] [OVERRIDE ...]
+       [plan.strategies=[...]] [+plan.profiles.PRESET=FILE] [workload=...] [OVERRIDE ...]
 
 Per preset and strategy: weights, the KV memory left and the requests it holds, the
 sustained rate per device (the knee search on simulated runs), the devices plan.rate req/s
-needs and the cost per million output tokens. Predicted from published specifications."""
+needs and the cost per million output tokens. Predicted from steps profiled on a preset's
+GPU (+plan.profiles.PRESET=FILE, e.g. the GPU check's step-profile.json), else from its
+published specifications; each row says which."""
 
 
 def _cell(row: PlanRow, key: str) -> str:
@@ -66,11 +70,17 @@ def main(args: list[str]) -> None:
     args = [*(f"engine.{key}={value}" for key, value in node.items()), *args]  # args win
     cfg = compose(args)
     settings = PlanSettings.of(cfg)
+    bases = {  # every profile checked against what it must describe, before any row
+        (preset, strategy): basis_of(preset, compose([*args, f"strategy={strategy}"]), settings)
+        for preset in settings.hardware
+        for strategy in settings.strategies
+    }
     measured = reported(partial(run, progress=False))
     rows = []
     for preset in settings.hardware:
         for strategy in settings.strategies:
-            print(f"plan: {strategy} on {preset} (simulated)", flush=True)
+            _, basis = bases[preset, strategy]
+            print(f"plan: {strategy} on {preset} (simulated; {basis})", flush=True)
             rows.append(plan_row(args, preset, strategy, settings, measured))
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     model = str(cfg.model.get("name", "model"))

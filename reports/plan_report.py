@@ -19,6 +19,7 @@ COLUMNS = {  # a plan row's fields and their labels, in the order every table sh
     "devices": "devices",
     "bound": "batch bounded by",
     "cost_per_million": "cost per 1M output tokens",
+    "basis": "step times from",
 }
 
 

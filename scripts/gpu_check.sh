@@ -12,8 +12,9 @@
 # Steps (below): end-to-end runs of vllm, vllm-awq (random int4 weights), orca and
 # fastertransformer on dummy-llama3-8b with NVML telemetry, vllm where KV memory decides the
 # batch (up to 256 sequences), a profile window, the kernel tests with the Triton kernels
-# compiled, kernel timings (CUDA events around loops of calls), the calibrated peaks, and
-# `servelab serve`, then the main job (`make run`'s `servelab search`, its overrides as
+# compiled, kernel timings (CUDA events around loops of calls), the calibrated peaks, this
+# device's step profile (what `servelab plan` loads for its preset), and `servelab serve`,
+# then the main job (`make run`'s `servelab search`, its overrides as
 # RECIPE/comparison.args or `make comparison-args` gives them) on the embedded model's shape
 # with random weights, within a budget of a minute.
 # --cpu runs the same steps on the CPU (Triton interpreted, dummy-tiny, fewer requests and
@@ -39,10 +40,11 @@ SERVELAB=("$PYTHON" -m servelab)
 
 # Steps in the order of what they tell: the machine, four strategies end to end, vllm with
 # its batch bounded by KV memory, a profile window over decode steps, the kernel tests, the
-# kernel timings, the calibrated peaks (measured by the first run), `servelab serve` measured
+# kernel timings, the calibrated peaks (measured by the first run), the step profile of this
+# device for the planner, `servelab serve` measured
 # through backend=openai, and the main job. Each limit is 1.1-2 times the step's time on an
 # H200 where it ran there (docs/gpu.md), the search's its budget and 20 s to start; their sum
-# is 8 minutes; --cpu scales them by SLOW. Everything is written under OUT; summary.md opens
+# is 9 minutes; --cpu scales them by SLOW. Everything is written under OUT; summary.md opens
 # with the verdict.
 if [[ $MODE == cuda ]]; then
   unset TRITON_INTERPRET
@@ -56,6 +58,7 @@ if [[ $MODE == cuda ]]; then
     --head-dim 128)  # llama3-8b's layout
   INT4=(--device cuda --dtypes bf16 --shape llama3-8b --layers 4 --batches 1 16 64)
   SEARCH_MODEL=dummy-smollm2-135m SEARCH_BUDGET=40
+  GRID=()  # profile-steps' default grid
 else  # the same steps, small: the kernel tests' cases run in the test suite already
   export TRITON_INTERPRET=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
   DEVICE=cpu MODEL=dummy-tiny REQUESTS=8 RATE=40 DTYPE=fp32 KV_BUDGET=16MiB SLOW=3
@@ -66,6 +69,8 @@ else  # the same steps, small: the kernel tests' cases run in the test suite alr
   ATTENTION=(--device cpu --dtype fp32 --batches 2 --contexts 64 --iters 2)
   INT4=(--device cpu --dtypes fp32 --batches 1 --layers 1 --iters 2)
   SEARCH_MODEL=dummy-tiny SEARCH_BUDGET=10
+  GRID=(prefill_tokens=8,16,32 prefill_cached=0,32 decode_rows=1,2,4 decode_context=16,64
+    subsets=1 repeats=1)
 fi
 # the model and engine every run and the server share; the check's own cache (peaks measured
 # afresh on this machine, nothing downloaded where the recipe brings the tokenizer)
@@ -103,6 +108,9 @@ step bench-attention 20 "$PYTHON" -m benchmarks.bench_attention "${ATTENTION[@]}
 step bench-int4 20 "$PYTHON" -m benchmarks.bench_int4 "${INT4[@]}" --cache-dir "$OUT/cache"
 step "calibrate-$DTYPE" 15 "${SERVELAB[@]}" calibrate "engine.device=$DEVICE" \
   "engine.dtype=$DTYPE" "engine.cache_dir=$OUT/cache"
+# this device's step profile, which `servelab plan` loads for its preset (plan.profiles)
+step step-profile 40 "${SERVELAB[@]}" profile-steps "out=$OUT/step-profile.json" "${GRID[@]}" \
+  "${MODEL_ON[@]}"
 step serve-openai 45 "$PYTHON" -m scripts.gpu_check_serve "$OUT/runs/serve-openai" "$((40 * SLOW))" \
   -- strategy=vllm "${ENGINE[@]}" \
   -- "${ENGINE[@]}" "${WORKLOAD[@]}" workload.num_requests=16 "workload.arrival.rate=$RATE"

@@ -28,7 +28,8 @@ import yaml
 from servelab.base.records import StepRecord
 from servelab.harness.measure.profiling import SUMMARY_NAME
 from servelab.harness.measure.rundir import read_steps
-from servelab.harness.simulate.hardware import PRESETS
+from servelab.harness.simulate.cost_model import StepCostModel
+from servelab.harness.simulate.hardware import PRESETS, preset_of_device
 from servelab.models.dummy import DUMMY_SHAPES
 
 TIMED_OUT = 124  # timeout(1)'s status
@@ -84,10 +85,10 @@ def main_job(out: Path) -> list[str]:
 def device_bandwidth(meta: dict) -> tuple[float, str] | None:
     """(bytes/s, where from): a matching GPU preset's published figure, else the calibrated
     copy peak the run divided by."""
-    device = str((meta.get("device") or {}).get("name", ""))
-    for key, hardware in PRESETS.items():
-        if key.split("-")[0].upper() in device.upper():
-            return hardware.bandwidth, f"{hardware.name} published"
+    preset = preset_of_device(str((meta.get("device") or {}).get("name", "")))
+    if preset is not None:
+        hardware = PRESETS[preset]
+        return hardware.bandwidth, f"{hardware.name} published"
     peaks = meta.get("peaks") or {}
     copy = peaks.get("copy_bytes_per_s")
     return (float(copy), "calibrated copy") if copy else None
@@ -188,6 +189,28 @@ def calibrated(out: Path) -> list[str]:
     ]
 
 
+def step_profile(out: Path) -> list[str]:
+    """The device's step profile and the plan that loads it for its preset."""
+    path = out / "step-profile.json"
+    if not path.is_file():
+        return ["(no step profile: see step-profile.log)"]
+    model = StepCostModel.load(path)
+    quality = model.quality.median_error if model.quality else None
+    lines = [
+        f"timed on {model.measured_on}, {model.described.get('model')} "
+        f"{model.described.get('dtype')}; the fit's median error on its grid "
+        + (f"{quality:.1%}" if quality is not None else "-"),
+    ]
+    preset = preset_of_device(model.measured_on)
+    if preset is None:
+        return [*lines, "no `servelab plan` preset is this device"]
+    return [
+        *lines,
+        f"`servelab plan model={model.described.get('model')} plan.hardware=[{preset}] "
+        f"+plan.profiles.{preset}={path}`: the plan's {preset} rows from these steps",
+    ]
+
+
 def model_layers(run_dir: Path) -> int | None:
     """The layers of the run's model, where it is a named dummy shape."""
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -268,6 +291,9 @@ def main() -> None:
         "",
         "## Calibrated peaks",
         *calibrated(out),
+        "",
+        "## Step profile (for `servelab plan`)",
+        *step_profile(out),
         "",
         "## The main job (`make run`'s search, a minute's budget)",
         *main_job(out),

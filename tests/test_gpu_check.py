@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = [
     "machine", "run-vllm-40", "run-vllm-awq-40", "run-orca-40", "run-fastertransformer-40",
     "run-vllm-memory", "profile-vllm", "kernel-tests", "bench-attention", "bench-int4",
-    "calibrate-fp32", "serve-openai", "search",
+    "calibrate-fp32", "step-profile", "serve-openai", "search",
 ]  # fmt: skip
 
 
@@ -53,6 +53,8 @@ def test_the_check_runs_every_step_on_the_cpu_and_summarises_them(tmp_path: Path
     assert "median decode step: 0 kernels" in summary  # a CPU launches none; it counts operators
     assert (out / "kernel-tests.xml").exists() and " 0 failures, 0 errors" in summary
     assert not (out / "cache" / "models").exists()  # the tokenizer came with the recipe
+    profiled = summary.split("## Step profile")[1].split("##")[0]
+    assert "timed on " in profiled and "no `servelab plan` preset is this device" in profiled
     job = summary.split("## The main job")[1]
     assert "device: cpu (" in job and "sustained request rate" in job  # make run's answer
     assert '"budget_s": 10' in (out / "search" / "search.json").read_text()

@@ -23,7 +23,7 @@ def _timing(hardware: Hardware) -> RooflineStepTime:
 def test_a_derived_step_is_the_longer_of_its_compute_and_its_memory_traffic() -> None:
     """One decode row reads the weights: memory decides. 4096 prefill tokens: compute does.
     The work is the roofline module's, from the step's totals or its per-sequence lengths."""
-    hardware = Hardware("made up", 100e12, 1e12, 40e9, "a test")
+    hardware = Hardware("made up", 100e12, 1e12, 40e9, "a test", ())
     timing = _timing(hardware)
     cases = [([1], [300], 1, "bytes"), ([4096], [4096], 1, "flops")]
     for query_lens, seq_lens, logits, bound in cases:
@@ -72,3 +72,83 @@ def test_plan_tells_devices_memory_and_cost_for_a_13b_shape(tmp_path, capsys) ->
     probe = json.loads((tmp_path / "a100-40gb" / "vllm" / "floor" / "summary.json").read_text())
     assert "simulated" in probe["flag_codes"]
     assert probe["simulated"]["derived_from"]["hardware"]["name"] == "NVIDIA A100 40GB SXM"
+
+
+def test_a_device_s_name_finds_its_preset() -> None:
+    from servelab.harness.simulate.hardware import preset_of_device
+
+    assert preset_of_device("NVIDIA A100-SXM4-40GB") == "a100-40gb"
+    assert preset_of_device("NVIDIA A100 80GB PCIe") == "a100-80gb"
+    assert preset_of_device("NVIDIA H100 80GB HBM3") == "h100-80gb"
+    assert preset_of_device("NVIDIA H200") == "h200"
+    assert preset_of_device("NVIDIA L4") == "l4"
+    assert preset_of_device("NVIDIA L40S") is None  # not an L4
+    assert preset_of_device("AMD EPYC (2 threads)") is None
+
+
+PLANNED = [
+    "model=dummy-llama2-13b", "workload=random", "workload.num_requests=24",
+    "workload.input_len.dist=fixed", "workload.input_len.value=64",
+    "workload.output_len.value=32", "slo.ttft_s=2", "slo.tpot_s=0.1",
+    "plan.strategies=[vllm]", "plan.rate=20", "plan.requests=48",
+]  # fmt: skip
+
+
+def _profile(tmp_path, measured_on: str, model: str = "dummy-llama2-13b"):
+    """A step profile as `servelab profile-steps` writes one on a GPU (its seconds made up:
+    no GPU here), of what the plan's vllm rows serve."""
+    from dataclasses import replace
+
+    from servelab.harness.runner.compose import compose
+    from servelab.harness.runner.spec import engine_spec
+    from servelab.harness.simulate.backend import described_by
+    from servelab.harness.simulate.cost_model import StepCostModel
+
+    cfg = compose([*PLANNED, f"model={model}", "engine.dtype=bf16", "strategy=vllm"])
+    checked = engine_spec(cfg)
+    described = {**described_by(checked.settings, checked.strategy, checked.model.name),
+                 "device": "cuda"}  # fmt: skip
+    per_unit = {"step": 0.012, "tokens": 2e-5, "context_tokens": 1e-8}
+    model_file = tmp_path / f"profile-{len(measured_on)}-{model}.json"
+    StepCostModel(per_unit, 1e-4, described).save(model_file)
+    measured = replace(StepCostModel.load(model_file), measured_on=measured_on)
+    measured.save(model_file)
+    return model_file
+
+
+def test_a_preset_s_measured_steps_time_its_rows_and_each_row_says_its_basis(
+    tmp_path, capsys
+) -> None:
+    from servelab.commands.plan import main
+
+    profile = _profile(tmp_path, "NVIDIA H100 80GB HBM3")
+    out = tmp_path / "plan"
+    main([*PLANNED, "plan.hardware=[h100-80gb,a100-80gb]",
+          f"+plan.profiles.h100-80gb={profile}", f"plan.out_dir={out}"])  # fmt: skip
+    h100, a100 = json.loads((out / "plan.json").read_text())["rows"]
+    assert h100["basis"] == "measured: steps profiled on NVIDIA H100 80GB HBM3"
+    assert a100["basis"].startswith("datasheet: NVIDIA A100 datasheet")
+    assert h100["sustained"] > 0 and a100["sustained"] > 0
+    floor = json.loads((out / "h100-80gb" / "vllm" / "floor" / "summary.json").read_text())
+    assert floor["simulated"]["cost_model"] == str(profile)
+    assert floor["simulated"]["measured_on"] == "NVIDIA H100 80GB HBM3"
+    assert "measured: steps profiled on NVIDIA H100" in capsys.readouterr().out
+
+
+def test_a_profile_of_another_gpu_or_model_is_refused_before_any_row(tmp_path) -> None:
+    from servelab.base.errors import ConfigError
+    from servelab.commands.plan import main
+
+    out = tmp_path / "plan"
+    cases = [
+        (_profile(tmp_path, "NVIDIA A100-SXM4-80GB"), "was timed on 'NVIDIA A100-SXM4-80GB', "
+         "not an NVIDIA H100 SXM 80GB"),
+        (_profile(tmp_path, "NVIDIA H100 80GB HBM3", "dummy-llama3-8b"), "fitted on model "
+         "'dummy-llama3-8b', but this run serves 'dummy-llama2-13b'"),
+        (tmp_path / "missing.json", "cannot read"),
+    ]  # fmt: skip
+    for profile, message in cases:
+        with pytest.raises(ConfigError, match=f"plan.profiles.h100-80gb: .*{message}"):
+            main([*PLANNED, "plan.hardware=[h100-80gb]", f"+plan.profiles.h100-80gb={profile}",
+                  f"plan.out_dir={out}"])  # fmt: skip
+    assert not out.exists()  # refused before any simulated run

@@ -8,10 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from servelab.base.errors import ConfigError
 from servelab.commands.profile_steps import parse_args
 from servelab.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
+from servelab.harness.measure.calibrate import device_name
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.spec import engine_spec, run_spec
 from servelab.harness.runs.run import run
@@ -148,6 +150,7 @@ def test_a_profile_writes_its_table_and_a_model_that_drives_a_simulated_run(prof
     assert all(s.held_out is not None and s.held_out.steps > 0 for s in profile.subsets)
     loaded = StepCostModel.load(root / "cost.json")
     assert loaded == profile.model and loaded.sources == [str(root / "cost.grid.json")]
+    assert loaded.measured_on == device_name(torch.device("cpu"))  # the CPU's model, threads
     simulated = [
         *TINY, "strategy=orca", "workload=random", "workload.num_requests=20",
         "workload.ignore_eos=true", "backend=simulated",
@@ -155,6 +158,7 @@ def test_a_profile_writes_its_table_and_a_model_that_drives_a_simulated_run(prof
     ]  # fmt: skip
     summary = run(compose(simulated), root / "simulated", progress=False)
     assert summary["status"] == "complete" and summary["completed"] == 20
+    assert summary["simulated"]["measured_on"] == loaded.measured_on
 
 
 def test_a_held_out_run_of_something_else_is_refused(profiled) -> None:

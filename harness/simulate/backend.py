@@ -61,6 +61,15 @@ def described_by(settings: EngineSettings, strategy: StrategySettings, model: st
     }
 
 
+def simulated_serves(settings: EngineSettings, strategy: StrategySettings, model: str) -> dict:
+    """What a cost model must have been fitted on to simulate a run of these settings: all of
+    `described_by` but the device, which is the one the model's steps were timed on (the
+    simulation predicts it; the machine running the simulation need not have it)."""
+    served = described_by(settings, strategy, model)
+    del served["device"]
+    return served
+
+
 def simulated_engine(
     config: ModelConfig,
     settings: EngineSettings,
@@ -104,6 +113,7 @@ def fitted_record(path: Path, fitted: StepCostModel) -> dict[str, Any]:
     return {
         "cost_model": str(path),
         "fitted_on": fitted.described,
+        "measured_on": fitted.measured_on,
         "sources": fitted.sources,
         "fit_median_error": fitted.quality.median_error if fitted.quality else None,
     }
@@ -155,9 +165,11 @@ class SimulatedBackend(Backend):
         self.timing: StepTime
         if path is not None:
             fitted = StepCostModel.load(path)
-            fitted.check_describes(described_by(settings, strategy, spec.model.name))
+            fitted.check_describes(simulated_serves(settings, strategy, spec.model.name))
             self.timing, self.basis = fitted, fitted_record(path, fitted)
-            self.said = f"predicted by {path.name}, fitted on real runs"
+            self.said = f"predicted by {path.name}, fitted on steps timed on " + (
+                fitted.measured_on or f"a {fitted.described.get('device', 'device')}"
+            )
         else:
             if strategy.weights.value != "dense":
                 raise ConfigError(

@@ -135,6 +135,7 @@ class StepCostModel:
     sources: list[str] = field(default_factory=list)  # the run directories fitted on
     kind_scale: dict[str, float] = field(default_factory=dict)  # kind -> factor (`calibrated`)
     calibrated_on: list[str] = field(default_factory=list)  # the run directories it scales by
+    measured_on: str = ""  # the device its steps were timed on, by name ("": not recorded)
 
     def step_seconds(self, counts: StepCounts) -> float:
         """The predicted duration of one step with these counts, correctly rounded (`fsum`):
@@ -148,13 +149,13 @@ class StepCostModel:
         """Seconds per unit in `TERMS` order (a term not fitted costs nothing)."""
         return tuple(self.seconds_per_unit.get(term, 0.0) for term in TERMS)
 
-    def check_describes(self, wanted: dict[str, str]) -> None:
+    def check_describes(self, wanted: dict[str, str], field: str = "simulate.cost_model") -> None:
         """A ConfigError when a run's model, dtype, weights or heads differ from the fit's."""
         for key, value in wanted.items():
             fitted = self.described.get(key)
             if fitted is not None and fitted != value:
                 raise ConfigError(
-                    "simulate.cost_model",
+                    field,
                     f"fitted on {key} {fitted!r}, but this run serves {value!r}: fit one on "
                     "runs of this configuration",
                 )
@@ -178,6 +179,7 @@ class StepCostModel:
             sources=list(payload.get("sources", [])),
             kind_scale={str(k): float(v) for k, v in (payload.get("kind_scale") or {}).items()},
             calibrated_on=list(payload.get("calibrated_on", [])),
+            measured_on=str(payload.get("measured_on", "")),
         )
 
 

@@ -12,6 +12,7 @@ measurements. A prediction from them is labelled as such wherever it is shown.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 from servelab.base.errors import ConfigError
@@ -31,36 +32,44 @@ class Hardware:
     bandwidth: float  # bytes/s
     memory_bytes: float
     source: str  # where the figures come from
+    marks: tuple[str, ...]  # the words of a device's name (torch's) that identify it
 
 
 PRESETS = {
     "a100-40gb": Hardware(
         "NVIDIA A100 40GB SXM", 312e12, 1.555e12, 40e9,
-        "NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 1,555 GB/s HBM2",
+        "NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 1,555 GB/s HBM2", ("A100", "40GB"),
     ),
     "a100-80gb": Hardware(
         "NVIDIA A100 80GB SXM", 312e12, 2.039e12, 80e9,
-        "NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 2,039 GB/s HBM2e",
+        "NVIDIA A100 datasheet: 312 TFLOPS bf16 dense, 2,039 GB/s HBM2e", ("A100", "80GB"),
     ),
     "h100-80gb": Hardware(
         "NVIDIA H100 SXM 80GB", 989e12, 3.35e12, 80e9,
-        "NVIDIA H100 datasheet: 989 TFLOPS bf16 dense, 3.35 TB/s HBM3",
+        "NVIDIA H100 datasheet: 989 TFLOPS bf16 dense, 3.35 TB/s HBM3", ("H100",),
     ),
     "h200": Hardware(
         "NVIDIA H200 SXM 141GB", 989e12, 4.8e12, 141e9,
-        "NVIDIA H200 datasheet: 989 TFLOPS bf16 dense, 4.8 TB/s HBM3e",
+        "NVIDIA H200 datasheet: 989 TFLOPS bf16 dense, 4.8 TB/s HBM3e", ("H200",),
     ),
     "l4": Hardware(
         "NVIDIA L4 24GB", 121e12, 300e9, 24e9,
-        "NVIDIA L4 datasheet: 121 TFLOPS bf16 dense, 300 GB/s GDDR6",
+        "NVIDIA L4 datasheet: 121 TFLOPS bf16 dense, 300 GB/s GDDR6", ("L4",),
     ),
 }  # fmt: skip
 
 
-def hardware_preset(name: str) -> Hardware:
+def hardware_preset(name: str, field: str = "simulate.hardware") -> Hardware:
     if name not in PRESETS:
-        raise ConfigError("simulate.hardware", f"{name!r} is not one of: {', '.join(PRESETS)}")
+        raise ConfigError(field, f"{name!r} is not one of: {', '.join(PRESETS)}")
     return PRESETS[name]
+
+
+def preset_of_device(device_name: str) -> str | None:
+    """The preset a device is, by the words of its name ("NVIDIA A100-SXM4-80GB" is
+    a100-80gb, "NVIDIA L40S" no preset); None for none."""
+    words = set(re.split(r"[^A-Z0-9]+", device_name.upper()))
+    return next((key for key, h in PRESETS.items() if set(h.marks) <= words), None)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 of `model`'s shape, the KV memory left beside them (`plan.memory_utilization` of the device)
 and the requests of the workload's mean length it holds; the sustained rate per device from
 the knee search on simulated runs; the devices a traffic needs, what bounds a device's batch,
-and the cost per million output tokens. A prediction from published specifications and
-stated efficiencies, never a measurement.
+and the cost per million output tokens. A prediction, never a measurement, and each row says
+what its step times rest on: steps profiled on that GPU (`plan.profiles`: a preset's step
+profile, as the GPU check writes one), or its published specifications with stated
+efficiencies.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from servelab.harness.runner.compose import compose
 from servelab.harness.runner.settings import engine_settings, model_of
 from servelab.harness.search.probes import RunFn
 from servelab.harness.search.profile import search
-from servelab.harness.simulate.backend import derived_timing, meta_model
+from servelab.harness.simulate.backend import derived_timing, meta_model, simulated_serves
+from servelab.harness.simulate.cost_model import StepCostModel
 from servelab.harness.simulate.hardware import (
     BANDWIDTH_EFFICIENCY,
     COMPUTE_EFFICIENCY,
     STEP_OVERHEAD_S,
     hardware_preset,
+    preset_of_device,
 )
 from servelab.strategies.settings import strategy_settings
 
@@ -44,6 +48,7 @@ class PlanRow:
     bound: str  # what bounds a device's batch: its KV memory or the step limit
     cost_per_million: float | None  # output tokens, at plan.price_per_hour
     note: str
+    basis: str  # what the step times rest on: steps measured on that GPU, or its datasheet
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,7 @@ class PlanSettings:
     memory_utilization: float
     requests: int
     out_dir: Path
+    profiles: dict[str, Path]  # preset -> a step profile measured on that GPU
 
     @classmethod
     def of(cls, cfg: DictConfig) -> PlanSettings:
@@ -67,22 +73,59 @@ class PlanSettings:
             memory_utilization=float(node.memory_utilization),
             requests=int(node.requests),
             out_dir=Path(str(node.out_dir)),
+            profiles={str(k): Path(str(v)) for k, v in (node.get("profiles") or {}).items()},
         )
         if settings.rate <= 0 or settings.price_per_hour < 0 or settings.requests < 1:
             raise ConfigError("plan", "rate and requests must be positive, the price not negative")
         if not 0 < settings.memory_utilization <= 1:
             raise ConfigError("plan.memory_utilization", "a share of device memory, in (0, 1]")
         for name in settings.hardware:
-            hardware_preset(name)
+            hardware_preset(name, "plan.hardware")
+        for name, path in settings.profiles.items():
+            measured_profile(name, path)
         return settings
+
+
+def measured_profile(preset: str, path: Path) -> StepCostModel:
+    """A preset's step profile, checked to be of that GPU (a one-line error otherwise)."""
+    field = f"plan.profiles.{preset}"
+    hardware = hardware_preset(preset, field)
+    try:
+        model = StepCostModel.load(path)
+    except ConfigError as error:
+        raise ConfigError(field, str(error).removeprefix(f"{error.field}: ")) from error
+    if preset_of_device(model.measured_on) != preset:
+        measured = repr(model.measured_on) if model.measured_on else "a device it does not name"
+        raise ConfigError(
+            field,
+            f"{path} was timed on {measured}, not an {hardware.name}: profile that GPU's steps "
+            "(`servelab profile-steps` on it, or the GPU check's step-profile.json)",
+        )
+    return model
 
 
 def predicted_line() -> str:
     return (
-        f"Predicted from published specifications (compute efficiency {COMPUTE_EFFICIENCY:.0%}, "
-        f"bandwidth efficiency {BANDWIDTH_EFFICIENCY:.0%}, {STEP_OVERHEAD_S * 1e3:g} ms a step): "
-        "a simulation, not a measurement."
+        "Predicted: simulated runs whose step times come from each row's basis, steps profiled "
+        "on that GPU or its published specifications (compute efficiency "
+        f"{COMPUTE_EFFICIENCY:.0%}, bandwidth efficiency {BANDWIDTH_EFFICIENCY:.0%}, "
+        f"{STEP_OVERHEAD_S * 1e3:g} ms a step); a simulation, not a measurement."
     )
+
+
+def basis_of(preset: str, cfg: DictConfig, settings: PlanSettings) -> tuple[str, str]:
+    """(the override that times a preset's simulated steps, what the row says it rests on),
+    for a strategy's config: a preset's step profile must be of the model, dtype, weights
+    and heads it serves (a one-line error before any row is planned otherwise)."""
+    path = settings.profiles.get(preset)
+    if path is None:
+        return f"simulate.hardware={preset}", f"datasheet: {hardware_preset(preset).source}"
+    measured = measured_profile(preset, path)
+    served = simulated_serves(
+        engine_settings(cfg.engine), strategy_settings(cfg.strategy), model_of(cfg).name
+    )
+    measured.check_describes(served, f"plan.profiles.{preset}")
+    return f"simulate.cost_model={path}", f"measured: steps profiled on {measured.measured_on}"
 
 
 def plan_row(
@@ -99,12 +142,13 @@ def plan_row(
     mean_tokens = statistics.mean(len(r.prompt_ids) + r.max_tokens for r in requests)
     mean_output = statistics.mean(r.max_tokens for r in requests)
     held = int(max(kv_bytes, 0) // (kv_layout(model, engine.dtype).bytes_per_token * mean_tokens))
+    timed_by, basis = basis_of(preset, cfg, settings)
     row = PlanRow(preset, strategy, timing.weight_bytes / 1e9, max(kv_bytes, 0) / 1e9, held,
-                  None, None, "memory", None, "")  # fmt: skip
+                  None, None, "memory", None, "", basis)  # fmt: skip
     if held < 1:
         return _with(row, note="the weights leave no room for one request's KV")
     searched = [
-        *overrides, "backend=simulated", f"simulate.hardware={preset}",
+        *overrides, "backend=simulated", timed_by,
         f"engine.kv_budget={int(kv_bytes)}", f"search.strategies=[{strategy}]",
         f"search.out_dir={settings.out_dir / preset}", "search.budget_s=1e9",
         f"search.requests={settings.requests}", f"search.max_requests={2 * settings.requests}",

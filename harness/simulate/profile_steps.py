@@ -25,6 +25,7 @@ from servelab.base.errors import ConfigError
 from servelab.base.records import StepRecord
 from servelab.engine.engine import Engine
 from servelab.engine.shapes import DECODE, Shape, ShapeRunner
+from servelab.harness.measure.calibrate import device_name
 from servelab.harness.measure.rundir import read_steps, write_json_atomic
 from servelab.harness.runner.build import build_engine, kv_layout, load_for_strategy
 from servelab.harness.runner.spec import EngineSpec
@@ -144,7 +145,8 @@ def profile_steps(
     drift = timer.drift(table[0], options.repeats)
     seconds = time.perf_counter() - began
     write_table(table_path, table, drift, described, options, seconds)
-    model = fit_table(table, described, [str(table_path)])
+    measured_on = device_name(checked.settings.device)
+    model = replace(fit_table(table, described, [str(table_path)]), measured_on=measured_on)
     model.save(model_path)
     subsets = [subset(table, n, described, table_path, held_out) for n in every]
     return Profile(table, model, subsets, drift, seconds, len(run_dirs), table_path, model_path)
