@@ -79,9 +79,9 @@ def main(args: list[str]) -> None:
     rows = []
     for preset in settings.hardware:
         for strategy in settings.strategies:
-            _, basis = bases[preset, strategy]
-            print(f"plan: {strategy} on {preset} (simulated; {basis})", flush=True)
-            rows.append(plan_row(args, preset, strategy, settings, measured))
+            basis = bases[preset, strategy]
+            print(f"plan: {strategy} on {preset} (simulated; {basis[1]})", flush=True)
+            rows.append(plan_row(args, preset, strategy, settings, measured, basis))
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     model = str(cfg.model.get("name", "model"))
     record = {

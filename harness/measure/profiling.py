@@ -29,9 +29,15 @@ SUMMARY_NAME = "profile.json"
 
 def step_kind(record: StepRecord) -> str:
     """decode (every token a decode token), prefill, or mixed."""
-    if record.prefill_tokens == 0:
+    return fed_kind(record.prefill_tokens, record.decode_tokens)
+
+
+def fed_kind(prefill: int, decode: int) -> str:
+    """decode (no prompt fed), prefill (no decode fed), or mixed, from what a step fed of
+    each (tokens or rows)."""
+    if prefill == 0:
         return "decode"
-    return "prefill" if record.decode_tokens == 0 else "mixed"
+    return "prefill" if decode == 0 else "mixed"
 
 
 class StepProfiler:

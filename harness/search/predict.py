@@ -37,6 +37,7 @@ PRECISION = 0.05  # the simulated knee's bracket, high / low - 1, when the bisec
 MOST_PROBES = 12  # simulated rate probes of the bisection at most
 STEP = 1.25  # from the knee out to a rate whose probe decides, a step at a time
 STEPS = 4  # at most, each way
+PREDICTED = "predicted"  # the prediction's files and simulated runs, under the search's out_dir
 
 
 class Predictor:
@@ -59,14 +60,14 @@ class Predictor:
     def __call__(self, strategy: str) -> Prediction | None:
         cfg = self.configs[strategy]
         runs = self.real_runs()
-        model = self.profiler(cfg, self.out_dir / "predicted", runs)
+        model = self.profiler(cfg, self.out_dir / PREDICTED, runs)
         self.models[strategy] = str(model)
         simulated = copy.deepcopy(cfg)
         simulated.backend = "simulated"
         with open_dict(simulated.simulate):
             simulated.simulate.cost_model = str(model)
         prober = RunProber(
-            simulated, self.out_dir / "predicted" / strategy, self.settings.confidence,
+            simulated, self.out_dir / PREDICTED / strategy, self.settings.confidence,
             self.run, SimulatedClock(),
         )  # fmt: skip
         predicted = simulated_knee(prober, self.settings)
@@ -88,7 +89,7 @@ class Predictor:
         return [
             path.parent
             for path in sorted(self.out_dir.glob("*/*/steps.jsonl"))
-            if path.parent.parent.name != "predicted"
+            if path.parent.parent.name != PREDICTED
         ]
 
 

@@ -53,9 +53,9 @@ class SearchSettings:
     slo_from: (
         SourceSLO | None
     )  # an earlier search's SLO, judged against instead (`slo.earlier_run`)
-    predict: bool = False  # place the first rate probes around the simulator's knees (the
-    # engine in this process only: a simulation needs none, a peer's steps are not profiled;
-    # harness/search/predict.py)
+    predict: bool = False  # place the first rate probes where the simulator says they decide
+    # (the engine in this process only: a simulation needs none, a peer's steps are not
+    # profiled; harness/search/predict.py)
 
     @property
     def measures_speed(self) -> bool:

@@ -41,7 +41,7 @@ import numpy as np
 from servelab.base.errors import ConfigError
 from servelab.base.records import StepRecord
 from servelab.engine.model_runner import StepShape
-from servelab.harness.measure.profiling import step_kind
+from servelab.harness.measure.profiling import fed_kind, step_kind
 
 TERMS = ("step", "seqs", "tokens", "logits_rows", "attended_pairs", "context_tokens")
 KINDS = ("prefill", "decode", "mixed")  # what a step fed: prompt tokens, next tokens, or both
@@ -65,14 +65,13 @@ class StepCounts:
     def of_shape(cls, shape: StepShape) -> StepCounts:
         """A feed's counts; a row of one token is a decode row (as a padded row is)."""
         decode = sum(1 for n in shape.query_lens if n == 1)
-        kind = "decode" if decode == len(shape.query_lens) else "prefill" if not decode else "mixed"
         return cls(
             seqs=len(shape.query_lens),
             tokens=sum(shape.query_lens),
             logits_rows=shape.num_logits,
             attended_pairs=shape.attended_pairs,
             context_tokens=shape.context_tokens,
-            kind=kind,
+            kind=fed_kind(len(shape.query_lens) - decode, decode),
         )
 
     @classmethod

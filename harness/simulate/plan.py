@@ -129,10 +129,15 @@ def basis_of(preset: str, cfg: DictConfig, settings: PlanSettings) -> tuple[str,
 
 
 def plan_row(
-    overrides: list[str], preset: str, strategy: str, settings: PlanSettings, run: RunFn
+    overrides: list[str],
+    preset: str,
+    strategy: str,
+    settings: PlanSettings,
+    run: RunFn,
+    basis: tuple[str, str],
 ) -> PlanRow:
     """One preset and strategy: the memory arithmetic, then the knee search on simulated runs
-    (each run by `run`, which the command supplies)."""
+    (each run by `run`, which the command supplies) timed as `basis` says (`basis_of`)."""
     cfg = compose([*overrides, f"strategy={strategy}"])
     engine, model_spec = engine_settings(cfg.engine), model_of(cfg)
     model = meta_model(model_spec, strategy_settings(cfg.strategy))
@@ -142,9 +147,9 @@ def plan_row(
     mean_tokens = statistics.mean(len(r.prompt_ids) + r.max_tokens for r in requests)
     mean_output = statistics.mean(r.max_tokens for r in requests)
     held = int(max(kv_bytes, 0) // (kv_layout(model, engine.dtype).bytes_per_token * mean_tokens))
-    timed_by, basis = basis_of(preset, cfg, settings)
+    timed_by, said = basis
     row = PlanRow(preset, strategy, timing.weight_bytes / 1e9, max(kv_bytes, 0) / 1e9, held,
-                  None, None, "memory", None, "", basis)  # fmt: skip
+                  None, None, "memory", None, "", said)  # fmt: skip
     if held < 1:
         return _with(row, note="the weights leave no room for one request's KV")
     searched = [

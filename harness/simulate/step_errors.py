@@ -30,8 +30,9 @@ from pathlib import Path
 
 from servelab.base.errors import ConfigError
 from servelab.base.records import StepRecord
-from servelab.harness.measure.profiling import step_kind as fed_kind
+from servelab.harness.measure import profiling
 from servelab.harness.measure.rundir import read_steps
+from servelab.harness.simulate.cost_model import KINDS as FED_KINDS
 from servelab.harness.simulate.cost_model import (
     StepCostModel,
     StepErrors,
@@ -41,14 +42,14 @@ from servelab.harness.simulate.cost_model import (
     measured_steps,
 )
 
-KINDS = ("prefill", "decode", "mixed", "padded")
+KINDS = (*FED_KINDS, "padded")
 FILE = "step_errors.json"
 
 
 def step_kind(step: StepRecord) -> str:
     """prefill, decode, mixed (both in one step: the kinds a model is calibrated by), or padded
     (any padding computed)."""
-    return "padded" if step.pad_tokens else fed_kind(step)
+    return "padded" if step.pad_tokens else profiling.step_kind(step)
 
 
 @dataclass(frozen=True)
