@@ -3,10 +3,10 @@
 `make run` answers one question: how much more load each strategy sustains than the next, at
 one SLO, on this machine. Whether its intervals hold that answer (coverage) and how narrow they
 are (width) cannot be read off one real run, whose true knees nobody knows; here they are
-known. Each simulated `make run` is the search's real procedure (`knee.find_knees`: anchors,
-rate probes steered by the fit, the shared budget; the reference floor before and after, and
-the drift's widening, `knee.widened_for_drift`) over synthetic strategies, on a simulated clock
-and a machine whose speed drifts:
+known. Each simulated `make run` is the search's real procedure
+(`strategy_search.find_knees`: anchors, rate probes placed by the policy, the shared budget;
+the reference floor before and after, and the drift's widening, `widened_for_drift`) over
+synthetic strategies, on a simulated clock and a machine whose speed drifts:
 
 - A strategy's request, served at Poisson rate r, has the SLO ratio
   `base / speed * X * (1 + steepness * rho / (1 - rho))` with rho = r / (capacity * speed):
@@ -49,22 +49,17 @@ import numpy as np
 
 from servelab.harness.measure.drift import Drift
 from servelab.harness.runner.compose import compose
-from servelab.harness.search.knee import (
-    Knee,
-    KneeSettings,
-    Outcome,
-    Prediction,
-    ProbeSpec,
-    find_knees,
-    widened_for_drift,
-)
-from servelab.harness.search.profile import SearchSettings
-from servelab.harness.search.ratio_knee import ProbeRatios, knee_ratio
+from servelab.harness.search.estimator import ProbeRatios, knee_ratio
+from servelab.harness.search.knee_search import SearchSettings
+from servelab.harness.search.policy import Prediction, ProbePolicy
+from servelab.harness.search.probes import Outcome, ProbeSpec
+from servelab.harness.search.result import StrategyResult
+from servelab.harness.search.strategy_search import find_knees, widened_for_drift
 
 # the search's settings as `make run` runs it: conf/config.yaml's, probes skipping idle spans
 MAKE_RUN = SearchSettings.of(
     compose(["replay.skip_idle=true", "search.slo_scale.normalized_latency_s=2"])
-).knee
+).policy
 PREDICTED_BELOW, PREDICTED_ABOVE = 0.7, 1.3  # a prediction's first probes, as knee shares
 OVER_CAPACITY_GROWTH = 0.05  # over capacity, each later request's ratio grows by this x (rho - 1)
 
@@ -174,9 +169,9 @@ class Scenario:
 
 
 def one_search(
-    strategies: tuple[Strategy, ...], settings: KneeSettings, scenario: Scenario, drift: float,
+    strategies: tuple[Strategy, ...], settings: ProbePolicy, scenario: Scenario, drift: float,
     seed: int,
-) -> list[Knee]:  # fmt: skip
+) -> list[StrategyResult]:  # fmt: skip
     """A whole search with the speed moving by `drift`: the reference floor, every knee within
     the budget (its first probes around a prediction), the reference floor again, and the
     knees widened by the drift the two floors measured."""
@@ -258,7 +253,7 @@ def row(
 
 
 def evaluate(
-    strategies: tuple[Strategy, ...], settings: KneeSettings, scenario: Scenario, searches: int,
+    strategies: tuple[Strategy, ...], settings: ProbePolicy, scenario: Scenario, searches: int,
     seed: int = 0,
 ) -> list[Row]:  # fmt: skip
     """`searches` simulated searches, half with the speed rising by the scenario's drift and
@@ -275,7 +270,7 @@ def evaluate(
     names = list(truths)
     for a, b in combinations(range(len(names)), 2):
         top, bottom = (a, b) if truths[names[a]] >= truths[names[b]] else (b, a)
-        ratios = [knee_ratio(knees[top], knees[bottom]) for knees in runs]
+        ratios = [knee_ratio(knees[top].knee, knees[bottom].knee) for knees in runs]
         truth = truths[names[top]] / truths[names[bottom]]
         name = f"{names[top]} / {names[bottom]}"
         rows.append(row(name, truth, [(q.low, q.high) for q in ratios], ratio=True))

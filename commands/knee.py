@@ -1,5 +1,5 @@
 """`servelab knee DIR...`: each strategy's knee from rate runs already on disk, by the SLO
-ratios' quantile (`harness/search/ratio_knee.py`), with its interval, the ratio of every pair
+ratios' quantile (`harness/search/estimator.py`), with its interval, the ratio of every pair
 of strategies and where one more probe narrows each interval most; as lines and as JSON."""
 
 from __future__ import annotations
@@ -16,16 +16,9 @@ import yaml
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.rundir import REQUESTS, read_requests
 from servelab.harness.measure.slo.limits import SLO
-from servelab.harness.search.ratio_knee import (
-    RatioKnee,
-    centre,
-    fit_ratio_knee,
-    knee_ratio,
-    knee_text,
-    next_rate,
-    probe_ratios,
-    rate_text,
-)
+from servelab.harness.search.estimator import Knee, fit_knee, knee_ratio, probe_ratios
+from servelab.harness.search.policy import next_rate
+from servelab.harness.search.text import knee_text, rate_text
 
 SUMMARY = "each strategy's knee from rate runs on disk, read off every request's SLO ratio"
 USAGE = """usage: servelab knee DIR [DIR ...] [--slo KEY=SECONDS ...] [--attainment SHARE]
@@ -63,12 +56,12 @@ def main(args: list[str]) -> None:
         )
     slo = options_slo(options.slo, runs)
     share = options.attainment or slo.attainment
-    knees: dict[str, RatioKnee] = {}
+    knees: dict[str, Knee] = {}
     for group, members in itertools.groupby(
         sorted(runs, key=lambda r: r.group), key=lambda r: r.group
     ):
         probes = [probe_ratios(run.rate, read_requests(run.path), slo) for run in members]
-        knees["/".join(group)] = fit_ratio_knee(probes, share, options.confidence, options.warmup)
+        knees["/".join(group)] = fit_knee(probes, share, options.confidence, options.warmup)
     lines, payload = describe(knees, slo, share, options.confidence)
     for line in lines:
         print(line)
@@ -147,7 +140,7 @@ def options_slo(given: list[str], runs: list[RateRun]) -> SLO:
 
 
 def describe(
-    knees: dict[str, RatioKnee], slo: SLO, share: float, confidence: float
+    knees: dict[str, Knee], slo: SLO, share: float, confidence: float
 ) -> tuple[list[str], dict[str, object]]:
     """The lines printed and the JSON written."""
     lines = [slo.describe(), f"knee: where the {share:g}-quantile of the requests' SLO ratios "
@@ -172,7 +165,7 @@ def describe(
     ratios = []
     for top, bottom in itertools.permutations(knees, 2):
         ratio = knee_ratio(knees[top], knees[bottom])
-        if (centre(knees[top]) or 0.0) >= (centre(knees[bottom]) or 0.0):  # each pair once
+        if (knees[top].centre or 0.0) >= (knees[bottom].centre or 0.0):  # each pair once
             lines.append(f"{top} / {bottom}: {rate_text(ratio.estimate)} "
                          f"[{rate_text(ratio.low)}, {rate_text(ratio.high)}]")  # fmt: skip
         ratios.append({"top": top, "bottom": bottom, "estimate": ratio.estimate,

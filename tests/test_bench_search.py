@@ -20,8 +20,8 @@ from benchmarks.bench_search import (
     evaluate,
     main,
 )
-from servelab.harness.search.knee import ProbeSpec
-from servelab.harness.search.ratio_knee import ProbeRatios, probe_quantile
+from servelab.harness.search.estimator import ProbeRatios, probe_quantile
+from servelab.harness.search.probes import ProbeSpec
 
 
 @pytest.mark.parametrize("strategy", COMPARISON, ids=lambda s: s.name)

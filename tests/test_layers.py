@@ -3,7 +3,7 @@
 `PACKAGES` (base, kernels, workloads, engine, models, strategies, harness, reports,
 commands), so no import points back up; within them `kernels` and `workloads` import only
 `base`, the engine and the model only `base` and the kernels; and no two parts of the
-harness import each other (measure < runner < search < simulate < runs < serving, gate); and
+harness import each other (measure < runner < simulate < search < runs < serving, gate); and
 no verb imports another."""
 
 from __future__ import annotations

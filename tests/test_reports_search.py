@@ -8,17 +8,19 @@ from pathlib import Path
 
 from reports_rundirs import RunSpec, page_text, write_run
 
-from servelab.harness.search.knee import Knee
-from servelab.harness.search.ratio_knee import RatioKnee
+from servelab.harness.search.estimator import Knee
+from servelab.harness.search.result import StrategyResult
 from servelab.reports.search_report import answer_lines
 from servelab.reports.sweep_report import build_sweep_report
 
 SLO = {"ttft_s": 0.5}
 
 
-def knee(strategy: str, estimate: float | None, low: float | None, high: float | None) -> Knee:
-    found = RatioKnee(estimate, low, high, False, ())
-    return Knee(strategy, ceiling=10.0, found=found, resolved=True)
+def knee(
+    strategy: str, estimate: float | None, low: float | None, high: float | None
+) -> StrategyResult:
+    fit = Knee(estimate, low, high, False, ())
+    return StrategyResult(strategy, ceiling=10.0, fit=fit, resolved=True)
 
 
 def test_each_pair_is_one_sentence_with_the_higher_knee_first() -> None:
@@ -37,7 +39,7 @@ def test_a_ratio_whose_interval_holds_one_is_not_separated_and_none_says_why() -
     at least 0.8x, which no probe of either supports as a lead: not separated. A pair with
     neither end says which knee lacks which."""
     vllm, orca = knee("vllm", None, 0.856, 1.77), knee("orca", None, None, 1.07)
-    ft = Knee("ft", note="its ceiling probe served nothing")
+    ft = StrategyResult("ft", note="its ceiling probe served nothing")
     assert answer_lines([vllm, orca, ft]) == [
         "vllm and orca are not separated at this SLO on this machine: vllm's rate over orca's "
         "lies in [0.8, -]",

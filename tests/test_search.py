@@ -11,19 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from servelab.harness.search.knee import (
-    Knee,
-    KneeSearch,
-    KneeSettings,
-    Outcome,
-    Prediction,
-    Probe,
-    ProbeSpec,
-    find_knees,
-)
-from servelab.harness.search.ratio_knee import ProbeRatios, fit_ratio_knee, probe_quantile
+from servelab.harness.search.estimator import Knee, ProbeRatios, fit_knee, probe_quantile
+from servelab.harness.search.policy import Prediction, ProbePolicy
+from servelab.harness.search.probes import Outcome, Probe, ProbeSpec
+from servelab.harness.search.result import StrategyResult
+from servelab.harness.search.strategy_search import StrategySearch, find_knees
 
-SETTINGS = KneeSettings(
+SETTINGS = ProbePolicy(
     target=0.9,
     resolution=0.2,
     requests=48,
@@ -98,7 +92,7 @@ class Cliff(System):
         return np.full(requests, 0.5) if rate <= self.knee else np.linspace(1.5, 40.0, requests)
 
 
-def _search(system: System, budget_s: float = 1e6, **settings: object) -> Knee:
+def _search(system: System, budget_s: float = 1e6, **settings: object) -> StrategyResult:
     chosen = replace(SETTINGS, **settings)  # type: ignore[arg-type]
     return find_knees({"s": system}, chosen, budget_s, clock=system.clock)[0]
 
@@ -135,7 +129,7 @@ def test_a_shallow_knee_is_narrowed_by_longer_probes_near_the_earlier_ones() -> 
 
 def test_a_cliff_is_said_and_bracketed_within_the_resolution() -> None:
     knee = _search(Cliff(knee=3.0, ceiling=10.0))
-    assert knee.found is not None and knee.found.cliff and knee.resolved
+    assert knee.fit is not None and knee.fit.cliff and knee.resolved
     assert knee.low is not None and knee.high is not None
     assert knee.low <= 3.0 < knee.high and knee.high / knee.low <= 1.2
     assert "cliff" in knee.note
@@ -144,7 +138,7 @@ def test_a_cliff_is_said_and_bracketed_within_the_resolution() -> None:
 def test_a_slo_missed_one_request_at_a_time_sustains_no_rate() -> None:
     system = System(knee=0.0, ceiling=10.0)
     knee = _search(system)
-    assert "no rate is sustained" in knee.note and knee.low is None and knee.found is None
+    assert "no rate is sustained" in knee.note and knee.low is None and knee.fit is None
     assert [kind for kind, *_ in system.calls] == ["floor"]
 
 
@@ -175,7 +169,8 @@ def test_a_simulated_knee_is_bisected_and_its_first_probes_go_where_they_decide(
     """On a made-up strategy as the simulation would run it: the point quantile's crossing
     found to the bisection's precision, and the nearest rates either side whose probes decide
     at the search's confidence (one step nearer, they do not)."""
-    from servelab.harness.search.predict import STEP, simulated_knee
+    from servelab.harness.search.policy import STEP_OUT
+    from servelab.harness.search.predict import simulated_knee
 
     def quantile(system: System, rate: float):
         return probe_quantile(system.at(rate, 48).ratios, 0.9, 0.95)
@@ -185,8 +180,8 @@ def test_a_simulated_knee_is_bisected_and_its_first_probes_go_where_they_decide(
     assert predicted is not None and abs(math.log(predicted.knee / 3.0)) < math.log(1.1)
     assert predicted.below < predicted.knee < predicted.above
     assert quantile(system, predicted.below).high <= 1 < quantile(system, predicted.above).low
-    assert quantile(system, predicted.below * STEP).high > 1
-    assert quantile(system, predicted.above / STEP).low <= 1
+    assert quantile(system, predicted.below * STEP_OUT).high > 1
+    assert quantile(system, predicted.above / STEP_OUT).low <= 1
     assert simulated_knee(System(knee=0.01, ceiling=10.0), SETTINGS) is None
 
 
@@ -225,9 +220,9 @@ def test_every_knee_gets_a_lower_end_before_any_bounded_one_is_narrowed() -> Non
     assert clock.now <= 400.0
 
 
-def _low_after(knee: Knee, probes: list[Probe]) -> float | None:
+def _low_after(knee: StrategyResult, probes: list[Probe]) -> float | None:
     """The knee's low end after these of its probes."""
-    found = fit_ratio_knee([p.outcome.ratios for p in probes], 0.9, 0.95, ceiling=knee.ceiling)
+    found = fit_knee([p.outcome.ratios for p in probes], 0.9, 0.95, ceiling=knee.ceiling)
     return found.low
 
 
@@ -302,10 +297,10 @@ def test_a_strategy_slowed_on_purpose_moves_its_knee_down_by_the_factor(tmp_path
     batching, whose waits grow with the load well before its throughput ceiling."""
     from servelab.harness.runner.compose import compose
     from servelab.harness.runs.run import run
-    from servelab.harness.search.profile import search
-    from servelab.harness.search.ratio_knee import knee_ratio
+    from servelab.harness.search.estimator import knee_ratio
+    from servelab.harness.search.knee_search import search
 
-    def knee_at(delay: float) -> Knee:
+    def knee_at(delay: float) -> StrategyResult:
         overrides = [
             "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false",
             "workload=random", "workload.input_len.dist=fixed", "workload.input_len.value=8",
@@ -321,7 +316,7 @@ def test_a_strategy_slowed_on_purpose_moves_its_knee_down_by_the_factor(tmp_path
         return search(overrides, compose, lambda cfg, d: run(cfg, d, progress=False)).knees[0]
 
     fast, slow = knee_at(0.04), knee_at(0.08)
-    ratio = knee_ratio(fast, slow)  # the tiny model's own step time keeps it under 2
+    ratio = knee_ratio(fast.knee, slow.knee)  # the tiny model's own step time keeps it under 2
     assert ratio.low is not None and ratio.high is not None
     assert ratio.low <= 2.2 and ratio.high >= 1.6, (ratio.low, ratio.high)
     assert fast.resolved and slow.resolved
@@ -347,7 +342,7 @@ def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path) -> None:
 
     from servelab.harness.runner.compose import compose
     from servelab.harness.runs.run import run
-    from servelab.harness.search.profile import search
+    from servelab.harness.search.knee_search import search
 
     overrides = [
         "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
@@ -383,7 +378,7 @@ def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path) -> None:
 def test_a_scaled_limit_must_name_a_limit() -> None:
     from servelab.base.errors import ConfigError
     from servelab.harness.runner.compose import compose
-    from servelab.harness.search.profile import SearchSettings
+    from servelab.harness.search.knee_search import SearchSettings
 
     with pytest.raises(ConfigError, match=r"search\.slo_scale\.ttft: not a limit"):
         SearchSettings.of(compose(["+search.slo_scale.ttft=4"]))
@@ -394,11 +389,11 @@ def test_a_probe_too_short_to_bound_the_quantile_is_refused_before_any_run() -> 
     probe that short could show a rate sustained."""
     from servelab.base.errors import ConfigError
     from servelab.harness.runner.compose import compose
-    from servelab.harness.search.profile import SearchSettings
+    from servelab.harness.search.knee_search import SearchSettings
 
     with pytest.raises(ConfigError, match=r"search\.requests: 35 requests .* at least 36"):
         SearchSettings.of(compose(["slo.ttft_s=1", "search.requests=35"]))
-    assert SearchSettings.of(compose(["slo.ttft_s=1", "search.requests=36"])).knee.requests == 36
+    assert SearchSettings.of(compose(["slo.ttft_s=1", "search.requests=36"])).policy.requests == 36
 
 
 def test_a_repeat_probe_draws_the_workload_with_the_next_seed_in_its_own_directory(
@@ -443,17 +438,17 @@ def test_a_probe_that_skips_its_idle_spans_is_costed_at_its_busy_time() -> None:
     0.2 s apart) a probe's 48 requests span 9.6 s; skipping the idle between them, about
     48 x 0.125 = 6 s. Both add the drain of one request alone (the ceiling loaded nothing)."""
 
-    def first_cost(settings: KneeSettings) -> float:
-        search = KneeSearch("s", System(knee=3.0, ceiling=10.0), settings, lambda s, p: None)
+    def first_cost(settings: ProbePolicy) -> float:
+        search = StrategySearch("s", System(knee=3.0, ceiling=10.0), settings, lambda s, p: None)
         search.anchor()
-        return search.next.cost_s
+        return search.cost_s
 
     assert first_cost(SETTINGS) == pytest.approx(48 * 0.2 + 0.125)
     assert first_cost(replace(SETTINGS, skip_idle=True)) == pytest.approx(48 * 0.125 + 0.125)
 
 
 def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_prediction(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`search.predict` on the tiny model: one step profile for both strategies (they serve
     the same model), each strategy's model calibrated on the search's real runs when its
@@ -461,11 +456,11 @@ def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_predi
     the rate below its predicted knee where a simulated probe decided (below the ceiling; run,
     or named as the probe the budget had no room for). The step errors leave out the runs a
     model was calibrated on."""
-    from servelab.commands.search import profiled
     from servelab.harness.measure.rundir import read_steps
     from servelab.harness.runner.compose import compose
     from servelab.harness.runs.run import run
-    from servelab.harness.search.profile import search
+    from servelab.harness.search import predict
+    from servelab.harness.search.knee_search import search
     from servelab.harness.simulate.cost_model import StepCostModel, measured_steps
     from servelab.harness.simulate.step_errors import search_step_errors
 
@@ -475,6 +470,9 @@ def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_predi
         calibrated_on[str(cfg.strategy.name)] = [f"{r.parent.name}/{r.name}" for r in runs]
         return profiled(cfg, out_dir, runs)
 
+    profiled = predict.profiled
+    monkeypatch.setattr(predict, "profiled", profiling)
+
     overrides = [
         "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
         "workload.input_len.dist=fixed", "workload.input_len.value=8",
@@ -482,9 +480,7 @@ def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_predi
         "slo.e2e_s=0.5", "search.floor_requests=3", "search.ceiling_requests=8",
         "search.budget_s=20", f"search.out_dir={tmp_path}",
     ]  # fmt: skip
-    result = search(
-        overrides, compose, lambda cfg, d: run(cfg, d, progress=False), profiler=profiling
-    )
+    result = search(overrides, compose, lambda cfg, d: run(cfg, d, progress=False))
     assert calibrated_on == {
         "fastertransformer": ["fastertransformer/ceiling", "fastertransformer/floor"],
         "vllm": ["fastertransformer/ceiling", "fastertransformer/floor", "vllm/ceiling",
@@ -514,22 +510,21 @@ def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_predi
 
 
 def test_the_prediction_is_set_beside_what_was_measured() -> None:
-    from servelab.harness.search.ratio_knee import RatioKnee
     from servelab.reports.search_report import predicted_text
 
-    def measured(low: float | None, high: float | None) -> Knee:
-        return Knee("s", predicted=1.12, found=RatioKnee(None, low, high, True, ()))
+    def measured(low: float | None, high: float | None) -> StrategyResult:
+        return StrategyResult("s", predicted=1.12, fit=Knee(None, low, high, True, ()))
 
     inside = "1.12 (inside the measured interval)"
     assert predicted_text(measured(1.09, 1.31)) == inside
     assert predicted_text(measured(None, 1.2)) == inside
     assert predicted_text(measured(None, 0.56)) == "1.12 (the measured interval ends 50% below it)"
     assert predicted_text(measured(1.4, None)) == "1.12 (the measured interval starts 25% above it)"
-    assert predicted_text(Knee("s")) == "-"
+    assert predicted_text(StrategyResult("s")) == "-"
 
 
 def test_the_probes_that_shared_the_machine_are_named(tmp_path: Path) -> None:
-    from servelab.harness.search.profile import busy_probes
+    from servelab.harness.search.knee_search import busy_probes
 
     for name, codes in [("vllm/rate-1", ["busy_machine"]), ("orca/rate-2", ["send_lag"]),
                         ("predicted/vllm/rate-3", ["busy_machine"])]:  # fmt: skip

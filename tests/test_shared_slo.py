@@ -112,7 +112,7 @@ def test_a_repeat_judges_every_probe_against_the_first_search_s_slo(tmp_path) ->
     beside the first's and measures its own drift."""
     from servelab.harness.runner.compose import compose
     from servelab.harness.runs.run import run
-    from servelab.harness.search.profile import search
+    from servelab.harness.search.knee_search import search
 
     def run_quietly(cfg, d):
         return run(cfg, d, progress=False)
@@ -157,7 +157,7 @@ def test_a_search_whose_machine_slowed_widens_its_fitted_knees_by_the_drift(tmp_
     knee's interval is the first's moved out by 1.25 on each side."""
     from servelab.harness.runner.compose import compose
     from servelab.harness.runs.run import run
-    from servelab.harness.search.profile import search
+    from servelab.harness.search.knee_search import search
     from servelab.harness.simulate.cost_model import StepCostModel
 
     per_unit = {"step": 0.004, "seqs": 0.0003, "tokens": 0.0001, "logits_rows": 0.0002}
@@ -200,7 +200,7 @@ def test_a_search_whose_machine_slowed_widens_its_fitted_knees_by_the_drift(tmp_
 
 def test_a_scaled_limit_given_again_is_refused_others_combine() -> None:
     from servelab.harness.runner.compose import compose
-    from servelab.harness.search.profile import SearchSettings
+    from servelab.harness.search.knee_search import SearchSettings
 
     for given in ("slo.ttft_s=1", "slo.ttft_per_prompt_token_s=0.01"):  # TTFT's scale sets both
         with pytest.raises(ConfigError, match=r"slo\.ttft\S*: each limit has one source"):

@@ -5,7 +5,7 @@ A paper's "N times the throughput at the same latency" is a ratio of sustained r
 SLO, which only a knee search measures; it is too long to run inside `servelab claims`, so a
 claims file names such measurements (`knees:`) and `servelab claims search=DIR` reads them
 from a search already run. The interval joins the two knees' intervals' far ends
-(`harness.search.ratio_knee.knee_ratio`); an interval open on one side cannot pass or fail
+(`harness.search.estimator.knee_ratio`); an interval open on one side cannot pass or fail
 on that side, so it is inconclusive.
 Without `search=DIR` these measurements are listed as not measured and left out of verdicts.
 """
@@ -21,8 +21,8 @@ from typing import Any
 from servelab.base.errors import ConfigError
 from servelab.harness.gate.spec import entry_name
 from servelab.harness.measure.bootstrap import DIRECTIONS, Outcome, verdict
-from servelab.harness.search.knee import Knee, knee_of_record
-from servelab.harness.search.ratio_knee import knee_ratio
+from servelab.harness.search.estimator import knee_ratio
+from servelab.harness.search.result import StrategyResult, result_of_record
 
 KNEE_KEYS = {"name", "of", "over", *DIRECTIONS}
 
@@ -61,21 +61,21 @@ def parse_knee_claims(raw: Any, field: str) -> tuple[KneeClaim, ...]:
     return tuple(claims)
 
 
-def read_knees(search_dir: Path) -> dict[str, Knee]:
+def read_knees(search_dir: Path) -> dict[str, StrategyResult]:
     """The knees of a search directory, by strategy."""
     path = search_dir / "search.json"
     if not path.is_file():
         raise ConfigError("search", f"{path} does not exist; give a `servelab search` out_dir")
     record = json.loads(path.read_text())
-    return {k["strategy"]: knee_of_record(k) for k in record["knees"]}
+    return {k["strategy"]: result_of_record(k) for k in record["knees"]}
 
 
-def knee_measurement(claim: KneeClaim, knees: dict[str, Knee], search_dir: Path) -> dict:
+def knee_measurement(claim: KneeClaim, knees: dict[str, StrategyResult], search_dir: Path) -> dict:
     """One knee claim as a measurement record of the gate's form (`harness.gate.record`)."""
     missing = [s for s in (claim.of, claim.over) if s not in knees]
     if missing:
         raise ConfigError(f"knees ({claim.name})", f"{search_dir} has no knee of {missing[0]}")
-    ratio = knee_ratio(knees[claim.of], knees[claim.over])
+    ratio = knee_ratio(knees[claim.of].knee, knees[claim.over].knee)
     estimate, low, high = ratio.estimate, ratio.low, ratio.high
     outcome = verdict(
         low if low is not None else 0.0,

@@ -1,9 +1,9 @@
 """The simulator's knee for one strategy, which places the search's first rate probes of it.
 
-Once a strategy's anchors have run, its step-cost model is profiled on this machine and
-calibrated on every real run the search has made so far (`Profiler`, supplied by the
-command: a lower layer does not profile), so the model holds the machine as it is now, not
-as it was minutes before. The strategy's probes are then simulated on it: the ceiling, then
+Once a strategy's anchors have run, its step-cost model is profiled on this machine
+(`profiled`: `servelab profile-steps` on `PREDICTION_GRID`) and calibrated on every real run
+the search has made so far, so the model holds the machine as it is now, not as it was
+minutes before. The strategy's probes are then simulated on it: the ceiling, then
 rate probes of the search's first length (the same requests its first real rate probes will
 draw), halved until one is sustained, then bisected in log rate until the crossing is within
 `PRECISION`. A simulated probe is judged by the point quantile of its requests' SLO ratios:
@@ -11,10 +11,7 @@ the simulation has no noise to bound, so its knee is a rate, not an interval (a 
 search over simulated runs left it as wide as the real one, and its middle missed by 2x).
 
 The first real rate probes then go where the simulation says each decides, at the search's
-confidence: the nearest rate below the knee whose simulated probe sustains its load, and the
-nearest above whose probe misses it. Probes at the knee itself, where an accurate prediction
-puts them, rarely decide either way (48 requests bound a 0.9-quantile loosely), and an
-undecided probe bounds nothing.
+confidence (`policy.ProbePolicy.decisive_rate`).
 """
 
 from __future__ import annotations
@@ -26,17 +23,28 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
-from servelab.harness.search.knee import LOWEST_SHARE, KneeSettings, Prediction, Prober, ProbeSpec
-from servelab.harness.search.probes import RunFn, RunProber, SimulatedClock
-from servelab.harness.search.ratio_knee import ProbeQuantile, probe_quantile
+from servelab.harness.measure.rundir import read_steps
+from servelab.harness.runner.spec import engine_spec
+from servelab.harness.search.estimator import ProbeQuantile, probe_quantile
+from servelab.harness.search.policy import LOWEST_SHARE, Prediction, ProbePolicy
+from servelab.harness.search.probes import Prober, ProbeSpec, RunFn, RunProber, SimulatedClock
+from servelab.harness.simulate.backend import described_by
+from servelab.harness.simulate.cost_model import StepCostModel, calibrated
+from servelab.harness.simulate.profile_steps import ProfileArgs, profile_steps
+from servelab.models.load import model_config_of
 
-# a strategy's config, the directory of the prediction's files and the real runs so far -> the
-# file of a step-cost model of this machine for it, calibrated on those runs
-Profiler = Callable[[DictConfig, Path, Sequence[Path]], Path]
 PRECISION = 0.05  # the simulated knee's bracket, high / low - 1, when the bisection stops
 MOST_PROBES = 12  # simulated rate probes of the bisection at most
-STEP = 1.25  # from the knee out to a rate whose probe decides, a step at a time
-STEPS = 4  # at most, each way
+# The shapes profiled for the prediction: prefill chunks and decode batches of the sizes a
+# search's probes step through (the grid's default reaches 1,024 tokens of context, which
+# takes longer than a prediction is worth), each within the model's context; two timings a
+# shape after one untimed.
+PREDICTION_GRID = {
+    "prefill_tokens": (16, 32, 64, 128, 256, 512),
+    "prefill_cached": (0, 128),
+    "decode_rows": (1, 2, 4, 8, 16),
+    "decode_context": (32, 128, 256, 512),
+}
 PREDICTED = "predicted"  # the prediction's files and simulated runs, under the search's out_dir
 
 
@@ -47,30 +55,29 @@ class Predictor:
     def __init__(
         self,
         configs: dict[str, DictConfig],
-        settings: KneeSettings,
+        policy: ProbePolicy,
         out_dir: Path,
         run: RunFn,
-        profiler: Profiler,
         say: Callable[[str], None],
     ) -> None:
-        self.configs, self.settings, self.out_dir = configs, settings, out_dir
-        self.run, self.profiler, self.say = run, profiler, say
+        self.configs, self.policy, self.out_dir = configs, policy, out_dir
+        self.run, self.say = run, say
         self.models: dict[str, str] = {}  # strategy -> its calibrated step-cost model's file
 
     def __call__(self, strategy: str) -> Prediction | None:
         cfg = self.configs[strategy]
         runs = self.real_runs()
-        model = self.profiler(cfg, self.out_dir / PREDICTED, runs)
+        model = profiled(cfg, self.out_dir / PREDICTED, runs)
         self.models[strategy] = str(model)
         simulated = copy.deepcopy(cfg)
         simulated.backend = "simulated"
         with open_dict(simulated.simulate):
             simulated.simulate.cost_model = str(model)
         prober = RunProber(
-            simulated, self.out_dir / PREDICTED / strategy, self.settings.confidence,
+            simulated, self.out_dir / PREDICTED / strategy, self.policy.confidence,
             self.run, SimulatedClock(),
         )  # fmt: skip
-        predicted = simulated_knee(prober, self.settings)
+        predicted = simulated_knee(prober, self.policy)
         self.say(
             f"  {strategy}: "
             + (
@@ -93,13 +100,12 @@ class Predictor:
         ]
 
 
-def simulated_knee(prober: Prober, settings: KneeSettings) -> Prediction | None:
+def simulated_knee(prober: Prober, policy: ProbePolicy) -> Prediction | None:
     """The rate where the simulated probes' ratio quantile crosses 1: below the simulated
     ceiling, halved until one is sustained, then bisected in log rate (None where none down to
-    `LOWEST_SHARE` of the ceiling is); and where the first real probes decide: stepping out
-    from it by `STEP` until a simulated probe is sustained at the search's confidence below
-    and missed at it above (`STEPS` each way at most, else the farthest tried)."""
-    ceiling = prober.run(ProbeSpec("ceiling", settings.ceiling_requests)).request_throughput
+    `LOWEST_SHARE` of the ceiling is); and where the first real probes decide, either side of
+    it (`ProbePolicy.decisive_rate`)."""
+    ceiling = prober.run(ProbeSpec("ceiling", policy.ceiling_requests)).request_throughput
     if not ceiling:
         return None
     tried: dict[float, ProbeQuantile] = {}
@@ -107,8 +113,8 @@ def simulated_knee(prober: Prober, settings: KneeSettings) -> Prediction | None:
     def probe(rate: float) -> ProbeQuantile:
         rate = float(f"{rate:.4g}")
         if rate not in tried:
-            ratios = prober.run(ProbeSpec("rate", settings.requests, rate)).ratios
-            tried[rate] = probe_quantile(ratios, settings.target, settings.confidence)
+            ratios = prober.run(ProbeSpec("rate", policy.requests, rate)).ratios
+            tried[rate] = probe_quantile(ratios, policy.target, policy.confidence)
         return tried[rate]
 
     low, high = None, ceiling
@@ -127,26 +133,31 @@ def simulated_knee(prober: Prober, settings: KneeSettings) -> Prediction | None:
     if low is None:
         return None
     knee = math.sqrt(low * high)
-    below = decided(probe, knee, 1 / STEP, lambda q: q.high <= 1, tried)
-    above = decided(probe, knee, STEP, lambda q: q.low > 1, tried)
+    below = policy.decisive_rate(probe, knee, False, tried)
+    above = policy.decisive_rate(probe, knee, True, tried)
     return Prediction(knee, below, above)
 
 
-def decided(
-    probe: Callable[[float], ProbeQuantile],
-    knee: float,
-    step: float,
-    decides: Callable[[ProbeQuantile], bool],
-    tried: dict[float, ProbeQuantile],
-) -> float:
-    """The nearest rate to `knee` on `step`'s side whose simulated probe `decides` (one tried
-    already, or one stepped to), else the farthest stepped to."""
-    side = [r for r, q in tried.items() if (r - knee) * (step - 1) > 0 and decides(q)]
-    if side:
-        return min(side, key=lambda r: abs(math.log(r / knee)))
-    rate = knee
-    for _ in range(STEPS):
-        rate *= step
-        if decides(probe(rate)):
-            break
-    return float(f"{rate:.4g}")
+def profiled(cfg: DictConfig, out_dir: Path, runs: Sequence[Path]) -> Path:
+    """A step-cost model of this machine serving `cfg`'s model as its strategy serves it:
+    `servelab profile-steps` on `PREDICTION_GRID`, profiled once per search and kind of model
+    served (strategies that serve the same one share it), calibrated on the real `runs` so far
+    (`cost_model.calibrated`), in `out_dir`."""
+    checked = engine_spec(cfg)
+    described = described_by(checked.settings, checked.strategy, checked.model.name)
+    grid = out_dir / ("steps-" + "-".join(described.values()) + ".json")
+    if not grid.exists():
+        print(f"profiling this machine's steps for the prediction ({grid})", flush=True)
+        context = model_config_of(checked.model).max_context
+        room = {"prefill_tokens": context - max(PREDICTION_GRID["prefill_cached"]),
+                "decode_context": context}  # fmt: skip
+        within = {
+            name: ",".join(str(n) for n in sizes if n <= room.get(name, n))
+            for name, sizes in PREDICTION_GRID.items()
+        }
+        options = ProfileArgs(out=str(grid), repeats=2, warmup=1, subsets="1", **within)
+        profile_steps(checked, options, [], progress=False)
+    path = grid.with_name(f"{grid.stem}-{cfg.strategy.name}.json")
+    names = [str(run.resolve()) for run in runs]
+    calibrated(StepCostModel.load(grid), [read_steps(run) for run in runs], names).save(path)
+    return path

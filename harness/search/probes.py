@@ -1,5 +1,5 @@
-"""A search's probes as runs: a typed probe (`knee.ProbeSpec`) set on the strategy's composed
-config, run in its own directory, and read back as every request's SLO ratio.
+"""A search's probes as runs: a typed probe (`ProbeSpec`) set on the strategy's composed
+config, run in its own directory, and read back as every request's SLO ratio (`Outcome`).
 
 The config is composed once per strategy, its SLO set (`slo.earlier_run.with_slo`); each probe is
 a copy with its arrivals, request count and seed set, so no probe composes Hydra overrides
@@ -12,17 +12,66 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, Protocol
 
 from omegaconf import DictConfig, open_dict
 
 from servelab.base.records import RequestRecord
 from servelab.harness.measure.rundir import read_requests
 from servelab.harness.measure.slo.limits import SLO
-from servelab.harness.search.knee import Outcome, ProbeSpec
-from servelab.harness.search.ratio_knee import probe_ratios
+from servelab.harness.search.estimator import ProbeQuantile, ProbeRatios, probe_ratios
 
 RunFn = Callable[[DictConfig, Path], dict]  # (config, run directory) -> summary
+Kind = Literal["floor", "ceiling", "rate"]
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """One probe as the search asks for it: how the requests arrive, how many, which draw."""
+
+    kind: Kind  # floor: one at a time; ceiling: all at once; rate: Poisson at `rate`
+    requests: int
+    rate: float | None = None  # req/s, rate probes only
+    repeat: int = 0  # > 0: the workload drawn again with the seed moved by this (new requests)
+
+    @property
+    def name(self) -> str:
+        """Its run directory's name under the strategy's."""
+        if self.kind != "rate":
+            return self.kind
+        return f"rate-{self.rate:.4g}-n{self.requests}" + (
+            f"-repeat{self.repeat}" if self.repeat else ""
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one probe's run measured: every request's SLO ratio, and what it cost."""
+
+    run_dir: str
+    ratios: ProbeRatios  # its rate is the probe's (None for the floor and ceiling)
+    request_throughput: float | None
+    seconds: float  # what the probe took on the search's clock
+    served_s: float  # the run's own duration (first arrival to last response)
+    stopped: bool = False  # ended early, over saturation: its unserved requests are censored
+    idle_skipped_s: float = 0.0  # of the run's clock, skipped with nothing in flight
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A probe that ran: what was asked, what it measured, its ratio quantile and interval."""
+
+    spec: ProbeSpec
+    outcome: Outcome
+    quantile: ProbeQuantile
+
+
+class Prober(Protocol):
+    """Runs one strategy's probes, a run each (`RunProber`)."""
+
+    def run(self, spec: ProbeSpec) -> Outcome: ...
 
 
 class SimulatedClock:

@@ -18,8 +18,8 @@ Scaled limits assume the machine keeps the speed it had when they were scaled; a
 does not always, and a slower machine during the probes reads every knee low. So the
 reference floor runs again after the last probe, and the search says how far its median TPOT
 moved, flagged past `DRIFT_LIMIT`, and widens each knee's interval by the move
-(`RatioKnee.widened`). A search on the limits of an earlier one (`earlier_run`) measures the
-same drift.
+(`search.estimator.Knee.widened`). A search on the limits of an earlier one (`earlier_run`)
+measures the same drift.
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ here: a resampled 0.9-quantile of 48 requests varies less than the quantile does
 resamples of the top order statistics repeat the few largest ratios.
 
 Two knees give a ratio (`knee_ratio`) whose interval joins their intervals' ends, widened by
-the drift once; and a knee
-says where one more probe narrows its interval most (`next_rate`).
+the drift once. Where the next probe goes, and how long it is, is the policy's
+(`policy.ProbePolicy`), not the estimator's.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from statistics import NormalDist
-from typing import Protocol
 
 import numpy as np
 
@@ -104,8 +103,10 @@ class ProbeQuantile:
 
 
 @dataclass(frozen=True)
-class RatioKnee:
-    """The fitted knee (req/s) and its interval; None on a side no probe bounds."""
+class Knee:
+    """The fitted knee (req/s) and its interval; None on a side nothing bounds. The one type of
+    a knee: fitted on a strategy's rate probes (`fit_knee`), bounded by its ceiling alone
+    before any (`Knee.unprobed`), or read back from `search.json`."""
 
     estimate: float | None  # None where the fit does not cross 1 smoothly (or at all)
     low: float | None
@@ -116,11 +117,27 @@ class RatioKnee:
     below: float | None = None  # the highest probed rate whose fitted ratio is at most 1
     above: float | None = None  # the lowest probed rate whose fitted ratio is above 1
 
+    @classmethod
+    def unprobed(cls, ceiling: float | None) -> Knee:
+        """No rate probed: bounded above by the ceiling (the most served at once), if any."""
+        return cls(None, None, ceiling, False, ())
+
     @property
     def width(self) -> float:
-        return interval_width(self)
+        """The interval as high / low; inf where a side is unbounded."""
+        if self.low is None or self.high is None:
+            return math.inf
+        return self.high / self.low
 
-    def widened(self, factor: float) -> RatioKnee:
+    @property
+    def centre(self) -> float | None:
+        """The estimate, else the middle (in log rate) of the interval's bounded ends."""
+        if self.estimate is not None:
+            return self.estimate
+        ends = [end for end in (self.low, self.high) if end]
+        return math.prod(ends) ** (1 / len(ends)) if ends else None
+
+    def widened(self, factor: float) -> Knee:
         """The interval moved out by `factor` on each bounded side (the speed drift)."""
         return replace(
             self,
@@ -353,13 +370,13 @@ def pooled_bounds(
     return lower, upper
 
 
-def fit_ratio_knee(
+def fit_knee(
     probes: Sequence[ProbeRatios],
     share: float,
     confidence: float,
     warmup_share: float = 0.0,
     ceiling: float | None = None,
-) -> RatioKnee:
+) -> Knee:
     """The knee where the `share`-quantile of the SLO ratios crosses 1, from every rate probe,
     with its `confidence` interval: its low end where the envelope of each rate's upper
     quantile bound (`pooled_bounds`) crosses 1, its high end at the lowest rate whose lower
@@ -369,7 +386,7 @@ def fit_ratio_knee(
     samples = rate_samples(probes, share, confidence, warmup_share)
     points = tuple(sample.quantile(share, confidence) for sample in samples)
     if not points:
-        return RatioKnee(None, None, None, False, points)
+        return Knee(None, None, None, False, points)
     rates = np.array([q.rate for q in points])
     weights = np.array([q.requests for q in points], dtype=np.float64)
     lower, upper = pooled_bounds(samples, share, confidence)
@@ -390,7 +407,7 @@ def fit_ratio_knee(
     found, earliest, latest = fitted(None), fitted("high"), fitted("low")
     smooth = found.rate is not None and not found.cliff
     low = earliest.rate if earliest.rate is not None and not earliest.cliff else earliest.below
-    return RatioKnee(
+    return Knee(
         found.rate if smooth else None,
         low,
         latest.above or ceiling,
@@ -410,7 +427,7 @@ def _steady_arrays(probe: ProbeRatios, warmup_share: float) -> tuple[np.ndarray,
 
 
 @dataclass(frozen=True)
-class KneeRatio:
+class Ratio:
     """One knee over another: the estimate and the interval (None on an unbounded side)."""
 
     estimate: float | None
@@ -418,40 +435,12 @@ class KneeRatio:
     high: float | None
 
 
-class Bounded(Protocol):
-    """A knee as an estimate and an interval (a `RatioKnee`, or a search's knee)."""
-
-    @property
-    def estimate(self) -> float | None: ...
-    @property
-    def low(self) -> float | None: ...
-    @property
-    def high(self) -> float | None: ...
-    @property
-    def widened_by(self) -> float: ...
-
-
-def interval_width(knee: Bounded) -> float:
-    """A knee's interval as high / low; inf where a side is unbounded."""
-    if knee.low is None or knee.high is None:
-        return math.inf
-    return knee.high / knee.low
-
-
-def centre(knee: Bounded) -> float | None:
-    """The estimate, else the middle (in log rate) of the interval's bounded ends."""
-    if knee.estimate is not None:
-        return knee.estimate
-    ends = [end for end in (knee.low, knee.high) if end]
-    return math.prod(ends) ** (1 / len(ends)) if ends else None
-
-
-def knee_ratio(top: Bounded, bottom: Bounded) -> KneeRatio:
+def knee_ratio(top: Knee, bottom: Knee) -> Ratio:
     """`top`'s knee over `bottom`'s; its interval from the two intervals' far ends, so it
     holds whenever both hold (two 95% intervals: at least 90%).
 
     A speed drift moves both knees of one search the same way: each knee's interval is
-    widened by the drift's factor F on each side (`RatioKnee.widened`: its probes ran at
+    widened by the drift's factor F on each side (`Knee.widened`: its probes ran at
     speeds within F of the reference's), but the two knees' probes ran within one band of
     speeds F wide, so their ratio is off by at most F either way, not F squared. The ratio
     joins the far ends of the intervals as measured and is widened by F once."""
@@ -466,53 +455,4 @@ def knee_ratio(top: Bounded, bottom: Bounded) -> KneeRatio:
         top.low / bottom.high * undone if top.low is not None and bottom.high is not None else None
     )
     high = top.high / bottom.low / undone if top.high is not None and bottom.low else None
-    return KneeRatio(estimate, low, high)
-
-
-def next_rate(knee: RatioKnee, step: float = 2.0) -> float | None:
-    """Where one more probe narrows the knee's interval most: below every probe (by `step`)
-    while every rate's fitted ratio is above 1, above every probe while none is; where the
-    interval has no low end though a rate's ratio is at most 1 (its bounds straddle 1: the
-    few largest ratios of a short probe place its upper bound), a little below that rate
-    (by the square root of `step`), where a longer probe can bound it; likewise above the
-    lowest rate above 1 where it has no high end; in a cliff's bracket, its middle (in log
-    rate); else the middle (in log rate) of the interval's wider side of the estimate: a
-    probe there, with its quantile's bounds on that side of 1, moves that end towards the
-    estimate (one at the estimate tightens the bounds beside it, but an end is placed by the
-    bound that crosses 1 between two probes). None with no probe."""
-    rates = [q.rate for q in knee.probes if q.rate is not None]
-    if not rates:
-        return None
-    if knee.below is None:
-        return min(rates) / step
-    if knee.above is None:
-        return max(rates) * step
-    if knee.low is None:
-        return knee.below / math.sqrt(step)
-    if knee.high is None:
-        return knee.above * math.sqrt(step)
-    if knee.estimate is None:
-        return math.sqrt(knee.below * knee.above)
-    far = knee.low if knee.estimate / knee.low >= knee.high / knee.estimate else knee.high
-    return math.sqrt(knee.estimate * far)
-
-
-def rate_text(value: float | None) -> str:
-    """A rate (or ratio) to 3 digits; '-' where there is none."""
-    return "-" if value is None or math.isinf(value) else f"{value:.3g}"
-
-
-def knee_text(knee: RatioKnee) -> str:
-    """The knee in words: "0.73 req/s [0.61, 0.80] req/s (high / low 1.31)", or a cliff's
-    bracket, or the side of every probed rate it lies on; its widening for the speed drift."""
-    where = f"[{rate_text(knee.low)}, {rate_text(knee.high)}] req/s"
-    widened = f", widened x{knee.widened_by:.3g} for the speed drift" if knee.widened_by > 1 else ""
-    if knee.cliff:
-        return (
-            f"a cliff between {rate_text(knee.below)} and {rate_text(knee.above)} req/s, "
-            f"{where}{widened}"
-        )
-    if knee.estimate is None:
-        side = "above every probed rate" if knee.above is None else "below every probed rate"
-        return f"not crossed: the knee lies {side}, {where}{widened}"
-    return f"{rate_text(knee.estimate)} req/s {where} (high / low {knee.width:.2f}{widened})"
+    return Ratio(estimate, low, high)

@@ -22,8 +22,8 @@ from servelab.harness.runner.backends.base import peer_inputs
 from servelab.harness.runner.build import kv_layout
 from servelab.harness.runner.compose import compose
 from servelab.harness.runner.settings import engine_settings, model_of
+from servelab.harness.search.knee_search import search
 from servelab.harness.search.probes import RunFn
-from servelab.harness.search.profile import search
 from servelab.harness.simulate.backend import derived_timing, meta_model, simulated_serves
 from servelab.harness.simulate.cost_model import StepCostModel
 from servelab.harness.simulate.hardware import (

@@ -11,15 +11,14 @@ import pytest
 
 from servelab.base.records import RequestRecord
 from servelab.harness.measure.slo.limits import SLO
-from servelab.harness.search.ratio_knee import (
+from servelab.harness.search.estimator import (
     FAR_ABOVE,
     ProbeRatios,
     binomial_cdf,
     crossing,
-    fit_ratio_knee,
+    fit_knee,
     isotonic,
     knee_ratio,
-    next_rate,
     order_statistic_bounds,
     pooled_bounds,
     probe_quantile,
@@ -31,6 +30,7 @@ from servelab.harness.search.ratio_knee import (
     request_ratio,
     rising,
 )
+from servelab.harness.search.policy import next_rate
 
 SLO_LIMITS = SLO(ttft_s=0.5, tpot_s=0.1, normalized_latency_s=0.2)
 Z90 = NormalDist().inv_cdf(0.9)
@@ -150,12 +150,12 @@ def searched(knee: float, rng: np.random.Generator, requests: int = 48) -> tuple
     until the fit crosses; the knee and the probes it took."""
     guess = knee * math.exp(rng.normal(0.0, 0.3))
     probes = [made_up(share * guess, requests, rng, knee) for share in (0.7, 1.0, 1.3)]
-    fitted = fit_ratio_knee(probes, 0.9, 0.95)
+    fitted = fit_knee(probes, 0.9, 0.95)
     while (fitted.estimate is None and not fitted.cliff or fitted.width == math.inf) and len(
         probes
     ) < 8:
         probes.append(made_up(next_rate(fitted), requests, rng, knee))
-        fitted = fit_ratio_knee(probes, 0.9, 0.95)
+        fitted = fit_knee(probes, 0.9, 0.95)
     return fitted, len(probes)
 
 
@@ -187,11 +187,11 @@ def test_a_strategy_slowed_by_k_has_its_knee_moved_down_by_about_k() -> None:
 
 def test_the_next_probe_goes_where_the_fit_lacks_a_side_else_to_its_wider_side() -> None:
     rng = np.random.default_rng(5)
-    below_all = fit_ratio_knee([made_up(r, 48, rng) for r in (0.5, 0.7)], 0.9, 0.95)
+    below_all = fit_knee([made_up(r, 48, rng) for r in (0.5, 0.7)], 0.9, 0.95)
     assert next_rate(below_all) == pytest.approx(1.4)  # no rate above the knee yet: higher
-    above_all = fit_ratio_knee([made_up(r, 48, rng) for r in (4.0, 6.0)], 0.9, 0.95)
+    above_all = fit_knee([made_up(r, 48, rng) for r in (4.0, 6.0)], 0.9, 0.95)
     assert next_rate(above_all) == pytest.approx(2.0)  # none below it: lower
-    crossed = fit_ratio_knee([made_up(r, 96, rng) for r in (1.4, 2.0, 2.6)], 0.9, 0.95)
+    crossed = fit_knee([made_up(r, 96, rng) for r in (1.4, 2.0, 2.6)], 0.9, 0.95)
     estimate, low, high = crossed.estimate, crossed.low, crossed.high
     assert estimate is not None and low is not None and high is not None
     far = low if estimate / low >= high / estimate else high  # the interval's wider side
@@ -201,7 +201,7 @@ def test_the_next_probe_goes_where_the_fit_lacks_a_side_else_to_its_wider_side()
     # bound above 1: no low end, so a little lower (where a longer probe can bound it)
     tail = ProbeRatios(1.0, (0.5,) * 45 + (3.0,) * 3, (False,) * 48)
     over = ProbeRatios(2.0, (5.0,) * 48, (False,) * 48)
-    straddled = fit_ratio_knee([tail, over], 0.9, 0.95)
+    straddled = fit_knee([tail, over], 0.9, 0.95)
     assert straddled.below == 1.0 and straddled.low is None
     assert next_rate(straddled) == pytest.approx(1 / math.sqrt(2))
 
@@ -209,15 +209,15 @@ def test_the_next_probe_goes_where_the_fit_lacks_a_side_else_to_its_wider_side()
 def test_a_knee_above_every_probe_is_bounded_by_the_ceiling() -> None:
     rng = np.random.default_rng(3)
     probes = [made_up(rate, 48, rng) for rate in (0.5, 0.7, 0.9)]  # all well below the knee
-    knee = fit_ratio_knee(probes, 0.9, 0.95, ceiling=3.5)
+    knee = fit_knee(probes, 0.9, 0.95, ceiling=3.5)
     assert (knee.estimate, knee.low, knee.high, knee.cliff) == (None, 0.9, 3.5, False)
-    assert fit_ratio_knee(probes, 0.9, 0.95).high is None
+    assert fit_knee(probes, 0.9, 0.95).high is None
 
 
 def test_speed_drift_widens_both_ends() -> None:
     rng = np.random.default_rng(7)
     probes = [made_up(rate, 96, rng) for rate in (1.4, 2.0, 2.6)]
-    plain = fit_ratio_knee(probes, 0.9, 0.95)
+    plain = fit_knee(probes, 0.9, 0.95)
     widened = plain.widened(1.1)
     assert widened.estimate == plain.estimate
     assert widened.low == pytest.approx(plain.low / 1.1)
@@ -230,8 +230,8 @@ def test_a_ratio_of_two_knees_widened_for_one_drift_is_widened_by_it_once() -> N
     of the knees as fitted, widened x1.2 on each side (their probes ran within one band of
     speeds), not x1.44; one knee unwidened (no rate fitted) leaves the ratio widened once."""
     rng = np.random.default_rng(7)
-    fast = fit_ratio_knee([made_up(rate, 96, rng) for rate in (1.4, 2.0, 2.6)], 0.9, 0.95)
-    slow = fit_ratio_knee([made_up(r / 2, 96, rng, 1.0) for r in (1.4, 2.0, 2.6)], 0.9, 0.95)
+    fast = fit_knee([made_up(rate, 96, rng) for rate in (1.4, 2.0, 2.6)], 0.9, 0.95)
+    slow = fit_knee([made_up(r / 2, 96, rng, 1.0) for r in (1.4, 2.0, 2.6)], 0.9, 0.95)
     assert None not in (fast.low, fast.high, slow.low, slow.high)
     plain = knee_ratio(fast, slow)
     drifted = knee_ratio(fast.widened(1.2), slow.widened(1.2))
@@ -252,7 +252,7 @@ def test_an_outlier_s_bound_at_one_rate_does_not_hide_a_clear_rate_above_it() ->
     over = ProbeRatios(1.4, tuple(np.linspace(1.5, 40.0, 48)), (False,) * 48)
     points = rate_quantiles([outliers, clear, over], 0.9, 0.95)
     assert [q.high for q in points[:2]] == [1.45, 0.6] and points[2].over_capacity
-    knee = fit_ratio_knee([outliers, clear, over], 0.9, 0.95)
+    knee = fit_knee([outliers, clear, over], 0.9, 0.95)
     assert knee.cliff and (knee.below, knee.above) == (1.0, 1.4)
     assert knee.low == 1.0 and knee.high == 1.4
 
@@ -264,7 +264,7 @@ def test_the_high_end_is_the_first_rate_seen_above_one_not_an_interpolation() ->
     reaches 1 req/s; the estimate stays the interpolation."""
     flat = ProbeRatios(0.5, (0.5,) * 48, (False,) * 48)
     steep = ProbeRatios(1.0, (1.9,) * 48, (False,) * 48)
-    knee = fit_ratio_knee([flat, steep], 0.9, 0.95)
+    knee = fit_knee([flat, steep], 0.9, 0.95)
     assert not knee.cliff and knee.estimate == pytest.approx(0.72, abs=0.01)
     assert knee.high == 1.0 and knee.low == pytest.approx(knee.estimate)
 
@@ -283,5 +283,5 @@ def test_requests_at_a_higher_rate_help_bound_a_lower_one() -> None:
     assert [q.high for q in rate_quantiles([low_rate, high_rate], 0.9, 0.95)] == [2.0, 2.0]
     lower, upper = pooled_bounds(rate_samples([low_rate, high_rate], 0.9, 0.95), 0.9, 0.95)
     assert upper.tolist() == [0.5, 2.0] and lower.tolist() == [0.5, 0.5]
-    knee = fit_ratio_knee([low_rate, high_rate, over], 0.9, 0.95)
+    knee = fit_knee([low_rate, high_rate, over], 0.9, 0.95)
     assert knee.low is not None and 0.8 <= knee.low < 1.0 and knee.high == 2.0

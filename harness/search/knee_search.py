@@ -1,6 +1,7 @@
 """The knee search as a whole: settings read once, the SLO fixed before the first probe, every
-strategy's knee found (`knee.find_knees`) on runs of its config (`probes`), the machine's
-speed drift measured around them, and `search.json` written.
+strategy's knee found (`strategy_search.find_knees`) on runs of its config (`probes`), each
+first placed by its prediction (`predict`, with `search.predict`), the machine's speed drift
+measured around them, and `search.json` written.
 
 The SLO is `slo.*` as given, or scaled from one request at a time on this machine
 (`search.slo_scale`, `slo.scaled`: the first strategy's reference floor run before any
@@ -29,16 +30,12 @@ from servelab.harness.measure.slo.scaled import limits_line, scaled_keys, scaled
 from servelab.harness.measure.slo.sources import one_source_each
 from servelab.harness.runner.backends import backend_of
 from servelab.harness.runner.settings import device_line, engine_settings
-from servelab.harness.search.knee import (
-    Knee,
-    KneeSettings,
-    ProbeSeen,
-    find_knees,
-    widened_for_drift,
-)
-from servelab.harness.search.predict import Predictor, Profiler
+from servelab.harness.search.estimator import fewest_requests
+from servelab.harness.search.policy import ProbePolicy
+from servelab.harness.search.predict import Predictor
 from servelab.harness.search.probes import RunFn, RunProber, SimulatedClock
-from servelab.harness.search.ratio_knee import fewest_requests
+from servelab.harness.search.result import StrategyResult
+from servelab.harness.search.strategy_search import ProbeSeen, find_knees, widened_for_drift
 
 Say = Callable[[str], None]  # a line for the person watching, as the search goes
 
@@ -48,7 +45,7 @@ class SearchSettings:
     strategies: tuple[str, ...]
     budget_s: float
     out_dir: Path
-    knee: KneeSettings
+    policy: ProbePolicy
     slo_scale: dict[str, float]  # limit -> multiple of one request at a time (`slo.scaled`)
     slo_from: (
         SourceSLO | None
@@ -101,7 +98,7 @@ class SearchSettings:
                 f"{counts['requests']} requests cannot bound their {slo.attainment:g}-quantile "
                 f"at {numbers['confidence']:.0%} confidence; give at least {least}",
             )
-        knee = KneeSettings(
+        policy = ProbePolicy(
             target=slo.attainment,
             resolution=numbers["resolution"],
             requests=counts["requests"],
@@ -112,26 +109,26 @@ class SearchSettings:
             skip_idle=bool(cfg.replay.skip_idle),
         )
         predict = bool(node.get("predict")) and backend_of(cfg) == "inprocess"
-        return cls(strategies, numbers["budget_s"], Path(str(node.out_dir)), knee,
+        return cls(strategies, numbers["budget_s"], Path(str(node.out_dir)), policy,
                    {key: float(value) for key, value in slo_scale.items()}, slo_from,
                    predict)  # fmt: skip
 
     def plan_line(self) -> str:
         """What the search will do, said before its first run."""
-        knee = self.knee
+        policy = self.policy
         return (
             f"search: {', '.join(self.strategies)}; {self.budget_s:.0f} s in all, shared; "
-            f"{knee.ceiling_requests} requests at once for the ceiling, {knee.requests} a rate "
-            f"probe (up to {knee.max_requests} near the knee); the knee where the "
-            f"{knee.target:g}-quantile of the requests' SLO ratios crosses 1, within "
-            f"{knee.resolution:.0%} at {knee.confidence:.0%} confidence; probes under "
+            f"{policy.ceiling_requests} requests at once for the ceiling, {policy.requests} a rate "
+            f"probe (up to {policy.max_requests} near the knee); the knee where the "
+            f"{policy.target:g}-quantile of the requests' SLO ratios crosses 1, within "
+            f"{policy.resolution:.0%} at {policy.confidence:.0%} confidence; probes under "
             f"{self.out_dir}"
             + (
                 f"; the SLO of {self.slo_from.path}"
                 if self.slo_from is not None
                 else ("; the SLO scaled from a reference floor run" if self.slo_scale else "")
             )
-            + ("; probes skip their idle spans (replay.skip_idle)" if knee.skip_idle else "")
+            + ("; probes skip their idle spans (replay.skip_idle)" if policy.skip_idle else "")
         )
 
     def to_json(self) -> dict:
@@ -139,13 +136,13 @@ class SearchSettings:
             "strategies": list(self.strategies), "budget_s": self.budget_s,
             "out_dir": str(self.out_dir), "slo_scale": self.slo_scale,
             "slo_from": None if self.slo_from is None else str(self.slo_from.path),
-            "predict": self.predict, **asdict(self.knee),
+            "predict": self.predict, **asdict(self.policy),
         }  # fmt: skip
 
 
 @dataclass(frozen=True)
 class SearchResult:
-    knees: list[Knee]
+    knees: list[StrategyResult]
     settings: SearchSettings
     record: dict  # what search.json holds
 
@@ -156,11 +153,9 @@ def search(
     run: RunFn,
     say: Say = lambda line: None,
     seen: ProbeSeen = lambda strategy, probe: None,
-    profiler: Profiler | None = None,
 ) -> SearchResult:
     """Every strategy's knee under one SLO, within the budget; `say` hears each line of
-    progress, `seen` each probe as it ends; with `search.predict`, `profiler` gives the
-    step-cost model the prediction simulates."""
+    progress, `seen` each probe as it ends."""
     cfg = compose(overrides)
     settings = SearchSettings.of(cfg)
     say(device_line(engine_settings(cfg.engine)))
@@ -172,7 +167,7 @@ def search(
 
     def prober(strategy: str) -> RunProber:
         out_dir = settings.out_dir / strategy
-        return RunProber(configs[strategy], out_dir, settings.knee.confidence, run, simulated)
+        return RunProber(configs[strategy], out_dir, settings.policy.confidence, run, simulated)
 
     first = settings.strategies[0]
     record: dict = {"settings": settings.to_json()}
@@ -181,7 +176,7 @@ def search(
         configs = {s: with_slo(c, settings.slo_from.limits) for s, c in configs.items()}
     reference: dict = {}
     if settings.measures_speed:
-        reference, requests = prober(first).reference(settings.knee.floor_requests)
+        reference, requests = prober(first).reference(settings.policy.floor_requests)
     if settings.slo_from is not None:
         against = settings.slo_from.speed_against(first, reference)
         if against is not None:
@@ -195,21 +190,19 @@ def search(
     record["slo"] = judged_record(SLO.of_config(configs[first]))
     predictor = None
     if settings.predict:
-        if profiler is None:
-            raise ConfigError("search.predict", "this caller profiles no steps; set it false")
-        predictor = Predictor(configs, settings.knee, settings.out_dir, run, profiler, say)
+        predictor = Predictor(configs, settings.policy, settings.out_dir, run, say)
     probers = {s: prober(s) for s in settings.strategies}
     left_s = max(deadline - clock(), 0.0)
-    knees = find_knees(probers, settings.knee, left_s, clock, seen, predictor)
+    knees = find_knees(probers, settings.policy, left_s, clock, seen, predictor)
     if predictor is not None:
         record["cost_models"] = predictor.models
     if settings.measures_speed:
-        end, _ = probers[first].reference(settings.knee.floor_requests, "reference-floor-end")
+        end, _ = probers[first].reference(settings.policy.floor_requests, "reference-floor-end")
         drift = speed_drift(reference, end)
         if drift is not None:
             say(drift.line())
             record["drift"] = drift.to_json()
-            widened_for_drift(knees, drift.factor, settings.knee.resolution)
+            widened_for_drift(knees, drift.factor, settings.policy.resolution)
     busy = busy_probes(settings.out_dir)
     if busy:
         say(
