@@ -35,6 +35,9 @@ the share with both ends bounded (a ratio decided two-sided), and for a pair the
 ratio's low end is above 1 (the faster one's lead shown, "at least Nx").
 
     python -m benchmarks.bench_search [--searches 200] [--drift 0.2] [--budget-s 840] [--seed 0]
+
+`--scenario h100` judges the search at a GPU's speed instead, on the engine behind the
+simulator's clock (`benchmarks.bench_search_gpu`).
 """
 
 from __future__ import annotations
@@ -279,7 +282,9 @@ def evaluate(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--searches", type=int, default=200, help="simulated make runs")
+    parser.add_argument(
+        "--searches", type=int, default=None, help="simulated make runs (200; h100: 10)"
+    )
     parser.add_argument("--drift", type=float, default=0.2, help="speed change over the budget")
     parser.add_argument("--budget-s", type=float, default=840.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -288,7 +293,21 @@ def main(argv: list[str] | None = None) -> None:
         help="log-normal spread of the predicted knees around the true ones",
     )  # fmt: skip
     parser.add_argument("--no-prediction", action="store_true", help="search without one")
+    parser.add_argument(
+        "--scenario", choices=("cpu", "h100"), default="cpu",
+        help="cpu: synthetic strategies fitted to this CPU; h100: the engine on the simulator",
+    )  # fmt: skip
+    parser.add_argument("--setup", default="embedded", help="h100: embedded or llama3-8b")
+    parser.add_argument(
+        "--strategies", default="fastertransformer,orca,orca-chunked,vllm", help="h100: presets"
+    )
     args = parser.parse_args(argv)
+    args.searches = args.searches or (10 if args.scenario == "h100" else 200)
+    if args.scenario == "h100":
+        from benchmarks.bench_search_gpu import main as gpu_main
+
+        gpu_main(args)
+        return
     if args.searches < 1 or args.budget_s <= 0 or not -0.9 < args.drift < 9:
         parser.error("--searches >= 1, --budget-s > 0, --drift in (-0.9, 9)")
     if args.prediction_spread < 0:

@@ -86,9 +86,10 @@ class SimulatedClock:
         return self.now
 
 
-def probe_config(cfg: DictConfig, spec: ProbeSpec, stop_early: float) -> DictConfig:
+def probe_config(cfg: DictConfig, spec: ProbeSpec, stop_early: float | None) -> DictConfig:
     """A copy of `cfg` that runs `spec`: its arrivals, its requests, its draw of the workload;
-    a rate probe stops as soon as it can only miss (`slo.stop_early` at `stop_early`)."""
+    a rate probe stops as soon as it can only miss (`slo.stop_early` at `stop_early`; None:
+    served to the end)."""
     probe = copy.deepcopy(cfg)
     workload = probe.workload
     with open_dict(workload):
@@ -119,7 +120,7 @@ class RunProber:
         self,
         cfg: DictConfig,
         out_dir: Path,
-        stop_early: float,
+        stop_early: float | None,
         run: RunFn,
         simulated: SimulatedClock | None = None,
     ) -> None:

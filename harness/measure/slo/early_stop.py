@@ -79,26 +79,33 @@ class StoppedEarly(Exception):
 
 
 class EarlyStop:
+    """`check(now)` once a step: the delivered requests' misses are counted once, when each is
+    first seen delivered, so a check walks only the requests not delivered yet."""
+
     def __init__(self, slo: SLO, confidence: float, requests: Sequence[Request]) -> None:
         self.slo = slo
         self.confidence = confidence
         self.counted = [r for r in requests if not r.excluded]
-        self._misses: dict[Request, int] = {}  # delivered: how many of its samples missed
+        self._total = sum(request.sampling.n for request in self.counted)  # samples counted
+        self._open = list(self.counted)  # not seen delivered yet
+        self._delivered = self._delivered_missed = 0  # samples of those seen delivered
 
     def check(self, now: float) -> StopRecord | None:
         """The stop's evidence when the verdict can only be a failure by `now`, else None."""
-        missed = delivered = 0
-        for request in self.counted:  # each sample counts as a request, as in the summary
+        waiting_missed = 0  # each sample counts as a request, as in the summary
+        still_open = []
+        for request in self._open:
             if request.t_done is not None:
-                delivered += request.sampling.n
-                if request not in self._misses:
-                    self._misses[request] = sum(
-                        not self.slo.meets(request_latency(record)) for record in request.records()
-                    )
-                missed += self._misses[request]
-            elif request.t_send is not None and self._past_a_limit(request, now):
-                missed += request.sampling.n
-        counted = sum(request.sampling.n for request in self.counted)
+                self._delivered += request.sampling.n
+                self._delivered_missed += sum(
+                    not self.slo.meets(request_latency(record)) for record in request.records()
+                )
+                continue
+            still_open.append(request)
+            if request.t_send is not None and self._past_a_limit(request, now):
+                waiting_missed += request.sampling.n
+        self._open = still_open
+        counted, missed = self._total, self._delivered_missed + waiting_missed
         best = counted - missed
         high = wilson(best, counted, self.confidence)[1]
         if not counted or high >= self.slo.attainment:
@@ -107,7 +114,7 @@ class EarlyStop:
             now,
             counted,
             missed,
-            delivered,
+            self._delivered,
             best / counted,
             high,
             self.slo.attainment,
