@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from itertools import combinations
 
@@ -152,7 +152,7 @@ class SyntheticProber:
             throughput = spec.requests / served_s
         else:
             rate = spec.rate if spec.kind == "rate" else None
-            ratios = s.ratios(self.rng, spec.requests, rate, speed)
+            ratios = s.ratios(self.rng, spec.requests, rate, speed)[spec.warmup :]
             each_s = alone_s if rate is None else min(1 / rate, alone_s)
             served_s = spec.requests * each_s
             throughput = None
@@ -301,6 +301,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--strategies", default="fastertransformer,orca,orca-chunked,vllm", help="h100: presets"
     )
+    parser.add_argument(
+        "--span", type=float, default=None, help="search.span: a rate probe's requests alone"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=None, help="search.warmup: its warm-up, requests alone"
+    )
     args = parser.parse_args(argv)
     args.searches = args.searches or (10 if args.scenario == "h100" else 200)
     if args.scenario == "h100":
@@ -314,12 +320,17 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--prediction-spread >= 0")
     spread = None if args.no_prediction else args.prediction_spread
     scenario = Scenario(args.budget_s, args.drift, spread)
-    rows = evaluate(COMPARISON, MAKE_RUN, scenario, args.searches, args.seed)
+    policy = replace(
+        MAKE_RUN,
+        span=MAKE_RUN.span if args.span is None else args.span,
+        warmup=MAKE_RUN.warmup if args.warmup is None else args.warmup,
+    )
+    rows = evaluate(COMPARISON, policy, scenario, args.searches, args.seed)
     predicted = "no prediction" if spread is None else f"predictions off by x e^N(0, {spread:g})"
     print(
         f"{args.searches} simulated searches, {args.budget_s:g} s each, the machine's speed "
         f"moving by {args.drift:+.0%} and {-args.drift:+.0%} over the budget (half each), "
-        f"{predicted}"
+        f"{predicted}; search.span={policy.span:g} search.warmup={policy.warmup:g}"
     )
     print(HEADER)
     print("\n".join(r.line() for r in rows))

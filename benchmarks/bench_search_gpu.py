@@ -207,14 +207,14 @@ def one_search(
 
 
 def evaluate(setup: str, strategies: tuple[str, ...], searches: int, budget_s: float, seed: int,
-             say=print) -> list:  # fmt: skip
+             policy: tuple[str, ...] = (), say=print) -> list:  # fmt: skip
     """`searches` searches of the setup at a GPU's speed: a row per knee, then per pair."""
     from itertools import combinations
 
     from benchmarks.bench_search import row
 
     slo, truth = truths(setup, strategies, say)
-    overrides = [*setup_overrides(setup), *slo]
+    overrides = [*setup_overrides(setup), *slo, *policy]
     runs = []
     for i in range(searches):
         with tempfile.TemporaryDirectory() as tmp:
@@ -248,11 +248,14 @@ def main(args: argparse.Namespace) -> None:
     from benchmarks.bench_search import HEADER
 
     strategies = tuple(s for s in args.strategies.split(",") if s)
-    rows = evaluate(args.setup, strategies, args.searches, args.budget_s, args.seed)
+    policy = tuple(f"search.{key}={value:g}" for key in ("span", "warmup")
+                   if (value := getattr(args, key)) is not None)  # fmt: skip
+    rows = evaluate(args.setup, strategies, args.searches, args.budget_s, args.seed, policy)
     print(
         f"{args.searches} searches of {args.setup} at an H100's speed (backend=simulated "
         f"simulate.hardware=h100-80gb), {args.budget_s:g} s each on the simulated clock; true "
-        f"knees from long runs ({CACHE.name}, found at {truth_commit(args.setup)})"
+        f"knees from long runs ({CACHE.name}, found at {truth_commit(args.setup)}); "
+        f"{' '.join(policy) or 'the search as configured'}"
     )
     print(HEADER)
     print("\n".join(r.line() for r in rows))

@@ -69,3 +69,9 @@ def test_a_small_run_reports_every_knee_and_pair(capsys: pytest.CaptureFixture[s
     main(["--searches", "2", "--no-prediction"])
     out = capsys.readouterr().out
     assert "2 simulated searches" in out and "no prediction" in out and "vllm / orca" in out
+
+
+def test_a_synthetic_probe_leaves_its_warm_up_out() -> None:
+    prober = SyntheticProber(COMPARISON[-1], Machine(0.0, 100.0), np.random.default_rng(4))
+    outcome = prober.run(ProbeSpec("rate", 60, 1.0, warmup=12))
+    assert len(outcome.ratios.ratios) == 48 and outcome.served_s == pytest.approx(60 * 1.0)

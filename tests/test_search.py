@@ -531,3 +531,34 @@ def test_the_probes_that_shared_the_machine_are_named(tmp_path: Path) -> None:
         (tmp_path / name).mkdir(parents=True)
         (tmp_path / name / "summary.json").write_text(json.dumps({"flag_codes": codes}))
     assert busy_probes(tmp_path) == ["vllm/rate-1"]  # simulated probes sample no machine
+
+
+def test_a_probe_spans_enough_service_times_and_leaves_its_warm_up_out() -> None:
+    """The floor served 8 requests in 1 s: 0.125 s each alone. With `span` 200 such times
+    (25 s), the first probe at 5 req/s counts 125 requests, not the 48 the precision asks, and
+    with `warmup` 40 (5 s) its first 25 arrivals are a warm-up on top; the probe's config
+    leaves them out of the metrics, and its cost counts them."""
+    from servelab.harness.runner.compose import compose
+    from servelab.harness.search.probes import probe_config
+
+    policy = replace(SETTINGS, span=200.0, warmup=40.0)
+    search = StrategySearch("s", System(knee=3.0, ceiling=10.0), policy, lambda s, p: None)
+    search.anchor()
+    assert search.next == ProbeSpec("rate", 150, 5.0, 0, 25, "span")
+    assert search.cost_s == pytest.approx(150 * 0.2 + 0.125)
+    probe = probe_config(compose(["slo.ttft_s=1"]), search.next, 0.95)
+    assert probe.workload.warmup.requests == 25 and probe.workload.num_requests == 150
+    short = replace(SETTINGS, span=8.0, warmup=0.0)  # 1 s at 5 req/s: the precision's 48
+    search = StrategySearch("s", System(knee=3.0, ceiling=10.0), short, lambda s, p: None)
+    search.anchor()
+    assert search.next == ProbeSpec("rate", 48, 5.0, 0, 0, "precision")
+
+
+def test_a_negative_span_is_refused_before_any_run() -> None:
+    from servelab.base.errors import ConfigError
+    from servelab.harness.runner.compose import compose
+    from servelab.harness.search.knee_search import SearchSettings
+
+    with pytest.raises(ConfigError, match=r"search\.warmup: -1 must be 0 or more"):
+        SearchSettings.of(compose(["slo.ttft_s=1", "search.warmup=-1"]))
+    assert SearchSettings.of(compose(["slo.ttft_s=1", "search.span=30"])).policy.span == 30

@@ -81,6 +81,10 @@ class SearchSettings:
         if not strategies:
             raise ConfigError("search.strategies", "name at least one strategy preset")
         numbers = {key: float(node[key]) for key in ("budget_s", "resolution", "confidence")}
+        spans = {key: float(node.get(key) or 0.0) for key in ("span", "warmup")}
+        for key, value in spans.items():
+            if value < 0:
+                raise ConfigError(f"search.{key}", f"{value:g} must be 0 or more (requests alone)")
         keys = ("requests", "max_requests", "floor_requests", "ceiling_requests")
         counts = {key: int(node[key]) for key in keys}
         if numbers["budget_s"] <= 0 or numbers["resolution"] <= 0:
@@ -107,6 +111,8 @@ class SearchSettings:
             ceiling_requests=counts["ceiling_requests"],
             confidence=numbers["confidence"],
             skip_idle=bool(cfg.replay.skip_idle),
+            span=spans["span"],
+            warmup=spans["warmup"],
         )
         predict = bool(node.get("predict")) and backend_of(cfg) == "inprocess"
         return cls(strategies, numbers["budget_s"], Path(str(node.out_dir)), policy,
@@ -127,6 +133,16 @@ class SearchSettings:
                 f"; the SLO of {self.slo_from.path}"
                 if self.slo_from is not None
                 else ("; the SLO scaled from a reference floor run" if self.slo_scale else "")
+            )
+            + (
+                f"; a rate probe spans at least {policy.span:g} requests served alone"
+                if policy.span
+                else ""
+            )
+            + (
+                f", its first {policy.warmup:g} a warm-up left out of its quantile"
+                if policy.warmup
+                else ""
             )
             + ("; probes skip their idle spans (replay.skip_idle)" if policy.skip_idle else "")
         )

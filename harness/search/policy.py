@@ -13,6 +13,12 @@ A strategy's probes, in the order the policy asks for them:
    confidence and the lowest they miss at it (`decisive_rate`), so the first two bound the
    knee if the simulation is right; else at half the ceiling. A first probe certainly over
    the knee drops the higher ones.
+   Every rate probe lasts long enough in arrival time for a queue to show at its rate: its
+   arrivals span at least `span` times one request served alone (the floor probe's time a
+   request), and the arrivals of its first `warmup` such times are a warm-up, served but left
+   out of its quantile (as AIPerf's and LoadGen's warm-ups are): a probe from an empty server
+   looks better than the steady state it stands for. Both are in units of the machine's own
+   service time, so one setting means the same on a 2-core CPU and on a GPU.
 4. Then the knee is fitted on every rate probe and the next one goes where one more probe
    narrows the interval most (`next_rate`, kept below the ceiling). Once probes bracket the
    crossing, a probe is as long as the interval needs: a quantile's interval narrows as the
@@ -72,13 +78,13 @@ class SearchState:
     fit: Knee | None = None
     prediction: Prediction | None = None
 
-    def _anchor(self, kind: str) -> Probe | None:
+    def anchor(self, kind: str) -> Probe | None:
         return next((p for p in self.probes if p.spec.kind == kind), None)
 
     @property
     def ceiling(self) -> float | None:
         """Request throughput with every request at once: the most the strategy serves."""
-        top = self._anchor("ceiling")
+        top = self.anchor("ceiling")
         return None if top is None else top.outcome.request_throughput
 
     @property
@@ -107,11 +113,13 @@ class ProbePolicy:
     ceiling_requests: int
     confidence: float  # of each probe's quantile interval and of the knee's
     skip_idle: bool = False  # probes skip their idle spans (`replay.skip_idle`): see `cost`
+    span: float = 0.0  # a rate probe's arrivals span at least this many requests served alone
+    warmup: float = 0.0  # its arrivals in the first this many requests alone: a warm-up
 
     def next_probe(self, state: SearchState) -> ProbeSpec | Done:
         """The strategy's next probe: the anchors, then the first rates, then where the fit
         says one more probe narrows the interval most; or the end of its search."""
-        floor, top = state._anchor("floor"), state._anchor("ceiling")
+        floor, top = state.anchor("floor"), state.anchor("ceiling")
         if floor is None:
             return ProbeSpec("floor", self.floor_requests)
         if floor.quantile.low > 1:
@@ -164,25 +172,40 @@ class ProbePolicy:
         within [requests, max_requests]."""
         nearest = min(state.rate_probes, key=lambda p: abs(math.log((p.spec.rate or 1.0) / rate)))
         needed = (math.log(state.knee.width) / math.log(1 + self.resolution)) ** 2
-        count = round(nearest.spec.requests * min(needed, LONGER_AT_MOST))
+        counted = nearest.spec.requests - nearest.spec.warmup
+        count = round(counted * min(needed, LONGER_AT_MOST))
         return min(max(count, self.requests), self.max_requests)
 
     def _spec(self, state: SearchState, rate: float, length: Callable[[float], int]) -> ProbeSpec:
-        """A rate probe at `rate` (to 4 digits, as the run is named), on new requests where
-        that probe ran before."""
+        """A rate probe at `rate` (to 4 digits, as the run is named): as many counted requests
+        as the precision asks (`length`), or as arrive within `span` requests served alone
+        where that is more; a warm-up of those arriving within `warmup` of them before; on
+        new requests where that probe ran before."""
         rate = float(f"{rate:.4g}")
-        count = length(rate)
+        alone_s = self.alone_s(state)
+        precise, spanned = length(rate), math.ceil(rate * self.span * alone_s)
+        counted = max(precise, spanned)
+        warmup = math.ceil(rate * self.warmup * alone_s)
+        count = counted + warmup
         repeat = sum(p.spec.rate == rate and p.spec.requests == count for p in state.probes)
-        return ProbeSpec("rate", count, rate, repeat)
+        sized_by = "span" if spanned > precise else "precision"
+        return ProbeSpec("rate", count, rate, repeat, warmup, sized_by)
+
+    @staticmethod
+    def alone_s(state: SearchState) -> float:
+        """One request served alone: the floor probe's time a request."""
+        floor = state.anchor("floor")
+        assert floor is not None
+        return floor.outcome.served_s / floor.spec.requests
 
     def cost(self, state: SearchState, spec: ProbeSpec) -> float:
         """A rate probe's time: its requests' span at its rate, plus loading and drain (the
         ceiling probe's time beyond its serving, and one request alone). A probe that skips
         its idle spans takes about its busy time instead: each request alone where they
         rarely overlap, the span where they do."""
-        floor, top = state._anchor("floor"), state._anchor("ceiling")
-        assert floor is not None and top is not None and spec.rate
-        alone_s = floor.outcome.served_s / floor.spec.requests
+        top = state.anchor("ceiling")
+        assert top is not None and spec.rate
+        alone_s = self.alone_s(state)
         overhead_s = max(top.outcome.seconds - top.outcome.served_s, 0.0) + alone_s
         each_s = 1 / spec.rate
         if self.skip_idle:

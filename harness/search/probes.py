@@ -32,9 +32,11 @@ class ProbeSpec:
     """One probe as the search asks for it: how the requests arrive, how many, which draw."""
 
     kind: Kind  # floor: one at a time; ceiling: all at once; rate: Poisson at `rate`
-    requests: int
+    requests: int  # the warm-up's included
     rate: float | None = None  # req/s, rate probes only
     repeat: int = 0  # > 0: the workload drawn again with the seed moved by this (new requests)
+    warmup: int = 0  # the first requests (in arrival order) served but left out of its quantile
+    sized_by: str = ""  # what set its length: "precision" or "span" (rate probes)
 
     @property
     def name(self) -> str:
@@ -102,6 +104,8 @@ def probe_config(cfg: DictConfig, spec: ProbeSpec, stop_early: float | None) -> 
             probe.slo.stop_early = stop_early
         workload.num_requests = spec.requests
         workload.seed = int(workload.seed) + spec.repeat
+        if spec.warmup:
+            workload.warmup.requests, workload.warmup.seconds = spec.warmup, 0.0
     return probe
 
 

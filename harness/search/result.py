@@ -77,6 +77,8 @@ class StrategyResult:
                     "rate": p.spec.rate,
                     "requests": p.spec.requests,
                     "repeat": p.spec.repeat,
+                    "warmup": p.spec.warmup,
+                    "sized_by": p.spec.sized_by,
                     "run_dir": p.outcome.run_dir,
                     "quantile": _finite(p.quantile.quantile),
                     "quantile_low": p.quantile.low,
