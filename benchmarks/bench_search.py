@@ -265,7 +265,12 @@ def evaluate(
         one_search(strategies, settings, scenario, scenario.drift * (-1) ** (i + 1), seed + i)
         for i in range(searches)
     ]
-    truths = {s.name: s.true_knee(settings.target) for s in strategies}
+    return rows_of({s.name: s.true_knee(settings.target) for s in strategies}, runs)
+
+
+def rows_of(truths: dict[str, float], runs: list[list[StrategyResult]]) -> list[Row]:
+    """A row per knee (each search's knees in `truths`' order), then per pair (the higher true
+    knee over the lower), over every search in `runs`."""
     rows = [
         row(name, truth, [(knees[i].low, knees[i].high) for knees in runs], ratio=False)
         for i, (name, truth) in enumerate(truths.items())

@@ -45,12 +45,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from benchmarks.bench_search import HEADER, Row, rows_of
 from servelab.harness.measure.slo.scaled import scaled_limits
 from servelab.harness.runner.compose import compose
-from servelab.harness.search.estimator import knee_ratio, probe_quantile
+from servelab.harness.search.estimator import probe_quantile
 from servelab.harness.search.knee_search import search
 from servelab.harness.search.probes import ProbeSpec, RunProber
 from servelab.harness.search.result import StrategyResult
+from servelab.harness.search.text import rate_text
 
 GPU = ("backend=simulated", "simulate.hardware=h100-80gb")
 SLO_SCALE = {"ttft_s": 8.0, "normalized_latency_s": 2.0}  # make run's RUN_SLO
@@ -189,10 +191,7 @@ def truths(setup: str, strategies: tuple[str, ...], say=print) -> tuple[list[str
             found = true_knee(cfg, work / strategy)
             knees[strategy] = {"knee": found.knee, "draws": found.draws, "requests": found.requests}
             say(f"{setup}: {strategy} {found.knee:.4g} req/s (draws {found.draws})")
-            CACHE.parent.mkdir(parents=True, exist_ok=True)
-            CACHE.write_text(json.dumps(cache, indent=2))
-    CACHE.parent.mkdir(parents=True, exist_ok=True)
-    CACHE.write_text(json.dumps(cache, indent=2))
+            CACHE.write_text(json.dumps(cache, indent=2))  # each as found: hours in all
     return entry["slo"], {s: knees[s]["knee"] for s in strategies}
 
 
@@ -207,12 +206,8 @@ def one_search(
 
 
 def evaluate(setup: str, strategies: tuple[str, ...], searches: int, budget_s: float, seed: int,
-             policy: tuple[str, ...] = (), say=print) -> list:  # fmt: skip
+             policy: tuple[str, ...] = (), say=print) -> list[Row]:  # fmt: skip
     """`searches` searches of the setup at a GPU's speed: a row per knee, then per pair."""
-    from itertools import combinations
-
-    from benchmarks.bench_search import row
-
     slo, truth = truths(setup, strategies, say)
     overrides = [*setup_overrides(setup), *slo, *policy]
     runs = []
@@ -221,21 +216,9 @@ def evaluate(setup: str, strategies: tuple[str, ...], searches: int, budget_s: f
             runs.append(one_search(overrides, strategies, budget_s, seed + i, Path(tmp)))
         say(
             f"search {i + 1}/{searches}: "
-            + ", ".join(
-                f"{k.strategy} [{k.low or 0:.3g}, {k.high or math.inf:.3g}]" for k in runs[-1]
-            )
+            + ", ".join(f"{k.strategy} [{rate_text(k.low)}, {rate_text(k.high)}]" for k in runs[-1])
         )
-    rows = [
-        row(name, truth[name], [(knees[i].low, knees[i].high) for knees in runs], ratio=False)
-        for i, name in enumerate(strategies)
-    ]
-    for a, b in combinations(range(len(strategies)), 2):
-        top, bottom = (a, b) if truth[strategies[a]] >= truth[strategies[b]] else (b, a)
-        ratios = [knee_ratio(knees[top].knee, knees[bottom].knee) for knees in runs]
-        name = f"{strategies[top]} / {strategies[bottom]}"
-        ratio_truth = truth[strategies[top]] / truth[strategies[bottom]]
-        rows.append(row(name, ratio_truth, [(q.low, q.high) for q in ratios], ratio=True))
-    return rows
+    return rows_of(truth, runs)
 
 
 def truth_commit(setup: str) -> str:
@@ -245,8 +228,6 @@ def truth_commit(setup: str) -> str:
 
 def main(args: argparse.Namespace) -> None:
     """The scenario's table, as `benchmarks.bench_search` prints the first one's."""
-    from benchmarks.bench_search import HEADER
-
     strategies = tuple(s for s in args.strategies.split(",") if s)
     policy = tuple(f"search.{key}={value:g}" for key in ("span", "warmup")
                    if (value := getattr(args, key)) is not None)  # fmt: skip

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from servelab.harness.search.estimator import Knee, ProbeQuantile
 from servelab.harness.search.probes import Probe, ProbeSpec
+from servelab.harness.search.result import StrategyResult
 
 LOWEST_SHARE = 1 / 64  # the lowest rate probed, as a share of the ceiling
 MOST_RATE_PROBES = 12  # a search not within the resolution by then ends unresolved
@@ -71,12 +72,27 @@ class Done:
 
 @dataclass(frozen=True)
 class SearchState:
-    """What the policy decides from: a strategy's probes so far (anchors included, in order),
-    the knee fitted on its rate probes, and its prediction."""
+    """What the policy decides from: a strategy's result so far (its probes, anchors included,
+    in order, and the knee fitted on its rate probes) and its prediction."""
 
-    probes: tuple[Probe, ...]
-    fit: Knee | None = None
+    result: StrategyResult
     prediction: Prediction | None = None
+
+    @property
+    def probes(self) -> list[Probe]:
+        return self.result.probes
+
+    @property
+    def fit(self) -> Knee | None:
+        return self.result.fit
+
+    @property
+    def rate_probes(self) -> list[Probe]:
+        return self.result.rate_probes
+
+    @property
+    def knee(self) -> Knee:
+        return self.result.knee
 
     def anchor(self, kind: str) -> Probe | None:
         return next((p for p in self.probes if p.spec.kind == kind), None)
@@ -88,17 +104,9 @@ class SearchState:
         return None if top is None else top.outcome.request_throughput
 
     @property
-    def rate_probes(self) -> list[Probe]:
-        return [p for p in self.probes if p.spec.kind == "rate"]
-
-    @property
     def spent_s(self) -> float:
         """This strategy's rate probes so far, on the search's clock."""
         return sum(p.outcome.seconds for p in self.rate_probes)
-
-    @property
-    def knee(self) -> Knee:
-        return self.fit if self.fit is not None else Knee.unprobed(self.ceiling)
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,7 @@ class StrategySearch:
 
     @property
     def state(self) -> SearchState:
-        result = self.result
-        return SearchState(tuple(result.probes), result.fit, self.prediction)
+        return SearchState(self.result, self.prediction)
 
     def anchor(self) -> None:
         """The floor and ceiling probes, then the prediction; the first rate probe wanted."""
