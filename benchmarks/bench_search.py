@@ -16,9 +16,10 @@ synthetic strategies, on a simulated clock and a machine whose speed drifts:
   the queue grows through the probe: each later request waits longer, and the search sees the
   rise.
 - Its true knee, at the speed of the search's start (where the SLO was scaled), is where the
-  `target`-quantile of that ratio crosses 1 (solved from the mixture's quantile). The
-  defaults are the comparison's four strategies as the published searches measured them
-  (floor ratio about 0.54; knees about 1.2, 0.6, 0.6 and 0.06 req/s).
+  `target`-quantile of that ratio crosses 1 (solved from the mixture's quantile). Four are
+  defined, as the published searches measured them (floor ratio about 0.54; knees about 1.2,
+  0.6, 0.6 and 0.06 req/s for vllm, orca, orca-chunked, fastertransformer); a search compares
+  `make run`'s (`search.strategies`) unless `--strategies` names others.
 - The machine's speed moves linearly from 1 at the start to `1 + drift` at the budget's end
   (or the opposite way), every latency divided by it and every capacity multiplied.
 - The simulator's prediction, which places each strategy's first rate probes, is its true
@@ -35,6 +36,7 @@ the share with both ends bounded (a ratio decided two-sided), and for a pair the
 ratio's low end is above 1 (the faster one's lead shown, "at least Nx").
 
     python -m benchmarks.bench_search [--searches 200] [--drift 0.2] [--budget-s 840] [--seed 0]
+        [--strategies fastertransformer,orca,vllm]
 
 `--scenario h100` judges the search at a GPU's speed instead, on the engine behind the
 simulator's clock (`benchmarks.bench_search_gpu`).
@@ -60,9 +62,9 @@ from servelab.harness.search.result import StrategyResult
 from servelab.harness.search.strategy_search import find_knees, widened_for_drift
 
 # the search's settings as `make run` runs it: conf/config.yaml's, probes skipping idle spans
-MAKE_RUN = SearchSettings.of(
-    compose(["replay.skip_idle=true", "search.slo_scale.normalized_latency_s=2"])
-).policy
+MAKE_RUN_CONFIG = compose(["replay.skip_idle=true", "search.slo_scale.normalized_latency_s=2"])
+MAKE_RUN = SearchSettings.of(MAKE_RUN_CONFIG).policy
+COMPARED = ",".join(MAKE_RUN_CONFIG.search.strategies)  # make run's strategies
 PREDICTED_BELOW, PREDICTED_ABOVE = 0.7, 1.3  # a prediction's first probes, as knee shares
 OVER_CAPACITY_GROWTH = 0.05  # over capacity, each later request's ratio grows by this x (rho - 1)
 
@@ -304,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument("--setup", default="embedded", help="h100: embedded or llama3-8b")
     parser.add_argument(
-        "--strategies", default="fastertransformer,orca,orca-chunked,vllm", help="h100: presets"
+        "--strategies", default=COMPARED, help=f"the strategies compared ({COMPARED})"
     )
     parser.add_argument(
         "--span", type=float, default=None, help="search.span: a rate probe's requests alone"
@@ -325,12 +327,17 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--prediction-spread >= 0")
     spread = None if args.no_prediction else args.prediction_spread
     scenario = Scenario(args.budget_s, args.drift, spread)
+    synthetic = {s.name: s for s in COMPARISON}
+    names = [name for name in args.strategies.split(",") if name]
+    if not names or any(name not in synthetic for name in names):
+        parser.error(f"--strategies: some of {', '.join(synthetic)}")
+    strategies = tuple(synthetic[name] for name in names)
     policy = replace(
         MAKE_RUN,
         span=MAKE_RUN.span if args.span is None else args.span,
         warmup=MAKE_RUN.warmup if args.warmup is None else args.warmup,
     )
-    rows = evaluate(COMPARISON, policy, scenario, args.searches, args.seed)
+    rows = evaluate(strategies, policy, scenario, args.searches, args.seed)
     predicted = "no prediction" if spread is None else f"predictions off by x e^N(0, {spread:g})"
     print(
         f"{args.searches} simulated searches, {args.budget_s:g} s each, the machine's speed "

@@ -106,7 +106,7 @@ def long_run_quantile(cfg: DictConfig, rate: float, requests: int, draw: int, wo
     """The `slo.attainment`-quantile of a long run's steady requests' SLO ratios at `rate`
     (inf where its ratios rise through it: over capacity). Served to the end: no early stop."""
     prober = RunProber(cfg, work, None, run_quietly)
-    outcome = prober.run(ProbeSpec("rate", requests, rate, repeat=draw))
+    outcome = prober.run(ProbeSpec("rate", requests, rate, draw=draw))
     shutil.rmtree(outcome.run_dir, ignore_errors=True)
     found = probe_quantile(outcome.ratios, prober.slo.attainment, 0.95, WARMUP_SHARE)
     return math.inf if found.over_capacity else found.quantile

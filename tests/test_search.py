@@ -56,9 +56,9 @@ class System:
         self.calls.append(("ceiling", None, requests, 0))
         return self._outcome(None, np.full(requests, 5.0), 2.0)
 
-    def at(self, rate: float, requests: int, repeat: int = 0) -> Outcome:
-        self.calls.append(("rate", rate, requests, repeat))
-        rng = np.random.default_rng([round(rate * 1e4), requests, repeat])
+    def at(self, rate: float, requests: int, draw: int = 0) -> Outcome:
+        self.calls.append(("rate", rate, requests, draw))
+        rng = np.random.default_rng([round(rate * 1e4), requests, draw])
         return self._outcome(rate, self.ratios(rate, requests, rng), requests / rate)
 
     def run(self, spec: ProbeSpec) -> Outcome:
@@ -67,7 +67,7 @@ class System:
         if spec.kind == "ceiling":
             return self.ceiling(spec.requests)
         assert spec.rate is not None
-        return self.at(spec.rate, spec.requests, spec.repeat)
+        return self.at(spec.rate, spec.requests, spec.draw)
 
     def rates(self) -> list[float]:
         return [rate for kind, rate, _, _ in self.calls if kind == "rate" and rate is not None]
@@ -201,20 +201,25 @@ def test_a_probe_that_does_not_fit_the_budget_is_not_run() -> None:
 
 def test_every_knee_gets_a_lower_end_before_any_bounded_one_is_narrowed() -> None:
     """Three strategies sharing a budget: every one's anchors run first, then no knee with a
-    lower end is narrowed while another still has none."""
+    lower end is narrowed while another still has none; one whose high end falls below both
+    others' low ends ends there (every ratio over it needs only that end)."""
     clock = Clock()
     systems = {n: System(k, 10.0, clock=clock) for n, k in [("a", 3.0), ("b", 1.5), ("c", 4.0)]}
     order: list[tuple[str, str]] = []
     knees = find_knees(systems, SETTINGS, 400.0, clock, lambda s, p: order.append((s, p.spec.kind)))
     assert order[:6] == [(n, kind) for n in "abc" for kind in ("floor", "ceiling")]
     rate_order = [s for s, kind in order[6:]]
+    a, b, c = knees
+    assert "below every other knee" in b.note and b.low is None
+    assert b.high is not None and a.low is not None and c.low is not None
+    assert b.high <= min(a.low, c.low) and a.low <= 3.0 <= a.high and c.low <= 4.0 <= c.high
     bounded_at = {}
-    for name, knee in zip(systems, knees, strict=True):
+    for name, knee in zip("ac", (a, c), strict=True):
         probes = knee.rate_probes
         first = next(i for i in range(len(probes)) if _low_after(knee, probes[: i + 1]))
         bounded_at[name] = [i for i, s in enumerate(rate_order) if s == name][first]
     last = max(bounded_at.values())
-    for name in systems:
+    for name in "ac":
         narrowing = [i for i, s in enumerate(rate_order) if s == name and i > bounded_at[name]]
         assert all(i > last for i in narrowing), (name, bounded_at, rate_order)
     assert clock.now <= 400.0
@@ -236,10 +241,10 @@ def test_a_knee_far_below_its_ceiling_does_not_starve_the_others() -> None:
     assert clock.now <= 200.0
 
 
-def test_a_knee_with_no_lower_end_keeps_to_its_share_while_another_probe_fits() -> None:
+def test_a_knee_below_every_other_ends_at_its_high_end() -> None:
     """ "slow" passes nothing down to a 32nd of its ceiling, each halving twice the cost of the
-    last; it goes first while it has no lower end, but its probe past an equal share of the
-    rate probes' time waits until "b" is done, and "b" ends resolved, not starved."""
+    last; once its first probe puts its high end below "b"'s low end it ends, its ratio to "b"
+    one-sided, and "b" gets the budget and ends resolved."""
     clock = Clock()
     systems = {
         "slow": System(0.02, 1.0, clock=clock),
@@ -251,9 +256,9 @@ def test_a_knee_with_no_lower_end_keeps_to_its_share_while_another_probe_fits() 
     )
     rates = [(s, rate) for s, rate in order if rate is not None]
     assert rates[0] == ("slow", 0.5)  # no lower end, listed first
-    past_share = rates.index(("slow", 0.125))  # 96 + 192 + 384 s: over half of what is left
-    assert all(i < past_share for i, (s, _) in enumerate(rates) if s == "b")
-    assert b.resolved and slow.low is None
+    assert [s for s, _ in rates].count("slow") == 1
+    assert slow.low is None and slow.high == 0.5 and "below every other knee" in slow.note
+    assert b.resolved and b.low is not None and b.low > 0.5
     assert clock.now <= 1000.0
 
 
@@ -396,11 +401,11 @@ def test_a_probe_too_short_to_bound_the_quantile_is_refused_before_any_run() -> 
     assert SearchSettings.of(compose(["slo.ttft_s=1", "search.requests=36"])).policy.requests == 36
 
 
-def test_a_repeat_probe_draws_the_workload_with_the_next_seed_in_its_own_directory(
+def test_each_draw_of_a_probe_is_the_workload_with_its_seed_moved_in_its_own_directory(
     tmp_path: Path,
 ) -> None:
-    """The prober behind `servelab search`: a repeat at a rate is a new run on other requests
-    (workload seed + repeat, its own directory), never the first probe's run reused; its
+    """The prober behind `servelab search`: a probe's draw is a new run on other requests
+    (workload seed + draw, its own directory), never an earlier probe's run reused; its
     requests come back as their SLO ratios."""
     from servelab.harness.runner.compose import compose
     from servelab.harness.search.probes import RunProber, SimulatedClock
@@ -421,11 +426,11 @@ def test_a_repeat_probe_draws_the_workload_with_the_next_seed_in_its_own_directo
     simulated = SimulatedClock()  # over simulated runs the budget counts simulated seconds
     prober = RunProber(cfg, tmp_path / "vllm", 0.95, record, simulated)
     first = prober.run(ProbeSpec("rate", 4, 0.5))
-    prober.run(ProbeSpec("rate", 4, 0.5, repeat=2))
+    prober.run(ProbeSpec("rate", 4, 0.5, draw=2))
     prober.run(ProbeSpec("floor", 3))
     assert seen == [
         (0, "rate-0.5-n4", "poisson", 0.5),
-        (2, "rate-0.5-n4-repeat2", "poisson", 0.5),
+        (2, "rate-0.5-n4-draw2", "poisson", 0.5),
         (0, "floor", "closed_loop", cfg.workload.arrival.rate),
     ]
     assert cfg.workload.arrival.process == "offline" and cfg.slo.stop_early is None  # untouched
@@ -552,6 +557,35 @@ def test_a_probe_spans_enough_service_times_and_leaves_its_warm_up_out() -> None
     search = StrategySearch("s", System(knee=3.0, ceiling=10.0), short, lambda s, p: None)
     search.anchor()
     assert search.next == ProbeSpec("rate", 48, 5.0, 0, 0, "precision")
+
+
+def test_a_probe_after_one_whose_misses_came_in_runs_asks_for_as_many_draws() -> None:
+    """A probe whose misses came in one run of 12 (a burst in one queue) stands for fewer
+    draws than its 240 requests; the next probe near it is longer by its requests per draw,
+    up to `max_requests`, and on a draw of its own."""
+    from servelab.harness.search.policy import SearchState
+    from servelab.harness.search.probes import Probe
+
+    def probe(rate: float, ratios: np.ndarray, draw: int) -> Probe:
+        values = ProbeRatios(rate, tuple(ratios.tolist()), (False,) * ratios.size)
+        outcome = Outcome("dir", values, None, 10.0, 10.0)
+        return Probe(
+            ProbeSpec("rate", ratios.size, rate, draw), outcome, probe_quantile(values, 0.9, 0.95)
+        )
+
+    system = System(knee=3.0, ceiling=10.0)
+    search = StrategySearch("s", system, SETTINGS, lambda s, p: None)
+    search.anchor()
+    burst = np.where((np.arange(240) >= 100) & (np.arange(240) < 124), 3.0, 0.5)
+    apart = np.where(np.arange(240) % 10 == 0, 3.0, 0.5)
+    for ratios, longer in ((burst, True), (apart, False)):
+        result = search.result
+        result.probes = result.probes[:2] + [probe(2.0, ratios, 0)]
+        quantile = result.probes[-1].quantile
+        assert (quantile.dependence > 4) == longer
+        spec = SETTINGS._spec(SearchState(result), 2.2, lambda rate: 48)
+        assert spec.draw == 1
+        assert spec.requests == (min(math.ceil(48 * quantile.dependence), 192) if longer else 48)
 
 
 def test_a_negative_span_is_refused_before_any_run() -> None:

@@ -14,12 +14,15 @@ from servelab.harness.measure.slo.limits import SLO
 from servelab.harness.search.estimator import (
     FAR_ABOVE,
     ProbeRatios,
+    RateSample,
     binomial_cdf,
     crossing,
+    dependence,
     fit_knee,
     isotonic,
     knee_ratio,
     order_statistic_bounds,
+    overdispersion,
     pooled_bounds,
     probe_quantile,
     probe_ratios,
@@ -198,12 +201,17 @@ def test_the_next_probe_goes_where_the_fit_lacks_a_side_else_to_its_wider_side()
     assert next_rate(crossed) == pytest.approx(math.sqrt(estimate * far))
     assert min(estimate, far) < next_rate(crossed) < max(estimate, far)
     # at 1 req/s the 0.9-quantile is 0.5 but 3 of 48 requests at 3x their limit put its upper
-    # bound above 1: no low end, so a little lower (where a longer probe can bound it)
-    tail = ProbeRatios(1.0, (0.5,) * 45 + (3.0,) * 3, (False,) * 48)
+    # bound above 1: no low end, so that rate again (new requests pooled with these can bound
+    # it; one lower would bound a lower end)
+    apart = ((0.5,) * 15 + (3.0,)) * 3  # far apart: independent draws
+    tail = ProbeRatios(1.0, apart, (False,) * 48)
     over = ProbeRatios(2.0, (5.0,) * 48, (False,) * 48)
     straddled = fit_knee([tail, over], 0.9, 0.95)
     assert straddled.below == 1.0 and straddled.low is None
-    assert next_rate(straddled) == pytest.approx(1 / math.sqrt(2))
+    assert next_rate(straddled) == 1.0
+    again = ProbeRatios(1.0, (0.5,) * 96, (False,) * 96)
+    bounded = fit_knee([tail, over, again], 0.9, 0.95).low
+    assert bounded is not None and bounded >= 1.0
 
 
 def test_a_knee_above_every_probe_is_bounded_by_the_ceiling() -> None:
@@ -243,11 +251,12 @@ def test_a_ratio_of_two_knees_widened_for_one_drift_is_widened_by_it_once() -> N
 
 
 def test_an_outlier_s_bound_at_one_rate_does_not_hide_a_clear_rate_above_it() -> None:
-    """Two of 48 requests at 0.7 req/s missed (its quantile's upper bound 1.45), every one at
-    1 req/s met with room (upper bound 0.6), 1.4 req/s is over capacity: the quantile at 0.7
-    is at most the one at 1, so the interval's low end is 1 req/s, not unbounded (a fit
-    through the upper bounds pooled 1.45 with 0.6 into one level above 1)."""
-    outliers = ProbeRatios(0.7, (0.5,) * 46 + (1.45,) * 2, (False,) * 48)
+    """Two of 48 requests at 0.7 req/s missed, far apart (its quantile's upper bound 1.45),
+    every one at 1 req/s met with room (upper bound 0.6), 1.4 req/s is over capacity: the
+    quantile at 0.7 is at most the one at 1, so the interval's low end is 1 req/s, not
+    unbounded (a fit through the upper bounds pooled 1.45 with 0.6 into one level above 1)."""
+    apart = (0.5,) * 15 + (1.45,) + (0.5,) * 16 + (1.45,) + (0.5,) * 15
+    outliers = ProbeRatios(0.7, apart, (False,) * 48)
     clear = ProbeRatios(1.0, (0.6,) * 48, (False,) * 48)
     over = ProbeRatios(1.4, tuple(np.linspace(1.5, 40.0, 48)), (False,) * 48)
     points = rate_quantiles([outliers, clear, over], 0.9, 0.95)
@@ -285,3 +294,62 @@ def test_requests_at_a_higher_rate_help_bound_a_lower_one() -> None:
     assert upper.tolist() == [0.5, 2.0] and lower.tolist() == [0.5, 0.5]
     knee = fit_knee([low_rate, high_rate, over], 0.9, 0.95)
     assert knee.low is not None and 0.8 <= knee.low < 1.0 and knee.high == 2.0
+
+
+def test_requests_waiting_in_one_queue_count_as_fewer_draws() -> None:
+    """Misses that come in runs (a burst of arrivals makes several requests in a row wait) vary
+    more than independent ones: the same ratios in runs of 6 count as fewer draws than spread
+    apart; independent draws count as themselves."""
+    rng = np.random.default_rng(0)
+    spread = np.where(np.arange(240) % 10 == 9, 1.5, 0.5)  # every tenth missed
+    runs = np.where(np.arange(240) % 60 >= 54, 1.5, 0.5)  # the same share, six in a row
+    none = np.zeros(240, dtype=bool)
+    assert dependence(spread, none, 0.9) == 1.0 and dependence(runs, none, 0.9) > 4
+    assert dependence(rng.lognormal(size=240), none, 0.9) < 1.5
+
+
+def test_fewer_draws_widen_the_quantile_s_interval() -> None:
+    """As many draws as requests: the plain order-statistic interval; fewer: ranks of that many
+    scaled to the sample, wider on both sides, and unbounded above once too few are left."""
+    ratios = np.random.default_rng(1).lognormal(size=480)
+    none = np.zeros(480, dtype=bool)
+    plain = quantile_bounds(ratios, none, 0.9, 0.95)
+    assert quantile_bounds(ratios, none, 0.9, 0.95, 480.0) == plain
+    fewer = quantile_bounds(ratios, none, 0.9, 0.95, 120.0)
+    assert fewer[0] < plain[0] and fewer[1] > plain[1]
+    assert quantile_bounds(ratios, none, 0.9, 0.95, 20.0)[1] == math.inf
+    runs = np.where(np.arange(240) % 120 >= 108, 1.5, 0.5)  # two runs of 12 misses
+    queued = probe_quantile(ProbeRatios(1.0, tuple(runs), (False,) * 240), 0.9, 0.95)
+    assert queued.high == math.inf  # 240 requests, about 21 draws: the largest may be below
+
+
+def test_miss_shares_scattered_across_rates_count_as_fewer_draws() -> None:
+    """A lower miss share at a higher rate is a draw's luck: 6 of 48 missed at 3.9 req/s but 3
+    of 182 at 4.2 (a knee at an H100's speed, its misses in bursts) scatter more than
+    binomial draws do, so each request counts as less than a draw and the interval widens;
+    shares that rise with the rate, or scatter no more than a binomial's, leave it alone."""
+
+    def sample(rate: float, count: int, missed: int) -> RateSample:
+        ratios = np.where(np.arange(count) % (count // missed) == 0, 9.0, 0.5)[:count]
+        ratios[missed * (count // missed) :] = 0.5
+        return RateSample(rate, ratios, np.zeros(count, dtype=bool), False, float(count))
+
+    lucky = [sample(1.95, 91, 1), sample(3.9, 48, 6), sample(4.2, 182, 3)]
+    assert overdispersion(lucky) > 5
+    rising_ = [sample(1.95, 91, 1), sample(3.9, 48, 3), sample(4.2, 182, 20)]
+    assert overdispersion(rising_) == 1.0
+    assert overdispersion([sample(0.7, 48, 2), sample(1.0, 48, 1)]) == 1.0
+    probes = [ProbeRatios(s.rate, tuple(s.ratios), tuple(s.censored)) for s in lucky]
+    narrow = fit_knee(probes[2:], 0.9, 0.95)
+    wide = fit_knee(probes, 0.9, 0.95)
+    assert narrow.low == 4.2 and (wide.low is None or wide.low < 4.2)
+
+
+def test_a_rate_is_over_capacity_where_most_of_its_probes_are() -> None:
+    """Near the knee one probe's burst can make its ratios rise: one rising probe of three at a
+    rate does not make the rate over capacity; two of three do."""
+    rising_ = ProbeRatios(2.0, tuple(np.linspace(0.5, 4.0, 48)), (False,) * 48)
+    flat = ProbeRatios(2.0, (0.6,) * 48, (False,) * 48)
+    assert [s.over_capacity for s in rate_samples([rising_, flat, flat], 0.9, 0.95)] == [False]
+    assert [s.over_capacity for s in rate_samples([rising_, rising_, flat], 0.9, 0.95)] == [True]
+    assert rate_samples([rising_, flat, flat], 0.9, 0.95)[0].probes == 3

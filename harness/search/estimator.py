@@ -60,6 +60,10 @@ FAR_ABOVE = 10.0  # the ratio a probe over capacity counts as (a bound, not a me
 # rate jumps 8x between probes a factor 2 apart, and interpolates well in log-log)
 CLIFF = 30.0
 TREND_CONFIDENCE = 0.99  # one-sided, of the rising trend that marks a probe over capacity
+# one-sided, of the tests that take a probe's requests as fewer draws than their count (misses
+# clustered in arrival order: `dependence`; miss shares scattered across rates more than a
+# binomial's: `overdispersion`); below it, as many draws as requests
+CLUSTERED_CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,13 @@ class ProbeQuantile:
     requests: int  # steady requests (the warm-up share left out)
     low: float  # the quantile's distribution-free interval (`quantile_bounds`)
     high: float
+    effective: float = math.nan  # the independent draws its requests stand for (`dependence`)
+    probes: int = 1  # the probes at its rate pooled into it
+
+    @property
+    def dependence(self) -> float:
+        """Requests per independent draw (at least 1; 1 where unknown)."""
+        return self.requests / self.effective if self.effective > 0 else 1.0
 
     @property
     def level(self) -> float:
@@ -205,9 +216,25 @@ def probe_quantile(
     """A probe's steady requests (the first `warmup_share` left out): their quantile, its
     `confidence` interval, their trend."""
     ratios, censored = _steady_arrays(probe, warmup_share)
+    return _quantile(probe.rate, ratios, censored, share, confidence, None)
+
+
+def _quantile(
+    rate: float | None,
+    ratios: np.ndarray,
+    censored: np.ndarray,
+    share: float,
+    confidence: float,
+    effective: float | None,
+) -> ProbeQuantile:
+    """The quantile of one sample, its interval (`effective` draws, else its own
+    `dependence`) and its trend."""
+    if effective is None:
+        effective = float(ratios.size / dependence(ratios, censored, share))
     quantile, known = ratio_quantile(ratios, censored, share)
-    low, high = quantile_bounds(ratios, censored, share, confidence)
-    return ProbeQuantile(probe.rate, quantile, known, rising(ratios), int(ratios.size), low, high)
+    low, high = quantile_bounds(ratios, censored, share, confidence, effective)
+    over = rising(ratios)
+    return ProbeQuantile(rate, quantile, known, over, int(ratios.size), low, high, effective)
 
 
 def isotonic(levels: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -247,7 +274,7 @@ def crossing(
     if last == x.size - 1:
         return Crossing(None, float(rates[order][-1]), None, False)
     x0, x1, y0, y1 = x[last], x[last + 1], fitted[last], fitted[last + 1]
-    below, above = float(math.exp(x0)), float(math.exp(x1))
+    below, above = float(rates[order][last]), float(rates[order][last + 1])  # exactly as probed
     saturated = over is not None and bool(over[order][last + 1])
     cliff = saturated or bool(y1 - y0 > math.log(CLIFF))
     if x1 == x0:
@@ -289,12 +316,58 @@ def fewest_requests(share: float, confidence: float) -> int:
     return count
 
 
+def dependence(ratios: np.ndarray, censored: np.ndarray, share: float) -> float:
+    """How many requests of one probe count as one independent draw: the integrated
+    autocorrelation time, in arrival order, of "at most the probe's `share`-quantile", fitted
+    as a two-state Markov chain (from the mean lengths of its runs above and below: a chain
+    that leaves a state after L steps on average has lag-one correlation 1 - 1/L_above -
+    1/L_below, and its mean varies (1 + that) / (1 - that) times a binomial one's), at least 1.
+    Requests served in one queue are not independent: a burst of arrivals makes several in a
+    row wait, so the count below the quantile varies more than a binomial one, and an interval
+    that takes them as independent is too narrow where queues last many requests (a fast
+    machine's short probes). Run lengths, not summed sample autocorrelations, because a probe
+    of 48 requests has about 5 above its 0.9-quantile: too few for lags beyond the first; and
+    only where the runs are fewer than independent draws make at `CLUSTERED_CONFIDENCE` (the
+    runs test), since an estimate from so few varies: independent requests would otherwise
+    count as fewer draws about half the time."""
+    if ratios.size < 2:
+        return 1.0
+    quantile, _ = ratio_quantile(ratios, censored, share)
+    below = (ratios <= quantile) & ~censored
+    changes = np.flatnonzero(below[1:] != below[:-1])
+    if changes.size == 0:
+        return 1.0
+    runs, count = changes.size + 1, below.size
+    hits = int(np.count_nonzero(below))
+    expected = 2 * hits * (count - hits) / count + 1  # the runs test (Wald and Wolfowitz)
+    spread = math.sqrt((expected - 1) * (expected - 2) / (count - 1))
+    if spread == 0 or (runs - expected) / spread > -NormalDist().inv_cdf(CLUSTERED_CONFIDENCE):
+        return 1.0  # no fewer runs than independent draws would make, at that confidence
+    lengths = np.diff(np.concatenate(([0], changes + 1, [count])))
+    first_below = bool(below[0])
+    runs_below = lengths[0 if first_below else 1 :: 2]
+    runs_above = lengths[1 if first_below else 0 :: 2]
+    correlation = 1.0 - 1.0 / runs_below.mean() - 1.0 / runs_above.mean()
+    return max(float((1.0 + correlation) / (1.0 - correlation)), 1.0)
+
+
 def quantile_bounds(
-    ratios: np.ndarray, censored: np.ndarray, share: float, confidence: float
+    ratios: np.ndarray,
+    censored: np.ndarray,
+    share: float,
+    confidence: float,
+    effective: float | None = None,
 ) -> tuple[float, float]:
     """The interval of the population's `share`-quantile of the ratios: order statistics, a
-    censored ratio's bound standing for it below and infinity above."""
-    low, high = order_statistic_bounds(ratios.size, share, confidence)
+    censored ratio's bound standing for it below and infinity above. `effective` independent
+    draws stand for the ratios (`dependence`; all of them where None): the binomial ranks of
+    that many, scaled to the sample's."""
+    count = ratios.size
+    draws = count if effective is None else max(1, min(count, math.floor(effective)))
+    low, high = order_statistic_bounds(draws, share, confidence)
+    scale = count / draws
+    low = math.floor((low + 1) * scale) - 1
+    high = count if high >= draws else min(math.ceil((high + 1) * scale) - 1, count - 1)
     below = np.sort(ratios)
     above = np.sort(np.where(censored, math.inf, ratios))
     return (
@@ -310,19 +383,21 @@ class RateSample:
     rate: float
     ratios: np.ndarray
     censored: np.ndarray
-    over_capacity: bool  # any probe at this rate was
+    over_capacity: bool  # most probes at this rate were
+    effective: float  # independent draws they stand for: each probe's count over its `dependence`
+    probes: int = 1
 
     def quantile(self, share: float, confidence: float) -> ProbeQuantile:
-        probe = ProbeRatios(self.rate, tuple(self.ratios), tuple(self.censored))
-        found = probe_quantile(probe, share, confidence)
-        return replace(found, over_capacity=self.over_capacity)
+        found = _quantile(self.rate, self.ratios, self.censored, share, confidence, self.effective)
+        return replace(found, over_capacity=self.over_capacity, probes=self.probes)
 
 
 def rate_samples(
     probes: Sequence[ProbeRatios], share: float, confidence: float, warmup_share: float = 0.0
 ) -> list[RateSample]:
     """One sample per probed rate, in rate order: the steady requests of every probe at that
-    rate, over capacity where any of those probes was."""
+    rate, over capacity where most of those probes were (near the knee a burst of misses can
+    make one probe's ratios rise; past capacity every probe's do)."""
     by_rate: dict[float, list[ProbeRatios]] = {}
     for probe in probes:
         if probe.rate is not None:
@@ -332,11 +407,10 @@ def rate_samples(
         steady = [_steady_arrays(p, warmup_share) for p in group]
         ratios = np.concatenate([r for r, _ in steady])
         if ratios.size:
-            over = any(
-                probe_quantile(p, share, confidence, warmup_share).over_capacity for p in group
-            )
+            over = 2 * sum(rising(r) for r, _ in steady) > len(steady)
             censored = np.concatenate([c for _, c in steady])
-            samples.append(RateSample(rate, ratios, censored, over))
+            effective = float(sum(r.size / dependence(r, c, share) for r, c in steady))
+            samples.append(RateSample(rate, ratios, censored, over, effective, len(steady)))
     return samples
 
 
@@ -346,6 +420,33 @@ def rate_quantiles(
     """One quantile per probed rate, in rate order (`rate_samples`)."""
     samples = rate_samples(probes, share, confidence, warmup_share)
     return [sample.quantile(share, confidence) for sample in samples]
+
+
+def overdispersion(samples: Sequence[RateSample]) -> float:
+    """How much more the share of requests missing the SLO varies from rate to rate than
+    independent draws allow (Pearson's statistic over its degrees of freedom, as a
+    quasi-binomial dose-response fit estimates it), at least 1; 1 with no degree of freedom
+    left. The miss share is fitted non-decreasing in rate (`isotonic`), so a lower share at a
+    higher rate is a draw's luck: a probe's misses come in clusters (a burst of long prompts
+    fills the KV and several requests wait behind it), so one probe's requests are fewer
+    independent draws than its count, by more than their order in one probe shows
+    (`dependence`). Only where the statistic exceeds the chi-square's `CLUSTERED_CONFIDENCE`
+    quantile: with a degree of freedom or two it varies as much as the spread it measures.
+    Rates over capacity are left out: their misses are a trend, not a draw."""
+    steady = [s for s in samples if not s.over_capacity]
+    counts = np.array([s.ratios.size for s in steady], dtype=np.float64)
+    misses = np.array([np.count_nonzero((s.ratios > 1) | s.censored) for s in steady])
+    if counts.size < 2:
+        return 1.0
+    fitted = isotonic(misses / counts, counts)
+    dof = counts.size - np.unique(fitted).size
+    if dof < 1:
+        return 1.0
+    share = np.clip(fitted, 0.5 / counts, 1 - 0.5 / counts)
+    pearson = float((((misses - counts * share) ** 2) / (counts * share * (1 - share))).sum())
+    z = NormalDist().inv_cdf(CLUSTERED_CONFIDENCE)  # chi-square's quantile (Wilson, Hilferty)
+    critical = dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+    return max(pearson / dof, 1.0) if pearson > critical else 1.0
 
 
 def pooled_bounds(
@@ -362,9 +463,11 @@ def pooled_bounds(
     upper, lower = np.full(count, math.inf), np.zeros(count)
     for i in range(count):
         for j in range(i, count):
-            ratios = np.concatenate([sample.ratios for sample in samples[i : j + 1]])
-            censored = np.concatenate([sample.censored for sample in samples[i : j + 1]])
-            low, high = quantile_bounds(ratios, censored, share, confidence)
+            pool = samples[i : j + 1]
+            ratios = np.concatenate([sample.ratios for sample in pool])
+            censored = np.concatenate([sample.censored for sample in pool])
+            effective = sum(sample.effective for sample in pool)
+            low, high = quantile_bounds(ratios, censored, share, confidence, effective)
             upper[i] = min(upper[i], high)
             lower[j] = max(lower[j], low)
     return lower, upper
@@ -384,6 +487,8 @@ def fit_knee(
     interpolation bounds it there). `ceiling` (the most the system serves, every request at
     once) bounds it from above where no probe does."""
     samples = rate_samples(probes, share, confidence, warmup_share)
+    spread = overdispersion(samples)
+    samples = [replace(s, effective=min(s.effective, s.ratios.size / spread)) for s in samples]
     points = tuple(sample.quantile(share, confidence) for sample in samples)
     if not points:
         return Knee(None, None, None, False, points)
@@ -393,8 +498,11 @@ def fit_knee(
 
     def fitted(side: str | None) -> Crossing:
         bound = {"high": upper, "low": lower}.get(side or "")
+        # a lower bound stands on its own: a rising probe near the knee may be one burst (the
+        # probe stopped right after it), so over capacity is no certainty on that side
         sided = points if bound is None else [
-            replace(q, quantile=float(b)) for q, b in zip(points, bound, strict=True)
+            replace(q, quantile=float(b), over_capacity=q.over_capacity and side == "high")
+            for q, b in zip(points, bound, strict=True)
         ]  # fmt: skip
         over = np.array([q.over_capacity for q in sided])
         levels = np.array([q.level for q in sided])  # in rate order

@@ -24,8 +24,13 @@ A strategy's probes, in the order the policy asks for them:
    crossing, a probe is as long as the interval needs: a quantile's interval narrows as the
    square root of its requests, so a probe near an earlier one is longer by (the interval's
    log width over the resolution's) squared, at most `LONGER_AT_MOST` times, up to
-   `max_requests`; a probe where one ran before draws new requests (the next workload seed).
-   The search ends when the interval's high / low is within `1 + resolution`.
+   `max_requests`. Every rate probe draws its own requests (the workload's seed moved by the
+   rate probes before it): probes on one draw would share its long prompts, and the estimator
+   takes each probe as draws of its own.
+   The search ends when the interval's high / low is within `1 + resolution`, or once its
+   high end lies below every other strategy's low end (`SearchState.others_low`): every
+   ratio over it is then one-sided ("orca sustains at least 5x fastertransformer's") and
+   needs only that end, and the budget goes to the pairs still close.
 
 The strategies share one budget (`pick`): a knee with no lower end is probed before any other
 (a ratio over it is unbounded), among equals the strategy that has spent least on rate
@@ -77,6 +82,7 @@ class SearchState:
 
     result: StrategyResult
     prediction: Prediction | None = None
+    others_low: float | None = None  # the lowest low end of the other strategies' knees
 
     @property
     def probes(self) -> list[Probe]:
@@ -164,12 +170,16 @@ class ProbePolicy:
         assert rate is not None
         if fit.width <= 1 + self.resolution:
             return Done("a cliff: the ratio jumps between adjacent probes" if fit.cliff else "")
+        if fit.high is not None and state.others_low is not None and fit.high <= state.others_low:
+            return Done("below every other knee: a ratio over it needs only its high end")
         if len(rates) >= MOST_RATE_PROBES:
             return Done(f"not within {self.resolution:.0%} after {len(rates)} probes")
         if rate < min(rates) and min(rates) <= ceiling * LOWEST_SHARE:
             return Done(f"no rate down to {min(rates):.3g} req/s is sustained")
         if rate > max(rates) and max(rates) * (1 + self.resolution) >= ceiling:
-            return Done(f"sustained up to {max(rates):.3g} req/s, near the ceiling")
+            if fit.low is not None or fit.below is None:
+                return Done(f"sustained up to {max(rates):.3g} req/s, near the ceiling")
+            rate = toward_low_end(fit, fit.below)  # none shown sustained yet: that first
         bracketed = fit.below is not None and fit.above is not None
         length = (lambda r: self._length_near(state, r)) if bracketed else (lambda r: self.requests)
         return self._spec(state, min(rate, math.sqrt(max(rates) * ceiling)), length)
@@ -178,26 +188,34 @@ class ProbePolicy:
         """The requests a probe at `rate` needs: the nearest probe's (in log rate) times (the
         knee's log width over the resolution's) squared, at most `LONGER_AT_MOST` times it,
         within [requests, max_requests]."""
-        nearest = min(state.rate_probes, key=lambda p: abs(math.log((p.spec.rate or 1.0) / rate)))
+        nearest = self._nearest(state.rate_probes, rate)
         needed = (math.log(state.knee.width) / math.log(1 + self.resolution)) ** 2
         counted = nearest.spec.requests - nearest.spec.warmup
         count = round(counted * min(needed, LONGER_AT_MOST))
         return min(max(count, self.requests), self.max_requests)
 
+    @staticmethod
+    def _nearest(probes: list[Probe], rate: float) -> Probe:
+        """The probe nearest `rate` in log rate."""
+        return min(probes, key=lambda p: abs(math.log((p.spec.rate or 1.0) / rate)))
+
     def _spec(self, state: SearchState, rate: float, length: Callable[[float], int]) -> ProbeSpec:
         """A rate probe at `rate` (to 4 digits, as the run is named): as many counted requests
         as the precision asks (`length`), or as arrive within `span` requests served alone
         where that is more; a warm-up of those arriving within `warmup` of them before; on
-        new requests where that probe ran before."""
+        requests of its own (`ProbeSpec.draw`)."""
         rate = float(f"{rate:.4g}")
         alone_s = self.alone_s(state)
         precise, spanned = length(rate), math.ceil(rate * self.span * alone_s)
+        steady = [p for p in state.rate_probes if not p.quantile.over_capacity]
+        if steady:  # as many draws as asked: requests in one queue count as fewer
+            dependence = self._nearest(steady, rate).quantile.dependence
+            precise = min(math.ceil(precise * dependence), self.max_requests)
         counted = max(precise, spanned)
         warmup = math.ceil(rate * self.warmup * alone_s)
         count = counted + warmup
-        repeat = sum(p.spec.rate == rate and p.spec.requests == count for p in state.probes)
         sized_by = "span" if spanned > precise else "precision"
-        return ProbeSpec("rate", count, rate, repeat, warmup, sized_by)
+        return ProbeSpec("rate", count, rate, len(state.rate_probes), warmup, sized_by)
 
     @staticmethod
     def alone_s(state: SearchState) -> float:
@@ -271,9 +289,10 @@ def next_rate(knee: Knee, step: float = NEXT_STEP) -> float | None:
     """Where one more probe narrows the knee's interval most: below every probe (by `step`)
     while every rate's fitted ratio is above 1, above every probe while none is; where the
     interval has no low end though a rate's ratio is at most 1 (its bounds straddle 1: the
-    few largest ratios of a short probe place its upper bound), a little below that rate
-    (by the square root of `step`), where a longer probe can bound it; likewise above the
-    lowest rate above 1 where it has no high end; in a cliff's bracket, its middle (in log
+    few largest ratios of a short probe place its upper bound), that rate again, on new
+    requests that pool with its first (one a step below would bound a lower end), and a
+    little below it (by the square root of `step`) once two probes there have not; likewise
+    the lowest rate above 1 where it has no high end; in a cliff's bracket, its middle (in log
     rate); else the middle (in log rate) of the interval's wider side of the estimate: a
     probe there, with its quantile's bounds on that side of 1, moves that end towards the
     estimate (one at the estimate tightens the bounds beside it, but an end is placed by the
@@ -286,10 +305,22 @@ def next_rate(knee: Knee, step: float = NEXT_STEP) -> float | None:
     if knee.above is None:
         return max(rates) * step
     if knee.low is None:
-        return knee.below / math.sqrt(step)
+        return toward_low_end(knee, knee.below, step)
     if knee.high is None:
-        return knee.above * math.sqrt(step)
+        return knee.above if _probes_at(knee, knee.above) < 2 else knee.above * math.sqrt(step)
     if knee.estimate is None:
         return math.sqrt(knee.below * knee.above)
     far = knee.low if knee.estimate / knee.low >= knee.high / knee.estimate else knee.high
     return math.sqrt(knee.estimate * far)
+
+
+def toward_low_end(knee: Knee, below: float, step: float = NEXT_STEP) -> float:
+    """Where a probe can give a knee with no low end one, from `below`, a rate whose fitted
+    ratio is at most 1 but whose bounds straddle it: that rate again (new requests pooled
+    with its first), then a little below it (by the square root of `step`)."""
+    return below if _probes_at(knee, below) < 2 else below / math.sqrt(step)
+
+
+def _probes_at(knee: Knee, rate: float) -> int:
+    """The probes pooled at `rate` in the knee's fit."""
+    return sum(q.probes for q in knee.probes if q.rate == rate)

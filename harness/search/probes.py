@@ -34,7 +34,7 @@ class ProbeSpec:
     kind: Kind  # floor: one at a time; ceiling: all at once; rate: Poisson at `rate`
     requests: int  # the warm-up's included
     rate: float | None = None  # req/s, rate probes only
-    repeat: int = 0  # > 0: the workload drawn again with the seed moved by this (new requests)
+    draw: int = 0  # the workload drawn with its seed moved by this: each rate probe its own
     warmup: int = 0  # the first requests (in arrival order) served but left out of its quantile
     sized_by: str = ""  # what set its length: "precision" or "span" (rate probes)
 
@@ -43,9 +43,7 @@ class ProbeSpec:
         """Its run directory's name under the strategy's."""
         if self.kind != "rate":
             return self.kind
-        return f"rate-{self.rate:.4g}-n{self.requests}" + (
-            f"-repeat{self.repeat}" if self.repeat else ""
-        )
+        return f"rate-{self.rate:.4g}-n{self.requests}" + (f"-draw{self.draw}" if self.draw else "")
 
 
 @dataclass(frozen=True)
@@ -103,7 +101,7 @@ def probe_config(cfg: DictConfig, spec: ProbeSpec, stop_early: float | None) -> 
             workload.arrival.process, workload.arrival.rate = "poisson", spec.rate
             probe.slo.stop_early = stop_early
         workload.num_requests = spec.requests
-        workload.seed = int(workload.seed) + spec.repeat
+        workload.seed = int(workload.seed) + spec.draw
         if spec.warmup:
             workload.warmup.requests, workload.warmup.seconds = spec.warmup, 0.0
     return probe

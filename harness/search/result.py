@@ -76,7 +76,7 @@ class StrategyResult:
                     "kind": p.spec.kind,
                     "rate": p.spec.rate,
                     "requests": p.spec.requests,
-                    "repeat": p.spec.repeat,
+                    "draw": p.spec.draw,
                     "warmup": p.spec.warmup,
                     "sized_by": p.spec.sized_by,
                     "run_dir": p.outcome.run_dir,

@@ -38,12 +38,13 @@ class StrategySearch:
         self.prober, self.policy, self.seen, self.predict = prober, policy, seen, predict
         self.prediction: Prediction | None = None
         self.done = False
+        self.others_low: float | None = None
         self.next: ProbeSpec | None = None
         self.cost_s = 0.0
 
     @property
     def state(self) -> SearchState:
-        return SearchState(self.result, self.prediction)
+        return SearchState(self.result, self.prediction, self.others_low)
 
     def anchor(self) -> None:
         """The floor and ceiling probes, then the prediction; the first rate probe wanted."""
@@ -79,6 +80,13 @@ class StrategySearch:
             f"budget spent before the probe at {self.next.rate:.4g} req/s "  # as its run is named
             f"(about {self.cost_s:.0f} s)"
         )
+
+    def beside(self, others_low: float | None) -> None:
+        """The lowest low end of the other strategies' knees (None: one has none); its next
+        probe wanted again where that changed."""
+        if others_low != self.others_low and not self.done:
+            self.others_low = others_low
+            self._want()
 
     def _want(self) -> None:
         wanted = self.policy.next_probe(self.state)
@@ -134,4 +142,7 @@ def find_knees(
                 search.out_of_budget()
             break
         waiting[chosen].probe_rate()
+        for search in searches:
+            lows = [other.result.low for other in searches if other is not search]
+            search.beside(None if not lows or None in lows else min(lows))
     return [s.result for s in searches]
