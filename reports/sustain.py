@@ -1,11 +1,16 @@
-"""The highest load each strategy sustains, by the harness's one SLO rule.
+"""The highest load each strategy sustains, by the harness's one SLO rule, as the knee search
+estimates it.
 
 A run sustains its load when at least `slo.attainment` of its requests meet every configured
-limit, latencies from arrival, failed requests counted as misses (`harness.measure.slo`):
-the run's summary records the verdict, and a run without a summary is judged from its
-records by the same rule. A strategy sustains load x when its runs at x and at every lower
-tested load do; a pass above a failure does not count, so noise cannot overstate capacity.
-The first failing load is reported too: the knee lies between the two.
+limit, latencies from arrival, failed requests counted as misses (`harness.measure.slo`; the
+run's summary records its verdict). Across a sweep's loads, each strategy's knee is
+fitted by the search's own estimator (`harness.search.estimator.fit_knee`) on every complete
+run's requests: where the `slo.attainment`-quantile of their SLO ratios crosses 1 in load,
+with a 95% interval from as many independent draws as the requests stand for, so a sweep
+and a search say the same of the same runs. A walk that stops at the first failing run
+reads one run's luck as the knee (a pass above a failure, or a failure of a run whose
+requests meet the SLO nine times in ten when rerun); the interval says how far a sweep's
+runs bound it.
 """
 
 from __future__ import annotations
@@ -13,45 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servelab.harness.measure.slo.limits import SLO
-from servelab.reports.derive import slo_attainment
-from servelab.reports.grouping import Group, SweepRun
-
-
-def run_sustains(sweep_run: SweepRun, slo: SLO) -> bool | None:
-    """Whether the run sustains its load; None when it cannot be judged."""
-    run = sweep_run.run
-    verdict = (run.summary or {}).get("sustained")
-    if isinstance(verdict, bool):
-        return verdict
-    if not run.request_records:
-        return None
-    return slo.sustains(slo_attainment(run.request_records, slo))
+from servelab.harness.search.estimator import Knee, fit_knee, probe_ratios
+from servelab.reports.grouping import Group
 
 
 @dataclass(frozen=True)
 class Sustained:
-    """The highest sustained load of one strategy in one group, and the first it failed."""
+    """One strategy's knee in one group, fitted on its runs at the loads `tested`."""
 
     label: str
-    load: float | None
-    first_failed: float | None  # None: every tested load passed
+    knee: Knee
     tested: tuple[float, ...]
-
-    @property
-    def all_passed(self) -> bool:
-        return self.first_failed is None
-
-
-def highest_sustained(label: str, results: list[tuple[float, bool | None]]) -> Sustained:
-    """Walk loads upwards; stop at the first load where any run fails or cannot be judged."""
-    loads = sorted({x for x, _ in results})
-    best: float | None = None
-    for load in loads:
-        verdicts = [passed for x, passed in results if x == load]
-        if not all(v is True for v in verdicts):
-            return Sustained(label, best, load, tuple(loads))
-        best = load
-    return Sustained(label, best, None, tuple(loads))
 
 
 def group_slo(group: Group) -> SLO | None:
@@ -60,18 +37,23 @@ def group_slo(group: Group) -> SLO | None:
     return slo if slo is not None and slo.configured else None
 
 
+CONFIDENCE = 0.95  # of each knee's interval, as the search's (`search.confidence`)
+
+
 def sustained_loads(group: Group) -> list[Sustained]:
-    """Per strategy in the group, its highest sustained load (empty without an SLO or x axis)."""
+    """Per strategy in the group, its knee (empty without an SLO or x axis)."""
     slo = group_slo(group)
     if slo is None or group.x_kind == "none":
         return []
     found = []
     for label in group.labels:
-        results = [
-            (r.x, run_sustains(r, slo))
+        runs = [
+            r
             for r in group.runs
-            if r.label == label and r.x is not None and r.run.complete
+            if r.label == label and r.x is not None and r.run.complete and r.run.request_records
         ]
-        if results:
-            found.append(highest_sustained(label, results))
+        probes = [probe_ratios(r.x, r.run.request_records, slo) for r in runs]
+        if probes:
+            knee = fit_knee(probes, slo.attainment, CONFIDENCE)
+            found.append(Sustained(label, knee, tuple(sorted({r.x for r in runs if r.x}))))
     return found

@@ -1,8 +1,8 @@
 """Build a sweep's `report.html` and `summary.csv` from any run or sweep directories.
 
 Per group of comparable runs (see `reports.grouping`): curves per strategy against load,
-the highest load each strategy sustains under the SLO (rule stated in the page), then
-one table of every run with its ratios against the baseline strategy and its
+each strategy's knee under the SLO with its interval (`reports.sustain`, the search's
+estimator), then one table of every run with its ratios against the baseline strategy and its
 correctness record. `summary.csv` beside the page holds the same rows as raw numbers.
 """
 
@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from servelab.base.errors import ConfigError
+from servelab.harness.search.text import rate_text
 from servelab.reports.colors import assign_colors
 from servelab.reports.grouping import X_TITLES, Group, group_runs
 from servelab.reports.html import Cell, Link, Page, Swatch, table_html
@@ -100,8 +101,10 @@ def _group_section(page: Page, group: Group, colors: dict[str, str]) -> None:
         page.paragraph("These runs have no rate or concurrency: no sustained load.", "note")
     else:
         page.paragraph(
-            "Highest sustained load: the highest tested load at which the strategy's runs "
-            f"pass, and pass at every lower tested load. {slo.describe()}",
+            "Knee: the load at which the strategy's runs stop meeting the SLO, fitted on every "
+            "complete run's requests as servelab search fits it (where the attainment-quantile "
+            "of their SLO ratios crosses 1), with its 95% interval ('-': the runs do not bound "
+            f"that side). {slo.describe()}",
             "note",
         )
         sustained = sustained_loads(group)
@@ -109,7 +112,7 @@ def _group_section(page: Page, group: Group, colors: dict[str, str]) -> None:
         page.tables(
             [
                 table_html(
-                    ["strategy", f"highest sustained {unit}", "first failed", "loads tested"],
+                    ["strategy", f"knee, {unit}", "95% interval", "loads tested"],
                     [_sustained_row(s, colors) for s in sustained],
                     "Sustained load under the SLO",
                 )
@@ -119,15 +122,13 @@ def _group_section(page: Page, group: Group, colors: dict[str, str]) -> None:
 
 
 def _sustained_row(sustained: Sustained, colors: dict[str, str]) -> list[Cell]:
-    if sustained.load is None:
-        verdict = f"none (fails at the lowest, {sustained.tested[0]:g})"
-    elif sustained.all_passed:
-        verdict = f"≥ {sustained.load:g} (passed every tested load)"
-    else:
-        verdict = f"{sustained.load:g}"
+    knee = sustained.knee
+    where = rate_text(knee.estimate)  # '-' where the fit does not cross 1 between two loads
+    if knee.cliff:
+        where = f"a cliff between {rate_text(knee.below)} and {rate_text(knee.above)}"
+    interval = f"[{rate_text(knee.low)}, {rate_text(knee.high)}]"
     tested = ", ".join(f"{x:g}" for x in sustained.tested)
-    failed = "–" if sustained.first_failed is None else f"{sustained.first_failed:g}"
-    return [Swatch(sustained.label, colors[sustained.label]), verdict, failed, tested]
+    return [Swatch(sustained.label, colors[sustained.label]), where, interval, tested]
 
 
 def _runs_table(rows: list[RunRow], colors: dict[str, str], out_dir: Path) -> str:

@@ -19,9 +19,10 @@ from servelab.base.errors import ConfigError
 from servelab.reports.callback import SweepReportCallback
 from servelab.reports.cli import report_main
 from servelab.reports.colors import PALETTE, PRESET_COLORS, assign_colors, strategy_color
+from servelab.reports.derive import slo_attainment
 from servelab.reports.grouping import group_runs, strategy_labels
 from servelab.reports.load import find_run_dirs, load_run
-from servelab.reports.sustain import group_slo, highest_sustained, run_sustains, sustained_loads
+from servelab.reports.sustain import group_slo, sustained_loads
 from servelab.reports.sweep_figures import group_figures, pareto_figure
 from servelab.reports.sweep_report import build_sweep_report
 from servelab.reports.sweep_table import choose_baseline
@@ -95,28 +96,44 @@ def test_strategy_names_are_escaped_everywhere(sweep_html: str) -> None:
 
 
 def test_sustained_rate_on_a_constructed_sweep(sweep: Path) -> None:
+    """Ten requests a run bound no quantile from above (the largest of ten is no 95% bound
+    of a 0.9-quantile), so no knee has a low end; fastertransformer's misses at 2 req/s
+    bound its knee from above there, a pass at 4 above them notwithstanding, and orca's at 4
+    (rising through the run: over capacity); vllm passed
+    every load: its knee lies above them, bounded by nothing."""
     (group,) = group_runs([load_run(d) for d in find_run_dirs([sweep])])
-    found = {s.label: s for s in sustained_loads(group)}
+    found = {s.label: s.knee for s in sustained_loads(group)}
     assert set(found) == {"fastertransformer", "orca", "vllm", HOSTILE}
-    assert (found["fastertransformer"].load, found["fastertransformer"].all_passed) == (1.0, False)
-    assert (found["orca"].load, found["orca"].all_passed) == (2.0, False)
-    assert (found["vllm"].load, found["vllm"].all_passed) == (4.0, True)
-    assert found["vllm"].tested == (1.0, 2.0, 4.0)
-    assert found[HOSTILE].load is None
+    assert all(knee.low is None for knee in found.values())
+    assert found["fastertransformer"].high == 2.0 and found["orca"].high == 4.0
+    assert (found["vllm"].below, found["vllm"].above, found["vllm"].high) == (4.0, None, None)
+    assert found[HOSTILE].high == 1.0  # two of ten failed at its only load
+    assert {s.label: s.tested for s in sustained_loads(group)}["vllm"] == (1.0, 2.0, 4.0)
 
 
-def test_sustained_rate_rows_in_the_page(sweep_html: str) -> None:
-    assert "fastertransformer</td><td>1</td><td>2</td><td>1, 2, 4</td>" in sweep_html
-    assert "orca</td><td>2</td><td>4</td>" in sweep_html
-    assert "vllm</td><td>≥ 4 (passed every tested load)</td><td>–</td>" in sweep_html
-    assert "&lt;/script&gt;</td><td>none (fails at the lowest, 1)</td><td>1</td>" in sweep_html
+def test_a_sweep_s_knee_is_the_search_s_estimate_with_its_interval(tmp_path: Path) -> None:
+    """96 requests a run, each run's TTFT rising through it (as a queue's does) and with the
+    load: at 4 req/s the rise is a queue growing (over capacity) though every request met the
+    SLO, so the knee is a cliff between 2 and 4 req/s, bounded on both sides (the low end
+    where the pooled upper bounds cross 1); `fit_knee` gives the same for the same requests,
+    and the page says so."""
+    from servelab.harness.measure.slo.limits import SLO as Limits
+    from servelab.harness.search.estimator import fit_knee, probe_ratios
 
-
-def test_highest_sustained_stops_at_the_first_failure() -> None:
-    result = highest_sustained("s", [(4.0, True), (1.0, True), (2.0, True), (2.0, False)])
-    assert (result.load, result.all_passed, result.tested) == (1.0, False, (1.0, 2.0, 4.0))
-    assert highest_sustained("s", [(1.0, None)]).load is None
-    assert highest_sustained("s", [(1.0, True), (3.0, True)]).all_passed
+    for rate, ttft in ((1.0, 0.01), (2.0, 0.02), (4.0, 0.04), (8.0, 0.2)):
+        spec = RunSpec(name=f"vllm-{rate:g}", rate=rate, ttft=ttft, slo=SLO, num_requests=96)
+        write_run(tmp_path, spec)
+    (group,) = group_runs([load_run(d) for d in find_run_dirs([tmp_path])])
+    (found,) = sustained_loads(group)
+    knee = found.knee
+    assert knee.cliff and (knee.below, knee.above, knee.low, knee.high) == (2.0, 4.0, 2.0, 4.0)
+    assert found.tested == (1.0, 2.0, 4.0, 8.0)
+    rule = Limits.from_config(SLO)
+    probes = [probe_ratios(r.x, r.run.request_records, rule) for r in group.runs]
+    assert fit_knee(probes, 0.9, 0.95) == knee
+    html = build_sweep_report([tmp_path], tmp_path / "report.html").read_text()
+    row = 'a cliff between 2 and 4</td><td class="t">[2, 4]</td><td class="t">1, 2, 4, 8</td>'
+    assert row in html
 
 
 def test_normalized_latency_is_one_more_per_request_limit(tmp_path: Path) -> None:
@@ -128,7 +145,8 @@ def test_normalized_latency_is_one_more_per_request_limit(tmp_path: Path) -> Non
     rule = group_slo(group)
     assert rule is not None and rule.normalized_latency_s == 0.05
     assert "normalized latency ≤ 0.05 s" in rule.describe()
-    assert [run_sustains(r, rule) for r in group.runs] == [True, False]
+    shares = [slo_attainment(r.run.request_records, rule) for r in group.runs]
+    assert [rule.sustains(share) for share in shares] == [True, False]
     assert group_slo(group_runs([load_run(tmp_path / "a")])[0]) is not None
     write_run(tmp_path, RunSpec(name="c", slo={"ttft_s": None}))
     assert group_slo(group_runs([load_run(tmp_path / "c")])[0]) is None

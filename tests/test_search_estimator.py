@@ -304,8 +304,8 @@ def test_requests_waiting_in_one_queue_count_as_fewer_draws() -> None:
     spread = np.where(np.arange(240) % 10 == 9, 1.5, 0.5)  # every tenth missed
     runs = np.where(np.arange(240) % 60 >= 54, 1.5, 0.5)  # the same share, six in a row
     none = np.zeros(240, dtype=bool)
-    assert dependence(spread, none, 0.9) == 1.0 and dependence(runs, none, 0.9) > 4
-    assert dependence(rng.lognormal(size=240), none, 0.9) < 1.5
+    assert dependence(spread, none) == 1.0 and dependence(runs, none) > 4
+    assert dependence(rng.lognormal(size=240), none) < 1.5
 
 
 def test_fewer_draws_widen_the_quantile_s_interval() -> None:

@@ -11,9 +11,10 @@ from reports_rundirs import RunSpec, write_run
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.metrics import request_latency
 from servelab.harness.measure.slo.limits import SLO, RequestLatency
+from servelab.reports.derive import slo_attainment
 from servelab.reports.grouping import group_runs
 from servelab.reports.load import load_run
-from servelab.reports.sustain import group_slo, run_sustains
+from servelab.reports.sustain import group_slo
 
 
 def test_search_and_sweep_report_agree_on_every_run(tmp_path: Path) -> None:
@@ -28,7 +29,9 @@ def test_search_and_sweep_report_agree_on_every_run(tmp_path: Path) -> None:
         summarized = load_run(tmp_path / name)
         bare = load_run(tmp_path / "no-summary" / name)
         (group,) = group_runs([bare])
-        from_records = run_sustains(group.runs[0], group_slo(group))
+        rule = group_slo(group)
+        assert rule is not None
+        from_records = rule.sustains(slo_attainment(bare.request_records, rule))
         assert summarized.summary["sustained"] is from_records, name
         records = [r for r in bare.request_records if not r.excluded]
         share = SLO.from_config(slo).attained([request_latency(r) for r in records])

@@ -211,12 +211,18 @@ def rising(ratios: np.ndarray, confidence: float = TREND_CONFIDENCE) -> bool:
 
 
 def probe_quantile(
-    probe: ProbeRatios, share: float, confidence: float, warmup_share: float = 0.0
+    probe: ProbeRatios,
+    share: float,
+    confidence: float,
+    warmup_share: float = 0.0,
+    independent: bool = False,
 ) -> ProbeQuantile:
     """A probe's steady requests (the first `warmup_share` left out): their quantile, its
-    `confidence` interval, their trend."""
+    `confidence` interval (from as many draws as they stand for, `dependence`; as many as
+    they are where `independent`), their trend."""
     ratios, censored = _steady_arrays(probe, warmup_share)
-    return _quantile(probe.rate, ratios, censored, share, confidence, None)
+    effective = float(ratios.size) if independent else None
+    return _quantile(probe.rate, ratios, censored, share, confidence, effective)
 
 
 def _quantile(
@@ -230,7 +236,7 @@ def _quantile(
     """The quantile of one sample, its interval (`effective` draws, else its own
     `dependence`) and its trend."""
     if effective is None:
-        effective = float(ratios.size / dependence(ratios, censored, share))
+        effective = float(ratios.size / dependence(ratios, censored))
     quantile, known = ratio_quantile(ratios, censored, share)
     low, high = quantile_bounds(ratios, censored, share, confidence, effective)
     over = rising(ratios)
@@ -316,24 +322,26 @@ def fewest_requests(share: float, confidence: float) -> int:
     return count
 
 
-def dependence(ratios: np.ndarray, censored: np.ndarray, share: float) -> float:
+def dependence(ratios: np.ndarray, censored: np.ndarray) -> float:
     """How many requests of one probe count as one independent draw: the integrated
-    autocorrelation time, in arrival order, of "at most the probe's `share`-quantile", fitted
+    autocorrelation time, in arrival order, of "met the SLO" (ratio at most 1), fitted
     as a two-state Markov chain (from the mean lengths of its runs above and below: a chain
     that leaves a state after L steps on average has lag-one correlation 1 - 1/L_above -
     1/L_below, and its mean varies (1 + that) / (1 - that) times a binomial one's), at least 1.
     Requests served in one queue are not independent: a burst of arrivals makes several in a
-    row wait, so the count below the quantile varies more than a binomial one, and an interval
-    that takes them as independent is too narrow where queues last many requests (a fast
-    machine's short probes). Run lengths, not summed sample autocorrelations, because a probe
-    of 48 requests has about 5 above its 0.9-quantile: too few for lags beyond the first; and
+    row miss, so the count of misses varies more than a binomial one, and an interval that
+    takes them as independent is too narrow where queues last many requests (a fast machine's
+    short probes). At the SLO's limit, not at the probe's own quantile: whether the quantile
+    is at most 1 is a question of the misses, and the slowest tenth of a probe far below its
+    knee comes in a burst too, without a miss among them. Run lengths, not summed sample
+    autocorrelations, because a probe of 48 requests near its knee has about 5 misses: too
+    few for lags beyond the first; and
     only where the runs are fewer than independent draws make at `CLUSTERED_CONFIDENCE` (the
     runs test), since an estimate from so few varies: independent requests would otherwise
     count as fewer draws about half the time."""
     if ratios.size < 2:
         return 1.0
-    quantile, _ = ratio_quantile(ratios, censored, share)
-    below = (ratios <= quantile) & ~censored
+    below = (ratios <= 1.0) & ~censored
     changes = np.flatnonzero(below[1:] != below[:-1])
     if changes.size == 0:
         return 1.0
@@ -409,7 +417,7 @@ def rate_samples(
         if ratios.size:
             over = 2 * sum(rising(r) for r, _ in steady) > len(steady)
             censored = np.concatenate([c for _, c in steady])
-            effective = float(sum(r.size / dependence(r, c, share) for r, c in steady))
+            effective = float(sum(r.size / dependence(r, c) for r, c in steady))
             samples.append(RateSample(rate, ratios, censored, over, effective, len(steady)))
     return samples
 
@@ -498,11 +506,8 @@ def fit_knee(
 
     def fitted(side: str | None) -> Crossing:
         bound = {"high": upper, "low": lower}.get(side or "")
-        # a lower bound stands on its own: a rising probe near the knee may be one burst (the
-        # probe stopped right after it), so over capacity is no certainty on that side
         sided = points if bound is None else [
-            replace(q, quantile=float(b), over_capacity=q.over_capacity and side == "high")
-            for q, b in zip(points, bound, strict=True)
+            replace(q, quantile=float(b)) for q, b in zip(points, bound, strict=True)
         ]  # fmt: skip
         over = np.array([q.over_capacity for q in sided])
         levels = np.array([q.level for q in sided])  # in rate order

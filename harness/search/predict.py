@@ -114,7 +114,9 @@ def simulated_knee(prober: Prober, policy: ProbePolicy) -> Prediction | None:
         rate = float(f"{rate:.4g}")
         if rate not in tried:
             ratios = prober.run(ProbeSpec("rate", policy.requests, rate)).ratios
-            tried[rate] = probe_quantile(ratios, policy.target, policy.confidence)
+            # as independent draws: a probe that decides on them places a first real probe,
+            # which, where its requests count as fewer, the next probe there lengthens
+            tried[rate] = probe_quantile(ratios, policy.target, policy.confidence, independent=True)
         return tried[rate]
 
     low, high = None, ceiling
