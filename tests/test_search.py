@@ -333,6 +333,8 @@ def test_a_strategy_slowed_on_purpose_moves_its_knee_down_by_the_factor(tmp_path
         assert [p["run_dir"] for p in recorded["probes"]] == [
             p.outcome.run_dir for p in knee.probes
         ]
+        draws = [(p["draws"], p["counted"]) for p in recorded["probes"] if p["kind"] == "rate"]
+        assert draws and all(0 < d <= counted for d, counted in draws)
 
 
 def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path) -> None:

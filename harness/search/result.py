@@ -86,6 +86,7 @@ class StrategyResult:
                     "over_capacity": p.quantile.over_capacity,
                     "met": p.outcome.ratios.met,
                     "counted": len(p.outcome.ratios.ratios),
+                    "draws": p.quantile.effective,  # the independent draws they stand for
                     "stopped": p.outcome.stopped,
                     "seconds": p.outcome.seconds,
                 }
