@@ -97,13 +97,13 @@ class ProbeQuantile:
     requests: int  # steady requests (the warm-up share left out)
     low: float  # the quantile's distribution-free interval (`quantile_bounds`)
     high: float
-    effective: float = math.nan  # the independent draws its requests stand for (`dependence`)
+    effective: float  # the independent draws its requests stand for (`dependence`)
     probes: int = 1  # the probes at its rate pooled into it
 
     @property
     def dependence(self) -> float:
-        """Requests per independent draw (at least 1; 1 where unknown)."""
-        return self.requests / self.effective if self.effective > 0 else 1.0
+        """Requests per independent draw (1 for a probe with none)."""
+        return self.requests / self.effective if self.effective else 1.0
 
     @property
     def level(self) -> float:
@@ -221,26 +221,11 @@ def probe_quantile(
     `confidence` interval (from as many draws as they stand for, `dependence`; as many as
     they are where `independent`), their trend."""
     ratios, censored = _steady_arrays(probe, warmup_share)
-    effective = float(ratios.size) if independent else None
-    return _quantile(probe.rate, ratios, censored, share, confidence, effective)
-
-
-def _quantile(
-    rate: float | None,
-    ratios: np.ndarray,
-    censored: np.ndarray,
-    share: float,
-    confidence: float,
-    effective: float | None,
-) -> ProbeQuantile:
-    """The quantile of one sample, its interval (`effective` draws, else its own
-    `dependence`) and its trend."""
-    if effective is None:
-        effective = float(ratios.size / dependence(ratios, censored))
+    effective = float(ratios.size / (1.0 if independent else dependence(ratios, censored)))
     quantile, known = ratio_quantile(ratios, censored, share)
     low, high = quantile_bounds(ratios, censored, share, confidence, effective)
-    over = rising(ratios)
-    return ProbeQuantile(rate, quantile, known, over, int(ratios.size), low, high, effective)
+    size = int(ratios.size)
+    return ProbeQuantile(probe.rate, quantile, known, rising(ratios), size, low, high, effective)
 
 
 def isotonic(levels: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -335,10 +320,9 @@ def dependence(ratios: np.ndarray, censored: np.ndarray) -> float:
     is at most 1 is a question of the misses, and the slowest tenth of a probe far below its
     knee comes in a burst too, without a miss among them. Run lengths, not summed sample
     autocorrelations, because a probe of 48 requests near its knee has about 5 misses: too
-    few for lags beyond the first; and
-    only where the runs are fewer than independent draws make at `CLUSTERED_CONFIDENCE` (the
-    runs test), since an estimate from so few varies: independent requests would otherwise
-    count as fewer draws about half the time."""
+    few for lags beyond the first; and only where the runs are fewer than independent draws
+    make at `CLUSTERED_CONFIDENCE` (the runs test), since an estimate from so few varies:
+    independent requests would otherwise count as fewer draws about half the time."""
     if ratios.size < 2:
         return 1.0
     below = (ratios <= 1.0) & ~censored
@@ -396,8 +380,13 @@ class RateSample:
     probes: int = 1
 
     def quantile(self, share: float, confidence: float) -> ProbeQuantile:
-        found = _quantile(self.rate, self.ratios, self.censored, share, confidence, self.effective)
-        return replace(found, over_capacity=self.over_capacity, probes=self.probes)
+        """Their quantile and its interval, from the draws they stand for."""
+        quantile, known = ratio_quantile(self.ratios, self.censored, share)
+        bounds = quantile_bounds(self.ratios, self.censored, share, confidence, self.effective)
+        return ProbeQuantile(
+            self.rate, quantile, known, self.over_capacity, int(self.ratios.size), *bounds,
+            self.effective, self.probes,
+        )  # fmt: skip
 
 
 def rate_samples(

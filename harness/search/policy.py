@@ -179,7 +179,7 @@ class ProbePolicy:
         if rate > max(rates) and max(rates) * (1 + self.resolution) >= ceiling:
             if fit.low is not None or fit.below is None:
                 return Done(f"sustained up to {max(rates):.3g} req/s, near the ceiling")
-            rate = toward_low_end(fit, fit.below)  # none shown sustained yet: that first
+            rate = again_then_out(fit, fit.below, 1 / math.sqrt(NEXT_STEP))  # a low end first
         bracketed = fit.below is not None and fit.above is not None
         length = (lambda r: self._length_near(state, r)) if bracketed else (lambda r: self.requests)
         return self._spec(state, min(rate, math.sqrt(max(rates) * ceiling)), length)
@@ -305,22 +305,17 @@ def next_rate(knee: Knee, step: float = NEXT_STEP) -> float | None:
     if knee.above is None:
         return max(rates) * step
     if knee.low is None:
-        return toward_low_end(knee, knee.below, step)
+        return again_then_out(knee, knee.below, 1 / math.sqrt(step))
     if knee.high is None:
-        return knee.above if _probes_at(knee, knee.above) < 2 else knee.above * math.sqrt(step)
+        return again_then_out(knee, knee.above, math.sqrt(step))
     if knee.estimate is None:
         return math.sqrt(knee.below * knee.above)
     far = knee.low if knee.estimate / knee.low >= knee.high / knee.estimate else knee.high
     return math.sqrt(knee.estimate * far)
 
 
-def toward_low_end(knee: Knee, below: float, step: float = NEXT_STEP) -> float:
-    """Where a probe can give a knee with no low end one, from `below`, a rate whose fitted
-    ratio is at most 1 but whose bounds straddle it: that rate again (new requests pooled
-    with its first), then a little below it (by the square root of `step`)."""
-    return below if _probes_at(knee, below) < 2 else below / math.sqrt(step)
-
-
-def _probes_at(knee: Knee, rate: float) -> int:
-    """The probes pooled at `rate` in the knee's fit."""
-    return sum(q.probes for q in knee.probes if q.rate == rate)
+def again_then_out(knee: Knee, rate: float, out: float) -> float:
+    """Where a probe can bound a knee's missing end from `rate`, the probed rate nearest it
+    whose bounds straddle 1: that rate again (new requests pooled with its first), then
+    `out` times it once two probes there have not."""
+    return rate if sum(q.probes for q in knee.probes if q.rate == rate) < 2 else rate * out
