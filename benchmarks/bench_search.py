@@ -145,6 +145,11 @@ class SyntheticProber:
     def __init__(self, strategy: Strategy, machine: Machine, rng: np.random.Generator) -> None:
         self.strategy, self.machine, self.rng = strategy, machine, rng
 
+    skips_idle = True  # a probe takes its busy time (`make run` skips idle spans)
+
+    def done(self) -> None:
+        """Nothing to stop."""
+
     def run(self, spec: ProbeSpec) -> Outcome:
         s, speed = self.strategy, self.machine.speed
         alone_s = s.alone_s / speed

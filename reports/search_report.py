@@ -35,8 +35,10 @@ def search_record(path: Path) -> dict | None:
 
 
 def strategy_dirs(path: Path, record: dict) -> list[Path]:
-    """A search's probe directories, one folder per strategy (not its predicted runs)."""
-    return [path / s for s in record["settings"]["strategies"] if (path / s).is_dir()]
+    """A search's probe directories, one folder per contender (not its predicted runs); a
+    search recorded before its contenders named their folders had one per strategy preset."""
+    folders = [c["folder"] for c in record.get("contenders") or []]
+    return [path / f for f in folders or record["settings"]["strategies"] if (path / f).is_dir()]
 
 
 def answer_lines(knees: list[StrategyResult]) -> list[str]:

@@ -61,6 +61,11 @@ class System:
         rng = np.random.default_rng([round(rate * 1e4), requests, draw])
         return self._outcome(rate, self.ratios(rate, requests, rng), requests / rate)
 
+    skips_idle = True  # as the policy says: the probes cost what `ProbePolicy.cost` makes them
+
+    def done(self) -> None:
+        """Nothing to stop."""
+
     def run(self, spec: ProbeSpec) -> Outcome:
         if spec.kind == "floor":
             return self.floor(spec.requests)

@@ -237,8 +237,9 @@ def run(cfg: DictConfig, run_dir: Path, progress: bool = True) -> dict:
         if progress:
             print(line, file=sys.stderr, flush=True)
 
-    with running_server(spec.server, run_dir, say) as url:
-        endpoint = replace(spec.endpoint, url=url, label=spec.endpoint.label or spec.server.label)
+    with running_server(spec.server, run_dir, say) as server:
+        label = spec.endpoint.label or spec.server.label
+        endpoint = replace(spec.endpoint, url=server.url, label=label)
         return run_spec_into(replace(spec, endpoint=endpoint), run_dir, progress)
 
 

@@ -1,10 +1,13 @@
 """The knee search as a whole: settings read once, the SLO fixed before the first probe, every
-strategy's knee found (`strategy_search.find_knees`) on runs of its config (`probes`), each
-first placed by its prediction (`predict`, with `search.predict`), the machine's speed drift
-measured around them, and `search.json` written.
+contender's knee found (`strategy_search.find_knees`) on runs of its config (`contenders`:
+servelab's strategies in this process, servers the search starts, servers already running;
+`probes`, `served`), each in-process one first placed by its prediction (`predict`, with
+`search.predict`), the machine's speed drift measured around them, and `search.json` written.
+A server starts once for all its contender's probes, off the budget's clock, and is stopped
+after its last, or when the search ends however it ends (SIGTERM as Ctrl-C).
 
 The SLO is `slo.*` as given, or scaled from one request at a time on this machine
-(`search.slo_scale`, `slo.scaled`: the first strategy's reference floor run before any
+(`search.slo_scale`, `slo.scaled`: the first contender's reference floor run before any
 probe), or an earlier search's (`search.slo_from`, `slo.earlier_run`), so a repeat judges against
 the same limits. Either of the last two runs the reference floor again after the last probe;
 the speed drift between the two widens every knee's interval. Over simulated runs the budget
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,12 +33,15 @@ from servelab.harness.measure.slo.limits import LIMITS, SLO
 from servelab.harness.measure.slo.scaled import limits_line, scaled_keys, scaled_limits, speed_drift
 from servelab.harness.measure.slo.sources import one_source_each
 from servelab.harness.runner.backends import backend_of
+from servelab.harness.runner.backends.managed_server import sigterm_exits
 from servelab.harness.runner.settings import device_line, engine_settings
+from servelab.harness.search.contenders import Contender, contenders_of
 from servelab.harness.search.estimator import fewest_requests
-from servelab.harness.search.policy import ProbePolicy
+from servelab.harness.search.policy import Prediction, ProbePolicy
 from servelab.harness.search.predict import Predictor
 from servelab.harness.search.probes import RunFn, RunProber, SimulatedClock
 from servelab.harness.search.result import StrategyResult
+from servelab.harness.search.served import OffClock, ServedProber
 from servelab.harness.search.strategy_search import ProbeSeen, find_knees, widened_for_drift
 
 Say = Callable[[str], None]  # a line for the person watching, as the search goes
@@ -114,16 +121,17 @@ class SearchSettings:
             span=spans["span"],
             warmup=spans["warmup"],
         )
-        predict = bool(node.get("predict")) and backend_of(cfg) == "inprocess"
+        predict = bool(node.get("predict"))
         return cls(strategies, numbers["budget_s"], Path(str(node.out_dir)), policy,
                    {key: float(value) for key, value in slo_scale.items()}, slo_from,
                    predict)  # fmt: skip
 
-    def plan_line(self) -> str:
+    def plan_line(self, contenders: list[Contender]) -> str:
         """What the search will do, said before its first run."""
         policy = self.policy
         return (
-            f"search: {', '.join(self.strategies)}; {self.budget_s:.0f} s in all, shared; "
+            f"search: {', '.join(c.name for c in contenders)}; {self.budget_s:.0f} s in all, "
+            "shared (servers' start-up outside it); "
             f"{policy.ceiling_requests} requests at once for the ceiling, {policy.requests} a rate "
             f"probe (up to {policy.max_requests} near the knee); the knee where the "
             f"{policy.target:g}-quantile of the requests' SLO ratios crosses 1, within "
@@ -170,55 +178,85 @@ def search(
     say: Say = lambda line: None,
     seen: ProbeSeen = lambda strategy, probe: None,
 ) -> SearchResult:
-    """Every strategy's knee under one SLO, within the budget; `say` hears each line of
-    progress, `seen` each probe as it ends."""
+    """Every contender's knee under one SLO, within the budget; `say` hears each line of
+    progress, `seen` each probe as it ends. Every server it starts is stopped when it returns,
+    however it returns (an error, Ctrl-C, SIGTERM)."""
+    begun = time.monotonic()
     cfg = compose(overrides)
     settings = SearchSettings.of(cfg)
-    say(device_line(engine_settings(cfg.engine)))
-    say(settings.plan_line())
-    configs = {s: compose([*overrides, f"strategy={s}"]) for s in settings.strategies}
+    contenders = contenders_of(settings.strategies, overrides, compose)
     simulated = SimulatedClock() if backend_of(cfg) == "simulated" else None
-    clock = simulated or time.monotonic
-    deadline = clock() + settings.budget_s
+    if simulated is not None and any(backend_of(c.cfg) != "simulated" for c in contenders):
+        raise ConfigError(
+            "search.strategies", "a simulated search's contenders are simulated: no server"
+        )
+    say(device_line(engine_settings(cfg.engine)))
+    say(settings.plan_line(contenders))
+    with sigterm_exits(), ExitStack() as stack:
+        off = OffClock()
+        clock = simulated or off
+        deadline = clock() + settings.budget_s
+        if settings.slo_from is not None:
+            say(settings.slo_from.line())
+        source = settings.slo_from
+        configs = {
+            c.name: c.cfg if source is None else with_slo(c.cfg, source.limits) for c in contenders
+        }
 
-    def prober(strategy: str) -> RunProber:
-        out_dir = settings.out_dir / strategy
-        return RunProber(configs[strategy], out_dir, settings.policy.confidence, run, simulated)
+        def prober(contender: Contender, keep: bool = False) -> RunProber:
+            out_dir = settings.out_dir / contender.folder
+            cfg, confidence = configs[contender.name], settings.policy.confidence
+            if contender.server is None:
+                return RunProber(cfg, out_dir, confidence, run, simulated)
+            served = ServedProber(contender.name, cfg, contender.server, out_dir, confidence,
+                                  run, off, say, keep)  # fmt: skip
+            stack.callback(served.close)
+            return served
 
-    first = settings.strategies[0]
-    record: dict = {"settings": settings.to_json()}
-    if settings.slo_from is not None:
-        say(settings.slo_from.line())
-        configs = {s: with_slo(c, settings.slo_from.limits) for s, c in configs.items()}
-    reference: dict = {}
-    if settings.measures_speed:
-        reference, requests = prober(first).reference(settings.policy.floor_requests)
-    if settings.slo_from is not None:
-        against = settings.slo_from.speed_against(first, reference)
-        if against is not None:
-            say(against.line())
-            record["speed_against_slo_source"] = against.to_json()
-    elif settings.slo_scale:
-        limits = scaled_limits(settings.slo_scale, reference, requests)
-        say(limits_line(first, settings.slo_scale, limits))
-        values = {**{key: None for key in scaled_keys(settings.slo_scale)}, **limits}
-        configs = {s: with_slo(c, values) for s, c in configs.items()}
-    record["slo"] = judged_record(SLO.of_config(configs[first]))
-    predictor = None
-    if settings.predict:
-        predictor = Predictor(configs, settings.policy, settings.out_dir, run, say)
-    probers = {s: prober(s) for s in settings.strategies}
-    left_s = max(deadline - clock(), 0.0)
-    knees = find_knees(probers, settings.policy, left_s, clock, seen, predictor)
-    if predictor is not None:
-        record["cost_models"] = predictor.models
-    if settings.measures_speed:
-        end, _ = probers[first].reference(settings.policy.floor_requests, "reference-floor-end")
-        drift = speed_drift(reference, end)
-        if drift is not None:
-            say(drift.line())
-            record["drift"] = drift.to_json()
-            widened_for_drift(knees, drift.factor, settings.policy.resolution)
+        first = contenders[0]
+        record: dict = {
+            "settings": settings.to_json(),
+            "contenders": [c.to_json() for c in contenders],
+        }
+        reference: dict = {}
+        references = prober(first, keep=settings.measures_speed)
+        if settings.measures_speed:
+            reference, requests = references.reference(settings.policy.floor_requests)
+        if settings.slo_from is not None:
+            against = settings.slo_from.speed_against(first.name, reference)
+            if against is not None:
+                say(against.line())
+                record["speed_against_slo_source"] = against.to_json()
+        elif settings.slo_scale:
+            limits = scaled_limits(settings.slo_scale, reference, requests)
+            say(limits_line(first.name, settings.slo_scale, limits))
+            values = {**{key: None for key in scaled_keys(settings.slo_scale)}, **limits}
+            configs = {name: with_slo(c, values) for name, c in configs.items()}
+            references.judge_by(configs[first.name])
+        record["slo"] = judged_record(SLO.of_config(configs[first.name]))
+        predictor = None
+        predicted = {c.name for c in contenders if c.in_process}
+        if settings.predict and predicted:
+            in_process = {name: c for name, c in configs.items() if name in predicted}
+            predictor = Predictor(in_process, settings.policy, settings.out_dir, run, say)
+        probers = {c.name: references if c is first else prober(c) for c in contenders}
+        left_s = max(deadline - clock(), 0.0)
+
+        def predict(name: str) -> Prediction | None:
+            return predictor(name) if predictor is not None and name in predicted else None
+
+        knees = find_knees(
+            probers, settings.policy, left_s, clock, seen, predict if predictor else None
+        )
+        if predictor is not None:
+            record["cost_models"] = predictor.models
+        if settings.measures_speed:
+            end, _ = references.reference(settings.policy.floor_requests, "reference-floor-end")
+            drift = speed_drift(reference, end)
+            if drift is not None:
+                say(drift.line())
+                record["drift"] = drift.to_json()
+                widened_for_drift(knees, drift.factor, settings.policy.resolution)
     busy = busy_probes(settings.out_dir)
     if busy:
         say(
@@ -226,10 +264,24 @@ def search(
             "flag busy_machine): their requests ran slower than this machine runs alone"
         )
         record["busy_probes"] = busy
+    record["wall_s"] = time.monotonic() - begun
+    if off.started:
+        record["servers"] = {"started_s": off.started, "off_budget_s": off.seconds}
+        say(servers_line(off, record["wall_s"]))
     record["knees"] = [knee.to_json() for knee in knees]
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     (settings.out_dir / "search.json").write_text(json.dumps(record, indent=2))
     return SearchResult(knees, settings, record)
+
+
+def servers_line(off: OffClock, wall_s: float) -> str:
+    """How long the search's servers took to start and warm up, outside its budget."""
+    started = ", ".join(f"{name} {s:.1f} s" for name, s in off.started.items())
+    return (
+        f"servers: {len(off.started)} started ({started}); starting and warming them up took "
+        f"{off.seconds:.0f} s, {off.seconds / wall_s:.0%} of the search's {wall_s:.0f} s, "
+        "outside its budget; every one stopped"
+    )
 
 
 def busy_probes(out_dir: Path) -> list[str]:

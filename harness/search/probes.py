@@ -57,6 +57,8 @@ class Outcome:
     served_s: float  # the run's own duration (first arrival to last response)
     stopped: bool = False  # ended early, over saturation: its unserved requests are censored
     idle_skipped_s: float = 0.0  # of the run's clock, skipped with nothing in flight
+    cache_nonce: int | None = None  # its prompts made new to a server's cache by this nonce
+    warm_cache_share: float | None = None  # of its prompt tokens, found in a cache it did not fill
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,20 @@ class Probe:
 class Prober(Protocol):
     """Runs one strategy's probes, a run each (`RunProber`)."""
 
-    def run(self, spec: ProbeSpec) -> Outcome: ...
+    skips_idle: bool  # its probes skip their idle spans (`replay.skip_idle`)
+
+    def run(self, spec: ProbeSpec) -> Outcome:
+        """The probe's outcome; `ProberGone` where what serves the strategy is gone."""
+        ...
+
+    def done(self) -> None:
+        """The strategy's last probe has run: what serves it may stop."""
+        ...
+
+
+class ProberGone(RuntimeError):
+    """What serves a strategy is gone (its server exited or never answered): one line; the
+    strategy's search ends with the probes it ran, the others go on."""
 
 
 class SimulatedClock:
@@ -126,12 +141,18 @@ class RunProber:
         run: RunFn,
         simulated: SimulatedClock | None = None,
     ) -> None:
-        self.cfg, self.out_dir, self.stop_early = cfg, out_dir, stop_early
-        self.slo = SLO.of_config(cfg)
+        self.out_dir, self.stop_early = out_dir, stop_early
         self.execute, self.simulated = run, simulated
+        self.judge_by(cfg)
+        self.skips_idle = bool(cfg.replay.skip_idle)
+
+    def judge_by(self, cfg: DictConfig) -> None:
+        """Run `cfg` from now on, its requests judged by its SLO (set once scaled)."""
+        self.cfg, self.slo = cfg, SLO.of_config(cfg)
 
     def run(self, spec: ProbeSpec) -> Outcome:
-        summary, run_dir, seconds = self._run(spec, spec.name)
+        cfg = self.config(spec)
+        summary, run_dir, seconds = self._run(cfg, spec.name)
         stopped = summary.get("status") == "stopped"
         return Outcome(
             str(run_dir),
@@ -141,18 +162,29 @@ class RunProber:
             float(summary.get("duration_s") or 0.0),
             stopped,
             idle_skipped_s(summary),
+            cfg.workload.get("cache_bust"),
+            summary.get("warm_cache_share"),
         )
+
+    def done(self) -> None:
+        """Nothing to stop: each probe's engine is its run's own."""
+
+    def config(self, spec: ProbeSpec) -> DictConfig:
+        """The config of the run that is the probe `spec`."""
+        return probe_config(self.cfg, spec, self.stop_early)
 
     def reference(self, requests: int, name: str = REFERENCE) -> tuple[dict, list[RequestRecord]]:
         """A floor run's summary and requests: what scaled limits scale (`slo.scaled`), and,
         run again after the last probe, how far the machine's speed moved meanwhile."""
-        summary, run_dir, _ = self._run(ProbeSpec("floor", requests), name)
+        summary, run_dir, _ = self._run(self.config(ProbeSpec("floor", requests)), name)
         return summary, read_requests(run_dir)
 
-    def _run(self, spec: ProbeSpec, name: str) -> tuple[dict, Path, float]:
+    def _run(self, cfg: DictConfig, name: str) -> tuple[dict, Path, float]:
+        """The run of `cfg` in `out_dir/name`: its summary, directory and seconds on the
+        search's clock."""
         run_dir = self.out_dir / name
         start = time.monotonic()
-        summary = self.execute(probe_config(self.cfg, spec, self.stop_early), run_dir)
+        summary = self.execute(cfg, run_dir)
         if self.simulated is not None:  # what a real probe waits: skipped spans it does not
             served_s = float(summary.get("duration_s") or 0.0) - idle_skipped_s(summary)
             self.simulated.now += served_s

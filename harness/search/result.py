@@ -20,6 +20,7 @@ class StrategyResult:
     predicted: float | None = None  # the simulator's knee, where the search had one
     fit: Knee | None = None  # fitted on every rate probe
     resolved: bool = False  # the interval came within the resolution
+    gone: bool = False  # what served it exited or never answered: its search ended there
     note: str = ""
     probes: list[Probe] = field(default_factory=list)
 
@@ -70,6 +71,7 @@ class StrategyResult:
             "above": None if fit is None else fit.above,
             "widened_by": self.widened_by,
             "resolved": self.resolved,
+            "gone": self.gone,
             "note": self.note,
             "probes": [
                 {
@@ -89,6 +91,8 @@ class StrategyResult:
                     "draws": p.quantile.effective,  # the independent draws they stand for
                     "stopped": p.outcome.stopped,
                     "seconds": p.outcome.seconds,
+                    "cache_nonce": p.outcome.cache_nonce,  # its prompts new to a server's cache
+                    "warm_cache_share": p.outcome.warm_cache_share,
                 }
                 for p in self.probes
             ],
@@ -113,5 +117,6 @@ def result_of_record(record: dict) -> StrategyResult:
             widened_by=record.get("widened_by") or 1.0,
         ),
         resolved=bool(record.get("resolved")),
+        gone=bool(record.get("gone")),
         note=record.get("note", ""),
     )

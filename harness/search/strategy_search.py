@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from servelab.harness.search.estimator import fit_knee, probe_quantile
 from servelab.harness.search.policy import Done, Prediction, ProbePolicy, SearchState
-from servelab.harness.search.probes import Probe, Prober, ProbeSpec
+from servelab.harness.search.probes import Probe, Prober, ProberGone, ProbeSpec
 from servelab.harness.search.result import StrategyResult
 
 ProbeSeen = Callable[[str, Probe], None]  # (strategy, probe) as each probe ends
@@ -24,7 +25,8 @@ Predict = Callable[[str], Prediction | None]  # a strategy's prediction, once it
 class StrategySearch:
     """One strategy's search, a probe at a time: the anchors, then the rate probe its policy
     wants next (`next`, `cost_s`), run by `probe_rate` when the shared budget gives it its
-    turn."""
+    turn. Where what serves it is gone (`ProberGone`), its search ends with the probes it ran,
+    the line saying why in its note."""
 
     def __init__(
         self,
@@ -35,6 +37,7 @@ class StrategySearch:
         predict: Predict | None = None,
     ) -> None:
         self.result = StrategyResult(strategy)
+        policy = replace(policy, skip_idle=policy.skip_idle and prober.skips_idle)  # its cost
         self.prober, self.policy, self.seen, self.predict = prober, policy, seen, predict
         self.prediction: Prediction | None = None
         self.done = False
@@ -51,7 +54,12 @@ class StrategySearch:
         while isinstance(wanted := self.policy.next_probe(self.state), ProbeSpec):
             if wanted.kind == "rate":
                 break
-            self._run(wanted)
+            try:
+                self._run(wanted)
+            except ProberGone as gone:
+                self.result.gone = True
+                self._finish(f"{gone}; no knee without its {wanted.kind} probe")
+                return
         self.result.ceiling = self.state.ceiling or None
         if isinstance(wanted, Done):
             self._finish(wanted.note)
@@ -64,7 +72,14 @@ class StrategySearch:
     def probe_rate(self) -> None:
         """Run the wanted probe, fit the knee again, and want the next one (or finish)."""
         assert self.next is not None
-        self._run(self.next)
+        try:
+            self._run(self.next)
+        except ProberGone as gone:
+            self.result.gone = True
+            self._finish(
+                f"{gone}; its knee from the {len(self.result.rate_probes)} rate probes before"
+            )
+            return
         policy, result = self.policy, self.result
         result.fit = fit_knee(
             [p.outcome.ratios for p in result.rate_probes],
@@ -106,6 +121,7 @@ class StrategySearch:
     def _finish(self, note: str) -> None:
         """Stop this strategy's search; resolved when its interval is within the resolution."""
         self.done = True
+        self.prober.done()
         self.result.resolved = self.result.width <= 1 + self.policy.resolution
         self.result.note = note
 

@@ -227,11 +227,29 @@ def version_of(settings: ServerSettings) -> str | None:
     return said or f"unknown (exit {done.returncode})"
 
 
+@dataclass(frozen=True)
+class RunningServer:
+    """A started server, healthy when handed out: where it answers, and whether it still runs."""
+
+    url: str  # its base URL
+    settings: ServerSettings
+    process: subprocess.Popen
+    log: Path
+
+    def exit_status(self) -> int | None:
+        """Its exit status once it has exited (None while it runs)."""
+        return self.process.poll()
+
+    def warm_up(self) -> float:
+        """One short completion (`server.warmup`), untimed by a run: its seconds."""
+        return _warm_up(self.url, self.settings, self.log)
+
+
 @contextmanager
 def running_server(
     settings: ServerSettings, run_dir: Path, say: Callable[[str], None]
-) -> Iterator[str]:
-    """The server started, healthy, for the body (its base URL); stopped and recorded after."""
+) -> Iterator[RunningServer]:
+    """The server started, healthy, for the body; stopped and recorded after."""
     port = free_port()
     url = f"http://{HOST}:{port}"
     argv = settings.argv(port)
@@ -256,21 +274,21 @@ def running_server(
         )  # fmt: skip
     record["pid"] = process.pid
     _write(run_dir, record)
-    restore = _sigterm_raises()
-    try:
-        _wait_healthy(process, url + settings.health_path, settings, log_path, begun)
-        record["startup_s"] = time.monotonic() - begun
-        if settings.warmup:
-            record["warmup_s"] = _warm_up(url, settings, log_path)
-        _write(run_dir, record)
-        say(f"server: {settings.label} answered {settings.health_path} after "
-            f"{record['startup_s']:.1f} s")  # fmt: skip
-        yield url
-    finally:
-        record["exit_status"] = stop_group(process, settings.stop_timeout_s)
-        record["stopped_after_s"] = time.monotonic() - begun
-        _write(run_dir, record)
-        restore()
+    server = RunningServer(url, settings, process, log_path)
+    with sigterm_exits():
+        try:
+            _wait_healthy(process, url + settings.health_path, settings, log_path, begun)
+            record["startup_s"] = time.monotonic() - begun
+            if settings.warmup:
+                record["warmup_s"] = server.warm_up()
+            _write(run_dir, record)
+            say(f"server: {settings.label} answered {settings.health_path} after "
+                f"{record['startup_s']:.1f} s")  # fmt: skip
+            yield server
+        finally:
+            record["exit_status"] = stop_group(process, settings.stop_timeout_s)
+            record["stopped_after_s"] = time.monotonic() - begun
+            _write(run_dir, record)
 
 
 def _wait_healthy(
@@ -359,14 +377,24 @@ def _ended_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _sigterm_raises() -> Callable[[], None]:
-    """SIGTERM to this process ends it through its cleanup (the server stopped), as Ctrl-C
-    does; the previous handler back when the server is stopped."""
-    if sys.platform == "win32" or threading.current_thread() is not threading.main_thread():
-        return lambda: None
+def _exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
-    def raise_exit(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, raise_exit)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+@contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """For the body, SIGTERM to this process ends it through its cleanup (every server it
+    started stopped), as Ctrl-C does; the previous handler back after. Nested, the outermost
+    holds it: a search keeps it while its servers start and stop in any order."""
+    if (
+        sys.platform == "win32"
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is _exit
+    ):
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
