@@ -46,7 +46,7 @@ BENCH_BASE ?=
 BENCH_FAIL ?= min:25%
 BENCH_RUNS ?=
 
-.PHONY: run comparison-args test test-latest lock check-lock gpu-lock lint gate claims bench bench-list bench-compare \
+.PHONY: run engines comparison-args test test-latest lock check-lock gpu-lock lint gate claims bench bench-list bench-compare \
   browser clean gpu-wheels
 
 $(STAMP): $(LOCK) pyproject.toml setup.py
@@ -123,6 +123,30 @@ run: $(STAMP)
 # (scripts/gpu_check.sh; `make gpu-wheels` carries them to the GPU machine as comparison.args).
 comparison-args:
 	@echo $(COMPARISON)
+
+# `make engines`: the same search over the engines people deploy, each from a cold server under
+# the comparison's SLO and KV budget (docs/search.md): servelab's vllm and orca in process and
+# vllm over HTTP, vLLM's CPU build as orca and as vllm, llama.cpp at two --parallel values. The
+# peers come from scripts/peers/ (install_vllm.sh, `llama_server.sh build`); vLLM loads the
+# embedded model exported as a Hugging Face folder (made here once).
+PEERS ?= /work/peers
+VLLM_PYTHON ?= $(PEERS)/vllm-venv/bin/python
+LLAMA_SERVER ?= $(PEERS)/llama.cpp/build/bin/llama-server
+HF_MODEL ?= $(PEERS)/smollm2-hf
+ENGINES_DIR ?= runs/engines/$(NOW)
+ENGINES_BUDGET_S ?= 900
+VLLM_CPU := server=vllm server.executable=$(VLLM_PYTHON) server.model=$(HF_MODEL)
+LLAMA_CPP := server=llamacpp server.executable=$(LLAMA_SERVER)
+ENGINES := 'search.strategies=[vllm,orca,"server=servelab server.strategy=vllm",\
+  "$(VLLM_CPU) server.strategy=orca","$(VLLM_CPU) server.strategy=vllm",\
+  "$(LLAMA_CPP) server.flags=[--parallel,8]","$(LLAMA_CPP) server.flags=[--parallel,32]"]'
+engines: $(STAMP) $(HF_MODEL)/config.json
+	@$(VENV)/bin/servelab search $(COMPARISON) search.budget_s=$(ENGINES_BUDGET_S) \
+	  search.out_dir=$(ENGINES_DIR) $(ENGINES) $(RUN_ARGS)
+	$(VENV)/bin/servelab report $(ENGINES_DIR) --out $(ENGINES_DIR)/report.html
+
+$(HF_MODEL)/config.json:
+	HF_HUB_OFFLINE=1 $(PY) scripts/peers/export_hf.py --out $(HF_MODEL)
 
 # The kernel and engine tests again with servelab's dispatch and torch's own kernels lowered to
 # AVX2 (SERVELAB_CPU_ISA, ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA), so that a green run on an

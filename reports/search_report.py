@@ -110,7 +110,13 @@ def add_search_section(page: Page, path: Path, record: dict) -> None:
             f"Other processes shared the machine during {len(busy)} probe(s) ({', '.join(busy)}):"
             " their requests ran slower than this machine runs alone (flag busy_machine)."
         )
-    unresolved = [k.strategy for k in knees if not k.resolved]
+    estimated = record.get("estimated_probes") or []
+    if estimated:
+        notes.append(
+            f"A server did not report its tokens in {len(estimated)} probe(s) "
+            f"({', '.join(estimated)}): their counts or times are estimated (flag estimated)."
+        )
+    unresolved = [k.strategy for k in knees if not k.resolved and not k.gone]
     if unresolved:
         notes.append(
             f"Not within {record['settings']['resolution']:.0%} in the budget: "

@@ -96,6 +96,7 @@ def test_servelab_s_server_gets_the_run_s_model_engine_and_strategy() -> None:
                 f"server.executable={sys.executable}",
                 "server.model=/models/x",
                 "server.flags=[--max-num-seqs,8]",
+                "server.same_budget=false",
             ]
         )
     )

@@ -536,13 +536,14 @@ def test_the_prediction_is_set_beside_what_was_measured() -> None:
 
 
 def test_the_probes_that_shared_the_machine_are_named(tmp_path: Path) -> None:
-    from servelab.harness.search.knee_search import busy_probes
+    from servelab.harness.search.knee_search import flagged_probes
 
     for name, codes in [("vllm/rate-1", ["busy_machine"]), ("orca/rate-2", ["send_lag"]),
                         ("predicted/vllm/rate-3", ["busy_machine"])]:  # fmt: skip
         (tmp_path / name).mkdir(parents=True)
         (tmp_path / name / "summary.json").write_text(json.dumps({"flag_codes": codes}))
-    assert busy_probes(tmp_path) == ["vllm/rate-1"]  # simulated probes sample no machine
+    assert flagged_probes(tmp_path, "busy_machine") == ["vllm/rate-1"]  # not simulated ones
+    assert flagged_probes(tmp_path, "send_lag") == ["orca/rate-2"]
 
 
 def test_a_probe_spans_enough_service_times_and_leaves_its_warm_up_out() -> None:

@@ -18,7 +18,7 @@ import pytest
 from servelab.base.errors import ConfigError
 from servelab.harness.runner.compose import compose
 from servelab.harness.runs.run import run
-from servelab.harness.search.contenders import contenders_of, overrides_of
+from servelab.harness.search.contenders import contenders_of, overrides_of, reference_of
 from servelab.harness.search.knee_search import search
 from servelab.harness.search.probes import Probe
 from servelab.harness.search.served import SERVER
@@ -62,6 +62,17 @@ def test_every_contender_is_checked_and_named_before_any_run() -> None:
         contenders_of(("vllm", "strategy=orca endpoint.label=vllm backend=openai"), BASE, compose)
     with pytest.raises(ConfigError, match=r"^search.strategies: 'server.command=\[a': "):
         contenders_of(("server.command=[a",), BASE, compose)
+
+
+def test_the_reference_contender_is_named_or_the_first() -> None:
+    contenders = contenders_of(("vllm", FAKE), BASE, compose)
+    assert reference_of(contenders, None).name == "vllm"
+    assert reference_of(contenders, "fake").name == reference_of(contenders, FAKE).name == "fake"
+    with pytest.raises(ConfigError, match="search.reference: 'orca' is none of the contenders"):
+        reference_of(contenders, "orca")
+    assert contenders[1].cfg.replay.skip_idle is False  # a server's clock is the machine's
+    skipping = contenders_of(("vllm", FAKE), [*BASE, "replay.skip_idle=true"], compose)
+    assert [c.cfg.replay.skip_idle for c in skipping] == [True, False]
 
 
 def _search(tmp_path: Path, *items: str, seen=lambda strategy, probe: None):  # noqa: ANN001, ANN202

@@ -41,7 +41,8 @@ def test_each_axis_becomes_the_engine_s_switch() -> None:
     paged = translate("vllm", "vllm", strategy_preset("vllm"), LIMITS)
     assert "--enable-prefix-caching" in paged.flags and "--block-size" not in paged.flags
     assert paged.notes == (
-        "its KV block size is its own (vLLM on a CPU takes multiples of 32 only)",
+        "its KV block size is its own unless server.same_budget sizes its KV (vLLM on a CPU "
+        "takes multiples of 32 only)",
     )
     ngram = translate("vllm", "vllm-spec-ngram", strategy_preset("vllm-spec-ngram"), LIMITS)
     assert ngram.flags[-2:] == (
@@ -86,6 +87,7 @@ def test_a_server_started_for_a_preset_gets_its_switches_before_its_own_flags() 
                 "server.model=/models/x",
                 "engine.max_batch_size=4",
                 "server.flags=[--max-num-seqs,2]",
+                "server.same_budget=false",  # its KV switches: tests/test_kv_flags.py
             ]
         )
     )

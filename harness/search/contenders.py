@@ -9,7 +9,10 @@ engine.max_batch_size=8`), or a server someone else runs (`backend=openai
 endpoint.url=http://host:8000`). A contender's name is `endpoint.label` where given, else its
 server's label (kind, preset, flags: `vllm:orca --max-num-seqs 8`), else the item as written.
 Every config is composed and checked here, before any probe: a contender that cannot run
-(an unknown preset, a server not installed) is one line, naming the item, before any work.
+(an unknown preset, a server not installed) is one line, naming the item, before any work. A
+contender served over HTTP waits its idle spans (`replay.skip_idle` is off for it: a server's
+clock runs as the machine's does). `reference_of` picks the contender whose floor run scales
+the SLO (`search.reference`, else the first).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
+from servelab.harness.runner.backends import ENGINE_LOOPS
 from servelab.harness.runner.backends.managed_server import ServerSettings
 from servelab.harness.runner.spec import run_spec
 
@@ -82,6 +86,8 @@ def contenders_of(
         words = overrides_of(item)
         try:
             cfg = compose([*overrides, *words])
+            if str(cfg.get("backend", "inprocess")) not in ENGINE_LOOPS:
+                cfg.replay.skip_idle = False  # a server's clock runs as the machine's does
             spec = run_spec(cfg.copy())  # every field checked, the server's executable too
         except ConfigError as error:
             raise ConfigError(error.field, f"{error.message} (contender {item!r})") from error
@@ -98,3 +104,14 @@ def contenders_of(
             )
         contenders.append(contender)
     return contenders
+
+
+def reference_of(contenders: list[Contender], given: str | None) -> Contender:
+    """The contender named or written `given` (None: the first); one line where none is."""
+    if given is None:
+        return contenders[0]
+    for contender in contenders:
+        if given in (contender.name, contender.item):
+            return contender
+    names = ", ".join(repr(c.name) for c in contenders)
+    raise ConfigError("search.reference", f"{given!r} is none of the contenders: {names}")

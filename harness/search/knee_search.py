@@ -27,7 +27,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
-from servelab.harness.measure.flags import BUSY_MACHINE
+from servelab.harness.measure.flags import BUSY_MACHINE, ESTIMATED
 from servelab.harness.measure.slo.earlier_run import SourceSLO, judged_record, read_source, with_slo
 from servelab.harness.measure.slo.limits import LIMITS, SLO
 from servelab.harness.measure.slo.scaled import limits_line, scaled_keys, scaled_limits, speed_drift
@@ -35,7 +35,7 @@ from servelab.harness.measure.slo.sources import one_source_each
 from servelab.harness.runner.backends import backend_of
 from servelab.harness.runner.backends.managed_server import sigterm_exits
 from servelab.harness.runner.settings import device_line, engine_settings
-from servelab.harness.search.contenders import Contender, contenders_of
+from servelab.harness.search.contenders import Contender, contenders_of, reference_of
 from servelab.harness.search.estimator import fewest_requests
 from servelab.harness.search.policy import Prediction, ProbePolicy
 from servelab.harness.search.predict import Predictor
@@ -44,6 +44,13 @@ from servelab.harness.search.result import StrategyResult
 from servelab.harness.search.served import OffClock, ServedProber
 from servelab.harness.search.strategy_search import ProbeSeen, find_knees, widened_for_drift
 
+# flags a probe's run may carry that the search says at its end: (code, search.json's key, what)
+FLAGGED = (
+    (BUSY_MACHINE, "busy_probes", "other processes shared the machine: requests ran slower than "
+     "this machine runs alone"),
+    (ESTIMATED, "estimated_probes", "a server did not report its tokens (counts or times "
+     "estimated from its text: see the run's summary)"),
+)  # fmt: skip
 Say = Callable[[str], None]  # a line for the person watching, as the search goes
 
 
@@ -60,6 +67,7 @@ class SearchSettings:
     predict: bool = False  # place the first rate probes where the simulator says they decide
     # (the engine in this process only: a simulation needs none, a peer's steps are not
     # profiled; harness/search/predict.py)
+    reference: str | None = None  # the contender whose floor scales the SLO (None: the first)
 
     @property
     def measures_speed(self) -> bool:
@@ -122,9 +130,10 @@ class SearchSettings:
             warmup=spans["warmup"],
         )
         predict = bool(node.get("predict"))
+        reference = None if node.get("reference") is None else str(node.reference)
         return cls(strategies, numbers["budget_s"], Path(str(node.out_dir)), policy,
                    {key: float(value) for key, value in slo_scale.items()}, slo_from,
-                   predict)  # fmt: skip
+                   predict, reference)  # fmt: skip
 
     def plan_line(self, contenders: list[Contender]) -> str:
         """What the search will do, said before its first run."""
@@ -160,7 +169,7 @@ class SearchSettings:
             "strategies": list(self.strategies), "budget_s": self.budget_s,
             "out_dir": str(self.out_dir), "slo_scale": self.slo_scale,
             "slo_from": None if self.slo_from is None else str(self.slo_from.path),
-            "predict": self.predict, **asdict(self.policy),
+            "predict": self.predict, "reference": self.reference, **asdict(self.policy),
         }  # fmt: skip
 
 
@@ -185,6 +194,7 @@ def search(
     cfg = compose(overrides)
     settings = SearchSettings.of(cfg)
     contenders = contenders_of(settings.strategies, overrides, compose)
+    first = reference_of(contenders, settings.reference)
     simulated = SimulatedClock() if backend_of(cfg) == "simulated" else None
     if simulated is not None and any(backend_of(c.cfg) != "simulated" for c in contenders):
         raise ConfigError(
@@ -213,7 +223,6 @@ def search(
             stack.callback(served.close)
             return served
 
-        first = contenders[0]
         record: dict = {
             "settings": settings.to_json(),
             "contenders": [c.to_json() for c in contenders],
@@ -257,13 +266,11 @@ def search(
                 say(drift.line())
                 record["drift"] = drift.to_json()
                 widened_for_drift(knees, drift.factor, settings.policy.resolution)
-    busy = busy_probes(settings.out_dir)
-    if busy:
-        say(
-            f"other processes shared the machine in {len(busy)} probe(s) ({', '.join(busy)}; "
-            "flag busy_machine): their requests ran slower than this machine runs alone"
-        )
-        record["busy_probes"] = busy
+    for code, key, meaning in FLAGGED:
+        probes = flagged_probes(settings.out_dir, code)
+        if probes:
+            say(f"{meaning} in {len(probes)} probe(s) ({', '.join(probes)}; flag {code})")
+            record[key] = probes
     record["wall_s"] = time.monotonic() - begun
     if off.started:
         record["servers"] = {"started_s": off.started, "off_budget_s": off.seconds}
@@ -284,14 +291,14 @@ def servers_line(off: OffClock, wall_s: float) -> str:
     )
 
 
-def busy_probes(out_dir: Path) -> list[str]:
-    """The probes (STRATEGY/PROBE) whose runs shared the machine (`flags.BUSY_MACHINE`)."""
-    busy = []
+def flagged_probes(out_dir: Path, code: str) -> list[str]:
+    """The probes (CONTENDER/PROBE) whose runs' summaries carry the flag `code`."""
+    flagged = []
     for path in sorted(out_dir.glob("*/*/summary.json")):
         try:
             codes = json.loads(path.read_text()).get("flag_codes") or []
         except (OSError, json.JSONDecodeError):
             continue
-        if BUSY_MACHINE in codes:
-            busy.append(f"{path.parent.parent.name}/{path.parent.name}")
-    return busy
+        if code in codes:
+            flagged.append(f"{path.parent.parent.name}/{path.parent.name}")
+    return flagged

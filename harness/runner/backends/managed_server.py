@@ -40,6 +40,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from servelab.base.errors import ConfigError
+from servelab.harness.runner.backends.kv_flags import Budget, budget_flags
 from servelab.harness.runner.backends.server_kinds import (
     HOST,
     ServerKind,
@@ -49,6 +50,8 @@ from servelab.harness.runner.backends.server_kinds import (
 )
 from servelab.harness.runner.backends.strategy_flags import ENGINES, Translated, translate
 from servelab.harness.runner.compose import strategy_preset
+from servelab.harness.runner.settings import engine_settings
+from servelab.models.load import model_config_of
 from servelab.models.spec import ModelSpec
 
 LOG = "server.log"
@@ -78,6 +81,7 @@ class ServerSettings:
     command: tuple[str, ...]  # kind=command: the whole command line, `{port}` in it
     strategy: str | None  # the strategy preset it serves (servelab's own, else as switches)
     translated: Translated  # the preset as the engine's switches (`strategy_flags`)
+    budget: Budget  # the run's KV budget and dtype as its switches (`kv_flags`)
     passes: tuple[str, ...]  # servelab: the run's model and engine settings, as overrides
     model: str | None  # what the server loads; None: the run's own (`model_loaded`)
     run_model: ModelSpec
@@ -102,7 +106,7 @@ class ServerSettings:
         head = self.kind.argv(self.executable, model, port)
         if self.kind.name == "servelab":
             head += [f"strategy={self.strategy}", *self.passes]
-        return [*head, *self.translated.flags, *self.flags]
+        return [*head, *self.translated.flags, *self.budget.flags, *self.flags]
 
 
 def server_settings(cfg: DictConfig, run_model: ModelSpec) -> ServerSettings | None:
@@ -135,6 +139,13 @@ def server_settings(cfg: DictConfig, run_model: ModelSpec) -> ServerSettings | N
         preset = strategy_preset(str(strategy))  # an unknown name: one line, the known ones
         if kind.name in ENGINES:
             translated = translate(kind.name, str(strategy), preset, cfg.engine)
+    budget = Budget((), None, ())
+    if kind.name in ENGINES and _flag(node, "same_budget"):
+        engine = engine_settings(cfg.engine)
+        config = model_config_of(run_model)
+        budget = budget_flags(
+            kind.name, config, engine.dtype, engine.kv_budget_bytes, engine.device.type
+        )
     executable = str(node.get("executable") or kind.executable or command[0])
     if shutil.which(executable) is None:
         raise ConfigError(
@@ -165,6 +176,7 @@ def server_settings(cfg: DictConfig, run_model: ModelSpec) -> ServerSettings | N
         command=command,
         strategy=None if strategy is None else str(strategy),
         translated=translated,
+        budget=budget,
         passes=passes,
         model=None if given is None else str(given),
         run_model=run_model,
@@ -173,6 +185,13 @@ def server_settings(cfg: DictConfig, run_model: ModelSpec) -> ServerSettings | N
         start_timeout_s=float(timeouts["start_timeout_s"]),
         stop_timeout_s=float(timeouts["stop_timeout_s"]),
     )
+
+
+def _flag(node: Mapping[str, Any], key: str) -> bool:
+    value = node.get(key, True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"server.{key}", f"{value!r} must be true or false")
+    return value
 
 
 def _strings(value: Any, field: str) -> tuple[str, ...]:
@@ -258,13 +277,17 @@ def running_server(
     record: dict[str, Any] = {
         "kind": settings.kind.name, "label": settings.label, "command": argv,
         "flags": list(settings.flags), "strategy": settings.strategy,
-        "strategy_flags": list(settings.translated.flags), "notes": list(settings.translated.notes),
+        "strategy_flags": list(settings.translated.flags),
+        "budget_flags": list(settings.budget.flags), "kv_tokens": settings.budget.kv_tokens,
+        "notes": [*settings.translated.notes, *settings.budget.notes],
         "version": version_of(settings), "url": url, "health_path": settings.health_path,
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith(SETTINGS_ENV)},
     }  # fmt: skip
     say(f"server: starting {settings.label} at {url} (log {log_path})")
     for note in settings.translated.notes:
         say(f"server: {settings.kind.name} serves {settings.strategy} its own way: {note}")
+    for note in settings.budget.notes:
+        say(f"server: {settings.kind.name}: {note}")
     begun = time.monotonic()
     with open(log_path, "w") as log:
         process = subprocess.Popen(

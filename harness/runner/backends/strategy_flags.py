@@ -91,7 +91,8 @@ def _vllm(s: Mapping, paged: bool, prefix: bool, limits: Mapping, refuse: Refuse
         flags.append("--no-enable-chunked-prefill")
     flags.append("--enable-prefix-caching" if prefix else "--no-enable-prefix-caching")
     notes = [
-        "its KV block size is its own (vLLM on a CPU takes multiples of 32 only)"
+        "its KV block size is its own unless server.same_budget sizes its KV (vLLM on a CPU "
+        "takes multiples of 32 only)"
         if paged
         else "its KV is paged whatever the preset: no contiguous reservation"
     ]
@@ -156,7 +157,12 @@ def _llamacpp(s: Mapping, paged: bool, prefix: bool, limits: Mapping, refuse: Re
         "--cont-batching" if continuous else "--no-cont-batching",
     ]
     notes = (
-        ["each slot holds its own contiguous KV, -c split across --parallel slots"] if paged else []
+        [
+            "each slot holds its own contiguous KV, -c split across --parallel slots, unless "
+            "server.same_budget makes it one pool (--kv-unified)"
+        ]
+        if paged
+        else []
     )
     if prefix:
         flags += ["--cache-reuse", f"{s['block_size']}"]
