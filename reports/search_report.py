@@ -1,9 +1,11 @@
 """The answer of a knee search (`servelab search`, `make run`), first in its report.
 
-From the search's `search.json`: one sentence per pair of strategies, the faster on top,
+From the search's `search.json`: one sentence per pair of contenders (servelab's strategies,
+engines' servers), the faster on top,
 with the ratio of their knees and its interval ("vllm sustains 1.9x [1.7, 2.1] orca's rate
 at this SLO on this machine"); the SLO, the machine's speed drift and what stayed unresolved
-beside it; then, per strategy, its probes' ratio quantiles against the rate with their
+beside it; what served each contender (engine, version, switches, KV, start-up, its server's
+own peaks); then, per contender, its probes' ratio quantiles against the rate with their
 intervals, the line at 1 they cross, the knee's estimate and interval, and the simulator's
 predicted knee where there was one.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from importlib.metadata import version
 from itertools import combinations
 from pathlib import Path
 
@@ -131,7 +134,59 @@ def add_search_section(page: Page, path: Path, record: dict) -> None:
           predicted_text(k), rate_text(k.ceiling), k.note] for k in knees],
         "Each strategy's knee: the 95% interval of the highest rate it sustains",
     )])  # fmt: skip
+    served = contenders_table(path, record)
+    if served is not None:
+        page.tables([served])
     page.figures([quantile_figure(k, r) for k, r in zip(knees, record["knees"], strict=True)])
+
+
+def contenders_table(path: Path, record: dict) -> str | None:
+    """What served each contender (servelab in this process, or a server: its kind, version
+    and every switch it started with, from its `server.json`), the KV it held, its start-up,
+    and the most its server said it held at once over its probes (its own /metrics); None
+    where every contender is servelab's in this process."""
+    contenders = record.get("contenders") or []
+    if all(c["backend"] == "inprocess" for c in contenders):
+        return None
+    rows = []
+    for contender in contenders:
+        folder = path / contender["folder"]
+        server = _json(folder / "server" / "server.json")
+        if server:
+            served = server.get("version") or server["kind"]
+            switches = [*server.get("strategy_flags", []), *server.get("budget_flags", []),
+                        *server.get("flags", [])]  # fmt: skip
+            kv, started = server.get("kv_tokens"), server.get("startup_s")
+            if server["kind"] == "servelab":  # servelab's engine on the run's settings
+                switches, kv = [f"strategy={server.get('strategy')}", *switches], "engine.kv_budget"
+        elif contender["backend"] == "inprocess":
+            served, switches, kv, started = f"servelab {version('servelab')}, in this process", \
+                [contender["item"]], "engine.kv_budget", None  # fmt: skip
+        else:
+            served, switches, kv, started = "a server running elsewhere", [contender["item"]], \
+                None, None  # fmt: skip
+        peaks = [(_json(run) or {}).get("server_metrics") or {}
+                 for run in sorted(folder.glob("*/summary.json"))]  # fmt: skip
+        running = max((m.get("running_requests_max") or 0 for m in peaks), default=0)
+        used = max((m.get("kv_usage_share_max") or 0 for m in peaks), default=0)
+        rows.append([
+            contender["name"], served, " ".join(switches) or "-", str(kv or "-"),
+            "-" if started is None else f"{started:.1f}",
+            f"{running:g} running, {used:.0%} of its KV" if running or used else "-",
+        ])  # fmt: skip
+    return table_html(
+        ["contender", "engine", "switches", "KV tokens", "start-up (s)", "its server at most"],
+        rows,
+        "What served each contender: every server started once, cold for each probe, stopped "
+        "after its last (start-up outside the budget); its peaks as its own /metrics said",
+    )
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def quantile_figure(knee: StrategyResult, recorded: dict) -> go.Figure:

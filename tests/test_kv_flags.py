@@ -44,7 +44,7 @@ def test_sglang_and_llama_cpp_hold_the_budget_s_tokens() -> None:
                             "--context-length", "728")  # fmt: skip
     llama = budget_flags("llamacpp", SMOLLM, torch.bfloat16, MIB_32, "cpu")
     assert llama.flags == ("-ctk", "bf16", "-ctv", "bf16", "-c", "1456", "--kv-unified")
-    assert llama.kv_tokens == 1456 and "one pool for every slot" in llama.notes[0]
+    assert llama.kv_tokens == 1536 and "padded by llama.cpp to 1536" in llama.notes[0]
     assert budget_flags("command", SMOLLM, torch.float32, MIB_32, "cpu").flags == ()
 
 

@@ -96,3 +96,29 @@ def test_a_search_directory_opens_its_report_with_the_answer(tmp_path: Path) -> 
     assert page.count("SLO-ratio quantile by rate") == 2
     assert "simulated-only" not in page  # the prediction's runs are not the measurement
     assert page.count("rate-2-n10") >= 2  # both strategies' probes at 2 req/s are runs in it
+
+
+def test_the_report_says_what_served_each_contender(tmp_path: Path) -> None:
+    rates = {"vllm": [1.0, 2.0, 4.0], "vllm:orca": [0.5, 1.0, 2.0]}
+    for name, folder in (("vllm", "vllm"), ("vllm:orca", "vllm_orca")):
+        for rate in rates[name]:
+            write_run(tmp_path / folder, RunSpec(name=f"rate-{rate:g}-n10", strategy=name,
+                                                 rate=rate, ttft=0.1, slo=SLO))  # fmt: skip
+    (tmp_path / "vllm_orca" / "server").mkdir()
+    (tmp_path / "vllm_orca" / "server" / "server.json").write_text(json.dumps({
+        "kind": "vllm", "version": "vllm 0.32.0", "strategy_flags": ["--max-num-seqs", "32"],
+        "budget_flags": ["--dtype", "float32"], "flags": ["--threads", "2"], "kv_tokens": 672,
+        "startup_s": 61.25,
+    }))  # fmt: skip
+    contenders = [
+        {"name": "vllm", "item": "vllm", "folder": "vllm", "backend": "inprocess", "server": None},
+        {"name": "vllm:orca", "item": "server=vllm server.strategy=orca", "folder": "vllm_orca",
+         "backend": "openai", "server": "vllm:orca"},
+    ]  # fmt: skip
+    record = {**search_record(rates), "contenders": contenders}
+    (tmp_path / "search.json").write_text(json.dumps(record))
+    page = page_text(build_sweep_report([tmp_path], tmp_path / "report.html"))
+    assert "What served each contender" in page
+    assert "vllm 0.32.0" in page and "--max-num-seqs 32 --dtype float32 --threads 2" in page
+    assert "672" in page and "61.2" in page and "in this process" in page
+    assert page.count("rate-2-n10") >= 2  # the contender's folder is read for its runs

@@ -11,7 +11,8 @@ block (`--max-model-len`: it refuses to start where one request of the model's f
 would not fit); SGLang its tokens (`--max-total-tokens`, `--context-length`) and `--dtype`;
 llama.cpp its tokens as one pool shared by
 every slot (`-c` with `--kv-unified`; without it each of `--parallel` slots holds its own
-share) in the run's dtype (`-ctk`, `-ctv`; its weights stay the GGUF file's). A budget given
+share; it pads the context up to a multiple of 256 tokens) in the run's dtype (`-ctk`, `-ctv`;
+its weights stay the GGUF file's). A budget given
 as a fraction of free GPU memory has no size to pass: each engine then sizes its own, said in
 a note the run records. `server.flags` come after these, so a switch there wins.
 """
@@ -25,10 +26,9 @@ import torch
 from servelab.base.errors import ConfigError
 from servelab.models.model import ModelConfig
 
-VLLM_CPU_BLOCK = (
-    32  # tokens: the smallest block vLLM's CPU attention takes (the presets' 16 on a GPU)
-)
-VLLM_GPU_BLOCK = 16
+VLLM_CPU_BLOCK = 32  # tokens: the smallest block vLLM's CPU attention takes
+VLLM_GPU_BLOCK = 16  # the presets' own
+LLAMA_CPP_PAD = 256  # llama.cpp rounds its context up to a multiple of this
 TORCH_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 GGML_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
@@ -91,8 +91,9 @@ def budget_flags(
         if tokens is None:
             return Budget(tuple(flags), None, (own,))
         flags += ["-c", str(tokens), "--kv-unified"]
-        return Budget(tuple(flags), tokens, (
-            f"KV of {tokens} tokens in {name}, as engine.kv_budget holds, one pool for every "
-            "slot; its weights as the GGUF file holds them",
+        padded = -(-tokens // LLAMA_CPP_PAD) * LLAMA_CPP_PAD
+        return Budget(tuple(flags), padded, (
+            f"KV of {tokens} tokens in {name}, as engine.kv_budget holds, padded by llama.cpp to "
+            f"{padded}, one pool for every slot; its weights as the GGUF file holds them",
         ))  # fmt: skip
     return Budget((), None, ())
