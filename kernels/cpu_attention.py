@@ -8,9 +8,8 @@ Two paths, chosen per sequence once per batch (`plan_cpu`), every layer reusing 
   sequence's keys and values once per KV head, straight from paged blocks or a slab.
 - Sequences with many new tokens (prefill) go through a flash kernel, which never
   materialises the score matrix. In bfloat16 at the `avx512-bf16` level it is
-  `flash_attention` (`kernels/cpu/flash_attention.cpp`, both products on
-  vdpbf16ps; a 3,000-token causal prompt with 9 query heads on 3 KV heads in 32 ms against
-  torch's 81 on the development CPU): one causal call over the cached prefix's keys and
+  `flash_attention` (`kernels/cpu/flash_attention.cpp`, both products on vdpbf16ps, where
+  it is faster than torch's kernel): one causal call over the cached prefix's keys and
   values (gathered) followed by the new ones. Elsewhere it is torch's CPU flash kernel: a
   fresh prompt as one causal call; a prompt whose prefix is cached (prefix hits, chunked
   prefill) as two calls, the new tokens over the prefix (no mask) and over themselves

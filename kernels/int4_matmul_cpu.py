@@ -94,9 +94,9 @@ def int4_loop_block() -> int | None:
     """torch's int4 packing block where the compiled int4 loop pays, else None (torch's kernel).
 
     It pays on its byte-permute branch (AVX-512 BF16 and VBMI, blocks of 64): twice torch's
-    speed at batch 1. Its portable branch is correct at every level and tested there, but on an
-    AVX2-only Zen 3 it ran 5-12x slower than torch's AVX2 kernel (1 row of a 1536 x 576 weight:
-    837 us against 153; 4 rows: 3509 against 292), so it is not dispatched there."""
+    speed at batch 1. Its portable branch is correct at every level and tested there, but
+    without those byte permutes it is several times slower than torch's AVX2 kernel, so it is
+    not dispatched there (`python -m benchmarks.bench_int4_loop` times both)."""
     caps = capabilities()
     if caps.level == "avx512-bf16" and caps.torch_int4_block == FAST_LOOP_BLOCK:
         return FAST_LOOP_BLOCK

@@ -1,17 +1,15 @@
 """Linear layers on the fastest CPU paths: fp32 on packed panels; bf16 oneDNN-prepacked or a matvec.
 
 A plain `F.linear` on the CPU hands oneDNN a row-major weight that it reorders into its own
-blocked layout on every call; for the small batches of decoding that reorder costs as much
-as the product itself (measured on the development CPU, bfloat16, one thread: a
-1 x 576 x 1536 product in 91 us plain, 44 us prepacked; 64 rows 623 us and 565 us), and the
-outputs are bit-identical. `PackedLinear` is an `nn.Linear` (same parameter, same state dict)
-that packs its weight once, on its first CPU forward in bfloat16, and packs again only if the
-weight is replaced. fp32 layers multiply, at every row count, on a copy of the weight packed
-once into 16-column panels (`kernels/cpu/panel_gemm_f32.cpp`): each output is one sum over the
-inputs in order, so a row's result does not depend on the batch it is in, the thread count or
-the build's ISA branch (exactness checks run in fp32), and the product ran 1.2-1.4x torch's
-(MKL) at 64 rows and beyond and 1.4-6x below, the LM head 1.4-3x, measured on two Zen 5 threads
-at level avx2 (`python -m benchmarks.bench_linear_f32 --threads 2`). Anywhere else (CUDA, fp16,
+blocked layout on every call; for the small batches of decoding that reorder costs about as much
+as the product itself, and the outputs are bit-identical. `PackedLinear` is an `nn.Linear` (same
+parameter, same state dict) that packs its weight once, on its first CPU forward in bfloat16,
+and packs again only if the weight is replaced. fp32 layers multiply, at every row count, on a
+copy of the weight packed once into 16-column panels (`kernels/cpu/panel_gemm_f32.cpp`): each
+output is one sum over the inputs in order, so a row's result does not depend on the batch it is
+in, the thread count or the build's ISA branch (exactness checks run in fp32), and the product
+outran torch's (MKL) at every row count and for the LM head where it was timed (`python -m
+benchmarks.bench_linear_f32 --threads 2` times both). Anywhere else (CUDA, fp16,
 `enabled=False`) it is the plain layer too.
 
 oneDNN prepacks bfloat16 only where it multiplies it (`Capabilities.onednn_bf16`: AVX-512

@@ -178,7 +178,7 @@ class LayerRunner(Protocol):
 def embedding(vocab_size: int, hidden_size: int) -> nn.Embedding:
     """`nn.Embedding` initialised as it initialises itself (normal), but not on the meta device
     (a simulated run's model: shapes only), where there is nothing to set and where that init
-    imports torch's compiler stack, 1.6 s of every simulated run's start."""
+    imports torch's compiler stack, a large share of a simulated run's start."""
     weight = torch.empty(vocab_size, hidden_size)
     if weight.device.type != "meta":
         nn.init.normal_(weight)

@@ -6,7 +6,8 @@ walks all of them. Those passes were a seventh of such a run, spread over its lo
 summary, and recovered nothing: the loop's and the summary's objects are freed by their
 reference counts. `collector_paused` holds the collector off for such a stretch; any cycle
 made meanwhile is collected after it. A client sending requests on a schedule holds them
-all too, and a full pass over them paused its sends by some 100 ms: `heap_frozen` leaves what
+all too, and a full pass over them paused its sends long enough to move its arrivals off
+their schedule (the run's `send_lag` shows it): `heap_frozen` leaves what
 was built before it out of every pass (`gc.freeze`) while the collector still runs.
 """
 

@@ -8,7 +8,7 @@ rate probes of the search's first length (the same requests its first real rate 
 draw), halved until one is sustained, then bisected in log rate until the crossing is within
 `PRECISION`. A simulated probe is judged by the point quantile of its requests' SLO ratios:
 the simulation has no noise to bound, so its knee is a rate, not an interval (a budgeted
-search over simulated runs left it as wide as the real one, and its middle missed by 2x).
+search over simulated runs left it as wide as the real one, and its middle far off).
 
 The first real rate probes then go where the simulation says each decides, at the search's
 confidence (`policy.ProbePolicy.decisive_rate`).
