@@ -2,9 +2,9 @@
 `TYPE_CHECKING` blocks too): each top-level package imports only packages below it in
 `PACKAGES` (base, kernels, workloads, engine, models, strategies, harness, reports,
 commands), so no import points back up; within them `kernels` and `workloads` import only
-`base`, the engine and the model only `base` and the kernels; and no two parts of the
-harness import each other (measure < runner < simulate < search < runs < serving, gate); and
-no verb imports another."""
+`base`, the engine and the model only `base` and the kernels; each part of the harness only
+parts below it (measure < runner < simulate < search < runs < serving, gate < claims), so no
+two import each other; and no verb imports another."""
 
 from __future__ import annotations
 
@@ -33,6 +33,24 @@ def test_the_lowest_layers_import_only_what_they_need() -> None:
     for package, allowed in ALLOWED.items():
         imports = {target for (source, target) in graph if source == package}
         assert imports <= allowed, (package, {t: graph[(package, t)] for t in imports - allowed})
+
+
+# the harness's parts, lowest first; a part imports only parts of a lower rank (serving and
+# gate are peers; claims reads the gate's)
+HARNESS = {"measure": 0, "runner": 1, "simulate": 2, "search": 3, "runs": 4, "serving": 5,
+           "gate": 5, "claims": 6}  # fmt: skip
+
+
+def test_every_part_of_the_harness_imports_only_parts_below_it() -> None:
+    parts = {p.name for p in (ROOT / "harness").iterdir() if p.is_dir() and any(p.glob("*.py"))}
+    assert parts == set(HARNESS)  # a new part is given its place
+    up = {
+        (source, target): files
+        for (source, target), files in edges(split_harness=True).items()
+        if source.startswith("harness.") and target.startswith("harness.")
+        and HARNESS[target.split(".")[1]] >= HARNESS[source.split(".")[1]]
+    }  # fmt: skip
+    assert up == {}
 
 
 def test_no_two_parts_of_the_harness_import_each_other() -> None:

@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
+import ast
+import hashlib
+import os
+import subprocess
+import sys
 from pydoc_data.topics import topics
 
 from servelab.workloads.text import SECTIONS, section_chunks, section_of, text_section
 
 
-def test_sections_are_deterministic() -> None:
+def in_another_process(expression: str) -> object:
+    """`expression` (over `SECTIONS`, `section_of`, `text_section`) evaluated in a fresh Python
+    with another string-hash seed: what must not depend on this process."""
+    code = (
+        "import hashlib; from servelab.workloads.text import SECTIONS, section_of, "
+        f"text_section; print(repr({expression}))"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "4321"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    return ast.literal_eval(done.stdout.strip())
+
+
+DIGESTS = "{n: hashlib.sha256(text_section(n).encode()).hexdigest() for n in SECTIONS}"
+
+
+def test_sections_are_the_same_in_every_process() -> None:
+    here = {n: hashlib.sha256(text_section(n).encode()).hexdigest() for n in SECTIONS}
+    assert in_another_process(DIGESTS) == here
     for name in SECTIONS:
-        assert text_section(name) == text_section(name)
         assert text_section(name) == "\n\n".join(section_chunks(name))
 
 
@@ -37,7 +59,10 @@ def test_every_chunk_is_in_the_section_its_hash_names() -> None:
 
 
 def test_assignment_depends_on_the_chunk_text_only() -> None:
-    assert section_of("The assert statement") == section_of("The assert statement")
+    texts = [f"paragraph {i}" for i in range(50)]
+    assert in_another_process(f"[section_of(t) for t in {texts!r}]") == [
+        section_of(t) for t in texts
+    ]
     assert {section_of(f"paragraph {i}") for i in range(200)} == set(SECTIONS)
     # pinned: a chunk's section never changes with the Python version or the other chunks
     assert [section_of(f"paragraph {i}") for i in range(3)] == [
