@@ -55,7 +55,7 @@ $(STAMP): $(LOCK) pyproject.toml setup.py
 	  2>/dev/null || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet -c $(LOCK) -e '.[test]'
 	$(PY) -m pip check
-	$(PY) -m servelab.harness.measure.lock $(LOCK)
+	$(PY) -m servelab.harness.checks.lock $(LOCK)
 	touch $(STAMP)
 
 # Regenerate the lock from pyproject.toml's ranges (the newest versions they allow, torch pinned

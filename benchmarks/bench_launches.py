@@ -32,7 +32,7 @@ if not torch.cuda.is_available():  # the Triton kernels under the interpreter, s
 from servelab.engine.engine import Engine  # noqa: E402
 from servelab.engine.kv_cache import KVLayout  # noqa: E402
 from servelab.engine.request import Request, SamplingParams  # noqa: E402
-from servelab.harness.measure.launches import Launches, count_launches  # noqa: E402
+from servelab.harness.checks.launches import Launches, count_launches  # noqa: E402
 from servelab.harness.runner.build import build_engine, random_model  # noqa: E402
 from servelab.harness.runner.compose import compose  # noqa: E402
 from servelab.harness.runner.settings import EngineSettings  # noqa: E402

@@ -4,7 +4,7 @@ A Triton kernel compiles when it first launches, so one that cannot compile for 
 takes more shared memory than a block may) would fail only once GPU time is being spent. This
 runs a one-layer engine of each strategy the GPU check runs (`scripts/gpu_check.sh`), on the
 GPU code path under the interpreter, through prefill and decode at each batch size, records
-every distinct build its Triton kernels launch (`harness/measure/triton_builds.py`), and
+every distinct build its Triton kernels launch (`harness/checks/triton_builds.py`), and
 compiles each for the architecture in float16 and bfloat16: one line a build with its shared
 memory against the architecture's limit, exit status 1 if any fails to compile or fit.
 
@@ -34,7 +34,7 @@ if not torch.cuda.is_available():  # the Triton kernels under the interpreter, s
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from benchmarks.bench_launches import decode_engine  # noqa: E402
-from servelab.harness.measure.triton_builds import (  # noqa: E402
+from servelab.harness.checks.triton_builds import (  # noqa: E402
     SHARED_LIMIT,
     KernelBuild,
     compile_builds,

@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.harness.measure.lock import canonical_name, locked_pins
+from servelab.harness.checks.lock import canonical_name, locked_pins
 
 REPO = Path(__file__).resolve().parent.parent
 BUILT_HERE = "antlr4-python3-runtime"  # no wheel on the index: `make gpu-wheels` builds it

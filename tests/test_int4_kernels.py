@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from servelab.base.errors import ConfigError
-from servelab.harness.measure.launches import on_triton_launch
+from servelab.harness.checks.launches import on_triton_launch
 from servelab.kernels.cpu_build import cpu_ops
 from servelab.kernels.int4_layout import num_groups, pack_int4, unpack_int4
 from servelab.kernels.int4_matmul import choose_kernel

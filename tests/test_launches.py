@@ -1,4 +1,4 @@
-"""Launch counts (`harness/measure/launches.py`): exact on any machine, so a test can bound
+"""Launch counts (`harness/checks/launches.py`): exact on any machine, so a test can bound
 what one decode step of the GPU code path launches (`benchmarks/bench_launches.py`)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from benchmarks.bench_launches import step_launches  # noqa: E402
-from servelab.harness.measure.launches import count_launches  # noqa: E402
+from servelab.harness.checks.launches import count_launches  # noqa: E402
 from servelab.models.dummy import DUMMY_SHAPES  # noqa: E402
 
 CPU = torch.device("cpu")

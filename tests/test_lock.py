@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.harness.measure.lock import (
+from servelab.harness.checks.lock import (
     LOCK,
     canonical_name,
     compare,

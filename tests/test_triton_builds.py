@@ -1,5 +1,5 @@
 """Every Triton kernel of the GPU code path compiles for an H100/H200 (sm_90) on any machine
-(`harness/measure/triton_builds.py`): the builds a one-layer engine launches, recorded under
+(`harness/checks/triton_builds.py`): the builds a one-layer engine launches, recorded under
 the interpreter, compiled by Triton's own compiler for the architecture, shared memory within
 its limit; a build that cannot compile or fit is reported as such."""
 
@@ -15,7 +15,7 @@ import triton
 
 import servelab.kernels
 from benchmarks.bench_triton_builds import engine_builds, split_builds
-from servelab.harness.measure.triton_builds import (
+from servelab.harness.checks.triton_builds import (
     SHARED_LIMIT,
     KernelBuild,
     build_of,

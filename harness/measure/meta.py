@@ -25,7 +25,7 @@ import psutil
 import pynvml
 import torch
 
-from servelab.harness.measure.lock import lock_record
+from servelab.harness.checks.lock import lock_record
 from servelab.harness.measure.telemetry import nvml_device_handle
 
 META_SCHEMA = 1

@@ -8,7 +8,7 @@ build, which needs none) and a pin may hold for some Pythons only (its environme
 figure is reproducible only where the install that produced it is known, so for every
 distribution servelab runs on (its requirements, followed through the installed metadata)
 this says where the installed version is not one the lock's pin accepts, and which are not in
-the lock at all. meta.json records it; `python -m servelab.harness.measure.lock LOCK` checks an
+the lock at all. meta.json records it; `python -m servelab.harness.checks.lock LOCK` checks an
 install (`make` runs it after installing) and exits 1 naming each difference. Outside a
 checkout (an installed wheel) there is no lock to compare with, and the record says so.
 """

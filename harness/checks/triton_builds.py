@@ -13,7 +13,7 @@ architecture's limit. The interpreter
 computes bfloat16 wrongly, so code runs there in float16 and each float16 build is compiled
 for every float type in `FLOATS`: the kernels are generic in it.
 
-    python -m servelab.harness.measure.triton_builds --arch 90 < builds.json   # the child
+    python -m servelab.harness.checks.triton_builds --arch 90 < builds.json   # the child
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from servelab.harness.measure.launches import on_triton_launch
+from servelab.harness.checks.launches import on_triton_launch
 
 # shared memory one block may take, by compute capability (CUDA's programming guide)
 SHARED_LIMIT = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}
