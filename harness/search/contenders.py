@@ -25,7 +25,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
-from servelab.harness.runner.backends import ENGINE_LOOPS
+from servelab.harness.runner.backends import ENGINE_LOOPS, backend_of
 from servelab.harness.runner.backends.managed_server import ServerSettings
 from servelab.harness.runner.spec import run_spec
 
@@ -49,17 +49,21 @@ class Contender:
         """Its probes' folder under the search's out_dir: the name, made a path's part."""
         return FOLDER_UNSAFE.sub("_", self.name).strip("_") or "contender"
 
+    @property
+    def backend(self) -> str:
+        return backend_of(self.cfg)
+
     def to_json(self) -> dict:
         """As `search.json` records it: what was asked, and where its probes are."""
         server = self.server
         return {"name": self.name, "item": self.item, "folder": self.folder,
-                "backend": str(self.cfg.get("backend", "inprocess")),
+                "backend": self.backend,
                 "server": None if server is None else server.label}  # fmt: skip
 
     @property
     def in_process(self) -> bool:
         """Whether servelab's engine serves it in this process (what a prediction simulates)."""
-        return str(self.cfg.get("backend", "inprocess")) == "inprocess"
+        return self.backend == "inprocess"
 
 
 def overrides_of(item: str) -> list[str]:
@@ -86,7 +90,7 @@ def contenders_of(
         words = overrides_of(item)
         try:
             cfg = compose([*overrides, *words])
-            if str(cfg.get("backend", "inprocess")) not in ENGINE_LOOPS:
+            if backend_of(cfg) not in ENGINE_LOOPS:
                 cfg.replay.skip_idle = False  # a server's clock runs as the machine's does
             spec = run_spec(cfg.copy())  # every field checked, the server's executable too
         except ConfigError as error:

@@ -196,7 +196,7 @@ def search(
     contenders = contenders_of(settings.strategies, overrides, compose)
     first = reference_of(contenders, settings.reference)
     simulated = SimulatedClock() if backend_of(cfg) == "simulated" else None
-    if simulated is not None and any(backend_of(c.cfg) != "simulated" for c in contenders):
+    if simulated is not None and any(c.backend != "simulated" for c in contenders):
         raise ConfigError(
             "search.strategies", "a simulated search's contenders are simulated: no server"
         )
@@ -252,7 +252,8 @@ def search(
         left_s = max(deadline - clock(), 0.0)
 
         def predict(name: str) -> Prediction | None:
-            return predictor(name) if predictor is not None and name in predicted else None
+            assert predictor is not None
+            return predictor(name) if name in predicted else None
 
         knees = find_knees(
             probers, settings.policy, left_s, clock, seen, predict if predictor else None

@@ -16,7 +16,6 @@ search's closing reference run (`keep`), when the search ends, however it ends.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -74,14 +73,13 @@ class ServedProber(RunProber):
     ) -> None:
         super().__init__(cfg, out_dir, stop_early, run)
         self.name, self.server, self.off, self.say, self.keep = name, server, off, say, keep
-        self.skips_idle = False  # a server's clock runs as the machine's does
         self.stack = ExitStack()
         self.running: RunningServer | None = None
         self.runs = 0  # runs so far: each probe's nonce is the next
 
     def config(self, spec: ProbeSpec) -> DictConfig:
         """The probe's run against the running server, its prompts under a nonce of its own."""
-        cfg = copy.deepcopy(super().config(spec))
+        cfg = super().config(spec)  # a copy of the contender's
         assert self.running is not None
         with open_dict(cfg):
             cfg.server.kind = None  # started here, once: the run only measures it

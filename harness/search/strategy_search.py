@@ -57,8 +57,7 @@ class StrategySearch:
             try:
                 self._run(wanted)
             except ProberGone as gone:
-                self.result.gone = True
-                self._finish(f"{gone}; no knee without its {wanted.kind} probe")
+                self._finish(f"{gone}; no knee without its {wanted.kind} probe", gone=True)
                 return
         self.result.ceiling = self.state.ceiling or None
         if isinstance(wanted, Done):
@@ -75,10 +74,8 @@ class StrategySearch:
         try:
             self._run(self.next)
         except ProberGone as gone:
-            self.result.gone = True
-            self._finish(
-                f"{gone}; its knee from the {len(self.result.rate_probes)} rate probes before"
-            )
+            probes = len(self.result.rate_probes)
+            self._finish(f"{gone}; its knee from the {probes} rate probes before", gone=True)
             return
         policy, result = self.policy, self.result
         result.fit = fit_knee(
@@ -118,9 +115,11 @@ class StrategySearch:
         self.seen(self.result.strategy, probe)
         return probe
 
-    def _finish(self, note: str) -> None:
-        """Stop this strategy's search; resolved when its interval is within the resolution."""
+    def _finish(self, note: str, gone: bool = False) -> None:
+        """Stop this strategy's search; resolved when its interval is within the resolution;
+        `gone` where what served it is."""
         self.done = True
+        self.result.gone = gone
         self.prober.done()
         self.result.resolved = self.result.width <= 1 + self.policy.resolution
         self.result.note = note

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from servelab.base.errors import ConfigError
+from servelab.engine.kv_cache import KVLayout
 from servelab.models.model import ModelConfig
 
 VLLM_CPU_BLOCK = 32  # tokens: the smallest block vLLM's CPU attention takes
@@ -44,8 +45,7 @@ class Budget:
 
 def kv_token_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
     """Keys and values of one token, every layer, the checkpoint's KV heads, in `dtype`."""
-    element = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element
+    return KVLayout(config.num_layers, config.num_kv_heads, config.head_dim, dtype).bytes_per_token
 
 
 def budget_flags(
