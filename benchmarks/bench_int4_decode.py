@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import torch
 
 from servelab.engine.request import Request, SamplingParams
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.replay import serve_all
-from servelab.harness.runner.spec import engine_spec
-from servelab.harness.runner.startup import start_engine
+from servelab.harness.run.compose import compose
+from servelab.harness.run.replay import serve_all
+from servelab.harness.run.spec import engine_spec
+from servelab.harness.run.startup import start_engine
 from servelab.models.model import LlamaModel
 from servelab.workloads.text import text_section
 

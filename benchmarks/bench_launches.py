@@ -33,9 +33,9 @@ from servelab.engine.engine import Engine  # noqa: E402
 from servelab.engine.kv_cache import KVLayout  # noqa: E402
 from servelab.engine.request import Request, SamplingParams  # noqa: E402
 from servelab.harness.checks.launches import Launches, count_launches  # noqa: E402
-from servelab.harness.runner.build import build_engine, random_model  # noqa: E402
-from servelab.harness.runner.compose import compose  # noqa: E402
-from servelab.harness.runner.settings import EngineSettings  # noqa: E402
+from servelab.harness.run.build import build_engine, random_model  # noqa: E402
+from servelab.harness.run.compose import compose  # noqa: E402
+from servelab.harness.run.settings import EngineSettings  # noqa: E402
 from servelab.models.dummy import DUMMY_SHAPES  # noqa: E402
 from servelab.models.model import ModelConfig  # noqa: E402
 from servelab.strategies.settings import strategy_settings  # noqa: E402

@@ -53,7 +53,7 @@ from itertools import combinations
 import numpy as np
 
 from servelab.harness.measure.drift import Drift
-from servelab.harness.runner.compose import compose
+from servelab.harness.run.compose import compose
 from servelab.harness.search.estimator import ProbeRatios, knee_ratio
 from servelab.harness.search.knee_search import SearchSettings
 from servelab.harness.search.policy import Prediction, ProbePolicy

@@ -47,7 +47,7 @@ from omegaconf import DictConfig
 
 from benchmarks.bench_search import HEADER, Row, rows_of
 from servelab.harness.measure.slo.scaled import scaled_limits
-from servelab.harness.runner.compose import compose
+from servelab.harness.run.compose import compose
 from servelab.harness.search.estimator import probe_quantile
 from servelab.harness.search.knee_search import search
 from servelab.harness.search.probes import ProbeSpec, RunProber
@@ -86,7 +86,7 @@ def setup_overrides(setup: str) -> list[str]:
 
 
 def run_quietly(cfg: DictConfig, run_dir: Path) -> dict:
-    from servelab.harness.runs.run import run
+    from servelab.harness.run.run import run
 
     return run(cfg, run_dir, progress=False)
 

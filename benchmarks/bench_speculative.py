@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from servelab.base.records import StepRecord
 from servelab.engine.request import Request
 from servelab.harness.measure.metrics import speculative_summary
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.replay import serve_all, to_request
-from servelab.harness.runner.spec import run_spec
-from servelab.harness.runs.run import Prepared, prepare
+from servelab.harness.run.compose import compose
+from servelab.harness.run.prepare import Prepared, prepare
+from servelab.harness.run.replay import serve_all, to_request
+from servelab.harness.run.spec import run_spec
 
 
 @dataclass

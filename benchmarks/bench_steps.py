@@ -26,10 +26,10 @@ import torch
 from servelab.engine.engine import Engine
 from servelab.engine.request import Request, SamplingParams
 from servelab.harness.measure.roofline import step_cost, utilisation
-from servelab.harness.runner.build import build_engine
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.spec import engine_spec
-from servelab.harness.runner.startup import start_engine
+from servelab.harness.run.build import build_engine
+from servelab.harness.run.compose import compose
+from servelab.harness.run.spec import engine_spec
+from servelab.harness.run.startup import start_engine
 
 CASES = ("prefill-3000", "prefill-8x200", "decode-64", "decode-1")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from servelab.harness.runner.compose import compose
+from servelab.harness.run.compose import compose
 
 SUMMARY = "measure this machine's matmul and memory-copy peaks (cached per host)"
 USAGE = """usage: servelab calibrate [--refresh] [engine.device=cpu|cuda]
@@ -13,7 +13,7 @@ measurement replaces a cached peak only when it is higher: load only ever slows 
 
 def main(args: list[str]) -> None:
     from servelab.harness.measure.calibrate import calibrate_main
-    from servelab.harness.runner.settings import DTYPES, cache_dir_of, resolve_device
+    from servelab.harness.run.settings import DTYPES, cache_dir_of, resolve_device
 
     refresh = "--refresh" in args
     cfg = compose([a for a in args if a != "--refresh"])

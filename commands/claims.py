@@ -96,7 +96,7 @@ def run_claims(args: ClaimsArgs) -> dict:
     if args.search_dir is not None:
         found = read_knees(args.search_dir)
         knees = [knee_measurement(k, found, args.search_dir) for k in claims.knees]
-    from servelab.harness.runs.run import run
+    from servelab.harness.run.run import run
 
     gate = run_gate(args.gate, reported(partial(run, progress=False)), build_gate_report)
     search = None if args.search_dir is None else str(args.search_dir)

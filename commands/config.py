@@ -1,5 +1,5 @@
 """The small argument helpers verbs share (the config tree they compose:
-`harness.runner.compose`)."""
+`harness.run.compose`)."""
 
 from __future__ import annotations
 

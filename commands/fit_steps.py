@@ -1,5 +1,5 @@
 """`servelab fit-steps RUN_DIR ... --out FILE`: a step-cost model fitted on the steps of real
-runs (`harness.simulate.cost_model`), for `backend=simulated simulate.cost_model=FILE`.
+runs (`harness.run.simulate.cost_model`), for `backend=simulated simulate.cost_model=FILE`.
 
 Every run must have served the same model, dtype, weights format, head layout and device
 (the model describes those, and a simulation refuses others); their strategies and workloads
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.rundir import read_steps
-from servelab.harness.simulate.cost_model import TERMS, described_of, fit
+from servelab.harness.run.simulate.cost_model import TERMS, described_of, fit
 
 SUMMARY = "fit a step-cost model on real runs' steps, for backend=simulated"
 USAGE = """usage: servelab fit-steps RUN_DIR [RUN_DIR ...] --out FILE

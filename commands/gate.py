@@ -73,7 +73,7 @@ def main(args: list[str]) -> None:
         print(f"fingerprint: {machine.id}")
         print(json.dumps(machine.parts, indent=2))
         return
-    from servelab.harness.runs.run import run
+    from servelab.harness.run.run import run
 
     record = run_gate(parse_args(args), reported(partial(run, progress=False)), build_gate_report)
     print(render_gate(record))

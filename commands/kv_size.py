@@ -17,7 +17,7 @@ from rich.table import Table
 
 from servelab.commands.config import take_counts
 from servelab.engine.kv_cache import KVLayout, allocate_kv_cache
-from servelab.harness.runner.compose import compose
+from servelab.harness.run.compose import compose
 from servelab.models.model import ModelConfig
 from servelab.strategies.heads import HEADS
 
@@ -108,7 +108,7 @@ def main(args: list[str]) -> None:
 
 
 def kv_size_main(cfg: DictConfig, context: int, batch: int) -> str:
-    from servelab.harness.runner.settings import engine_settings, model_of
+    from servelab.harness.run.settings import engine_settings, model_of
     from servelab.models.load import model_config_of
 
     settings = engine_settings(cfg.engine)

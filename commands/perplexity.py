@@ -7,9 +7,9 @@ The head layout and weights format of `strategy` apply, so a conversion's qualit
 from __future__ import annotations
 
 from servelab.commands.config import take_counts
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.perplexity import served_perplexity
-from servelab.harness.runner.spec import engine_spec
+from servelab.harness.run.compose import compose
+from servelab.harness.run.perplexity import served_perplexity
+from servelab.harness.run.spec import engine_spec
 
 SUMMARY = "perplexity on held-out text of the model as a strategy serves it (heads, weights)"
 USAGE = """usage: servelab perplexity [windows=N] [strategy.heads=...] [strategy.weights=...]

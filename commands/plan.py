@@ -16,8 +16,8 @@ from functools import partial
 from rich.console import Console
 from rich.table import Table
 
-from servelab.harness.runner.compose import compose
-from servelab.harness.runs.run import run
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
 from servelab.harness.search.plan import (
     PlanRow,
     PlanSettings,

@@ -1,5 +1,5 @@
 """`servelab profile-steps`: a step-cost model from a grid of step shapes timed on the
-configured model (`harness.simulate.profile_steps`, which says how), for `backend=simulated
+configured model (`harness.run.simulate.profile_steps`, which says how), for `backend=simulated
 simulate.cost_model=FILE`; this verb parses its arguments and prints what was measured."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.spec import engine_spec
-from servelab.harness.simulate.cost_model import TERMS
-from servelab.harness.simulate.profile_steps import Profile, ProfileArgs, profile_steps
+from servelab.harness.run.compose import compose
+from servelab.harness.run.simulate.cost_model import TERMS
+from servelab.harness.run.simulate.profile_steps import Profile, ProfileArgs, profile_steps
+from servelab.harness.run.spec import engine_spec
 from servelab.strategies.registry import read_config
 
 SUMMARY = "time a grid of step shapes on the model and fit a step-cost model from it"

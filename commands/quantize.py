@@ -26,10 +26,10 @@ from servelab.base.errors import ConfigError
 from servelab.commands.config import take_counts
 from servelab.harness.measure.perplexity import window_logits
 from servelab.harness.measure.weights_quality import perplexity_entry, quality_path, record_quality
-from servelab.harness.runner.compose import compose, serving_weights
-from servelab.harness.runner.settings import cache_dir_of
-from servelab.harness.runner.spec import run_spec
-from servelab.harness.runs.offline import Served, serve_outputs
+from servelab.harness.run.compose import compose, serving_weights
+from servelab.harness.run.offline import Served, serve_outputs
+from servelab.harness.run.settings import cache_dir_of
+from servelab.harness.run.spec import run_spec
 from servelab.workloads.text import text_section
 
 METHODS = ("awq", "rtn")

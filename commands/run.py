@@ -13,8 +13,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
-from servelab.harness.runner.compose import check_group_choices
-from servelab.harness.runner.settings import CONF_DIR
+from servelab.harness.run.compose import check_group_choices
+from servelab.harness.run.settings import CONF_DIR
 
 SUMMARY = "run one configuration (the default verb; -m sweeps)"
 USAGE = """usage: servelab [OVERRIDE ...]        one run, e.g. strategy=vllm workload=offline
@@ -32,8 +32,8 @@ def main(args: list[str]) -> None:
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
     def job(cfg: DictConfig) -> None:
         from servelab.harness.measure.summary_table import render_summary
-        from servelab.harness.runner.backends.managed_server import ServerFailed
-        from servelab.harness.runs.run import completed_summary, run
+        from servelab.harness.run.run import completed_summary, run
+        from servelab.harness.run.servers.managed import ServerFailed
         from servelab.reports.run_report import write_run_report
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)

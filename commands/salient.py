@@ -29,9 +29,9 @@ from tqdm import tqdm
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.perplexity import perplexity
 from servelab.harness.measure.rundir import write_json_atomic
-from servelab.harness.runner.build import ServedModel, calibration_text, load_for_strategy
-from servelab.harness.runner.compose import compose, serving_weights
-from servelab.harness.runner.settings import (
+from servelab.harness.run.build import ServedModel, calibration_text, load_for_strategy
+from servelab.harness.run.compose import compose, serving_weights
+from servelab.harness.run.settings import (
     EngineSettings,
     dtype_name,
     engine_settings,

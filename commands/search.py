@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from servelab.harness.runner.compose import compose
+from servelab.harness.run.compose import compose
 from servelab.harness.search.estimator import ProbeQuantile, knee_ratio
 from servelab.harness.search.knee_search import search
 from servelab.harness.search.probes import Probe
@@ -90,7 +90,7 @@ def render_search(knees: list[StrategyResult]) -> str:
 
 
 def main(args: list[str]) -> None:
-    from servelab.harness.runs.run import completed_summary, run
+    from servelab.harness.run.run import completed_summary, run
     from servelab.reports.run_report import reported
 
     probe = reported(partial(run, progress=False))
@@ -110,7 +110,7 @@ def main(args: list[str]) -> None:
     for line in answer_lines(result.knees):
         print(f"  {line}.")
     if result.record.get("cost_models"):
-        from servelab.harness.simulate.step_errors import (
+        from servelab.harness.run.simulate.step_errors import (
             render,
             search_step_errors,
             write_step_errors,

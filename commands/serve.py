@@ -6,7 +6,7 @@ address, the model name clients send, an optional API key, an optional record di
 
 from __future__ import annotations
 
-from servelab.harness.runner.compose import compose
+from servelab.harness.run.compose import compose
 
 SUMMARY = "an OpenAI-compatible HTTP server around the engine of one strategy"
 USAGE = """usage: servelab serve [strategy=NAME] [model=NAME] [serve.port=8000] [OVERRIDE ...]

@@ -1,6 +1,6 @@
 """`servelab step-errors SEARCH_DIR`: where the simulator's error arises, for a search that
 predicted its knees (`make run` does): each strategy's real steps against the step-cost
-model's prediction for the same counts, by kind of step (`harness.simulate.step_errors`)."""
+model's prediction for the same counts, by kind of step (`harness.run.simulate.step_errors`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,11 @@ steps, measured and modelled. Writes SEARCH_DIR/step_errors.json."""
 
 
 def main(args: list[str]) -> None:
-    from servelab.harness.simulate.step_errors import render, search_step_errors, write_step_errors
+    from servelab.harness.run.simulate.step_errors import (
+        render,
+        search_step_errors,
+        write_step_errors,
+    )
 
     if len(args) != 1:
         raise ConfigError("step-errors", USAGE.splitlines()[0])

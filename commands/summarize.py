@@ -15,7 +15,7 @@ incomplete and flagged (gates refuse it; a restarted sweep redoes it)."""
 
 
 def main(args: list[str]) -> None:
-    from servelab.harness.runs.summarize import summarize_run
+    from servelab.harness.run.summary import summarize_run
     from servelab.reports.run_report import write_run_report
 
     if not args:

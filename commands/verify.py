@@ -23,9 +23,9 @@ from rich.table import Table
 from servelab.base.batch import ForwardBatch
 from servelab.engine.engine import Engine
 from servelab.engine.kv_cache import KVLayout, allocate_kv_cache
-from servelab.harness.runner.compose import check_group_choices, compose
-from servelab.harness.runner.spec import run_spec
-from servelab.harness.runs.offline import serve_outputs
+from servelab.harness.run.compose import check_group_choices, compose
+from servelab.harness.run.offline import serve_outputs
+from servelab.harness.run.spec import run_spec
 from servelab.models.model import AttentionFn, LlamaModel
 
 REFERENCE = "fastertransformer"

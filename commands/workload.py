@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from servelab.base.errors import ConfigError
-from servelab.harness.runner.compose import compose
+from servelab.harness.run.compose import compose
 
 SUMMARY = "describe what a workload sends (no model loaded)"
 USAGE = """usage: servelab workload show [workload=NAME] [OVERRIDE ...]
@@ -13,7 +13,7 @@ few example prompts of the composed workload."""
 
 
 def main(args: list[str]) -> None:
-    from servelab.harness.runner.settings import model_of
+    from servelab.harness.run.settings import model_of
     from servelab.models.load import model_config_of, tokenizer_for
     from servelab.workloads.build import build_workload
     from servelab.workloads.show import render_workload

@@ -10,7 +10,7 @@ tokens by an argmax there and copies only their ids (and any row sampled at rand
 host, not a [rows, vocab] tensor a step. Decode steps may replay captured CUDA graphs
 instead (`graphs`, set where the engine is built). The engine runs the target through one; a
 speculative drafter runs its network through another. It is the seam where a forward can be
-replaced: anything with `run(kv, feed) -> logits` serves (`Runner`; `harness.simulate.runner`
+replaced: anything with `run(kv, feed) -> logits` serves (`Runner`; `harness.run.simulate.runner`
 predicts a step's time instead).
 """
 

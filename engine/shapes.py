@@ -1,6 +1,6 @@
 """Steps of a chosen shape, fed to the model runner on requests made up for them: what the
-step profiler times (`harness.simulate.profile`) and what the warm-up runs before a measured
-window (`harness.runner.warmup`).
+step profiler times (`harness.run.simulate.profile`) and what the warm-up runs before a measured
+window (`harness.run.warmup`).
 
 A shape is `rows` sequences that each feed `new_tokens` tokens after `cached` tokens already
 in the KV cache: a prefill chunk (one sequence, many tokens, after an empty or a filled

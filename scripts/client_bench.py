@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from servelab.harness.runner.compose import compose
-from servelab.harness.runs.run import run
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
 from servelab.harness.serving.process import start_fake_server
 from servelab.reports.run_report import reported
 

@@ -8,7 +8,7 @@ stdout; exits 1 when any step failed.
 
 The floor of a decode step is the bytes it must read (weights and the KV it attends, the
 roofline counters of `steps.jsonl`) over the device's peak bandwidth: the published figure
-of a GPU preset whose name the device's matches (`harness.simulate.hardware`), else the
+of a GPU preset whose name the device's matches (`harness.run.simulate.hardware`), else the
 copy bandwidth calibrated on this machine (in the run's meta.json).
 
     python -m scripts.gpu_check_summary OUT
@@ -28,8 +28,8 @@ import yaml
 from servelab.base.records import StepRecord
 from servelab.harness.measure.profiling import SUMMARY_NAME
 from servelab.harness.measure.rundir import read_steps
-from servelab.harness.simulate.cost_model import StepCostModel
-from servelab.harness.simulate.hardware import PRESETS, preset_of_device
+from servelab.harness.run.simulate.cost_model import StepCostModel
+from servelab.harness.run.simulate.hardware import PRESETS, preset_of_device
 from servelab.models.dummy import DUMMY_SHAPES
 
 TIMED_OUT = 124  # timeout(1)'s status

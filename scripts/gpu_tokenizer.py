@@ -11,8 +11,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.settings import model_of
+from servelab.harness.run.compose import compose
+from servelab.harness.run.settings import model_of
 from servelab.models.load import dummy_tokenizer_path
 
 

@@ -29,8 +29,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from servelab.commands.fit_steps import main as fit_steps
-from servelab.harness.runner.compose import compose
-from servelab.harness.runs.run import run
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
 from servelab.harness.search.knee_search import search
 from servelab.reports.run_report import reported
 

@@ -93,10 +93,10 @@ def soak_engine(args: argparse.Namespace) -> dict:
     import torch
 
     from servelab.engine.request import Request, SamplingParams
-    from servelab.harness.runner.compose import compose
-    from servelab.harness.runner.loop import EngineDriver, NothingScheduled
-    from servelab.harness.runner.spec import engine_spec
-    from servelab.harness.runner.startup import start_engine
+    from servelab.harness.run.compose import compose
+    from servelab.harness.run.loop import EngineDriver, NothingScheduled
+    from servelab.harness.run.spec import engine_spec
+    from servelab.harness.run.startup import start_engine
 
     torch.set_num_threads(1)
     cfg = compose([f"model={MODEL}", f"strategy={args.strategy}", *args.overrides])

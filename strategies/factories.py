@@ -3,7 +3,7 @@
 `Option.build(config, *arguments)` makes an axis's implementation; the arguments after the
 config are the axis's, the same for every option on it. They are written here once, as the
 type of the axis's options and of the choice a config makes, so that a type checker holds
-each option's factory, each registry and each call site (`harness.runner.build`) to them.
+each option's factory, each registry and each call site (`harness.run.build`) to them.
 Adding an axis is one alias pair here.
 """
 

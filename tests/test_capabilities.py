@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from servelab.base.errors import ConfigError
-from servelab.harness.runner import settings
+from servelab.harness.run import settings
 from servelab.kernels import capabilities as caps
 from servelab.kernels.capabilities import LEVELS, OVERRIDE_ENV, capabilities, native_level
 from servelab.kernels.paths import RunKernels, kernel_record

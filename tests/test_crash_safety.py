@@ -24,7 +24,7 @@ from servelab.harness.measure.rundir import (
     read_requests,
     torn_tail,
 )
-from servelab.harness.runs.summarize import summarize_run
+from servelab.harness.run.summary import summarize_run
 from tests.server_process import ROOT
 
 RUN = [

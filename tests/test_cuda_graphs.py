@@ -20,7 +20,7 @@ from servelab.base.batch import ForwardBatch  # noqa: E402
 from servelab.engine.cuda_graphs import DecodeGraphs, buckets_for  # noqa: E402
 from servelab.engine.kv_cache import KVLayout  # noqa: E402
 from servelab.harness.checks.launches import count_launches  # noqa: E402
-from servelab.harness.runner.build import build_engine  # noqa: E402
+from servelab.harness.run.build import build_engine  # noqa: E402
 from servelab.kernels.layer_triton import rotary_write_kv  # noqa: E402
 from servelab.models.dummy import DUMMY_SHAPES  # noqa: E402
 from tests.tiny import (  # noqa: E402

@@ -108,8 +108,8 @@ def test_a_run_over_saturation_stops_with_the_verdict_the_whole_run_gets(tmp_pat
     `slo.stop_early` ends once failure is certain, records every planned request (those not
     delivered as `stopped`), and the same run served to its end fails too, with no more
     requests meeting the SLO than the stopped run's best case allowed."""
-    from servelab.harness.runner.compose import compose
-    from servelab.harness.runs.run import run
+    from servelab.harness.run.compose import compose
+    from servelab.harness.run.run import run
 
     def summary(*extra: str) -> dict:
         overrides = [
@@ -143,8 +143,8 @@ def test_an_endpoint_run_stops_early_as_an_in_process_one_does(tmp_path: Path) -
     """Against the fake server with a TTFT limit no response can meet: the run ends once
     failure is certain, every planned request recorded (those not delivered as `stopped`);
     with worker processes the same setting is refused before any request is sent."""
-    from servelab.harness.runner.compose import compose
-    from servelab.harness.runs.run import run
+    from servelab.harness.run.compose import compose
+    from servelab.harness.run.run import run
     from servelab.harness.serving.process import start_fake_server
 
     server = start_fake_server(tokens=3)

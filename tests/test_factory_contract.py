@@ -23,9 +23,9 @@ CHECKED = [
     "-p",
     "servelab.engine",
     "-p",
-    "servelab.harness.simulate",
+    "servelab.harness.run.simulate",
     "-m",
-    "servelab.harness.runner.build",
+    "servelab.harness.run.build",
 ]
 
 

@@ -13,8 +13,8 @@ import torch
 from hydra.errors import ConfigCompositionException
 
 from servelab.base.errors import ConfigError
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.step_delay import step_delay_s
+from servelab.harness.run.compose import compose
+from servelab.harness.run.step_delay import step_delay_s
 from tests.conftest import servelab
 
 SLOW = "orca +engine.test_step_delay_s=0.5"

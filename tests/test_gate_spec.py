@@ -15,8 +15,8 @@ from servelab.harness.gate.collect import composed
 from servelab.harness.gate.fingerprint import fingerprint_of, machine_fingerprint
 from servelab.harness.gate.plan import plan_gate
 from servelab.harness.gate.spec import GateSpec, Side, load_gate, parse_gate
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.settings import CONF_DIR
+from servelab.harness.run.compose import compose
+from servelab.harness.run.settings import CONF_DIR
 
 MACHINE = fingerprint_of({"cpu": "a test machine"})
 HEAD = """

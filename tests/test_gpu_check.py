@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from scripts.gpu_check_summary import steps_table
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.settings import model_of
+from servelab.harness.run.compose import compose
+from servelab.harness.run.settings import model_of
 from servelab.models.load import dummy_tokenizer_path
 
 ROOT = Path(__file__).resolve().parents[1]

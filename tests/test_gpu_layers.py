@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from servelab.engine.kv_cache import KVLayout  # noqa: E402
-from servelab.harness.runner.build import build_engine, random_model  # noqa: E402
+from servelab.harness.run.build import build_engine, random_model  # noqa: E402
 from servelab.kernels.attention import Attention, AttentionConfig  # noqa: E402
 from servelab.kernels.linear import PackedLinear, packed_linear  # noqa: E402
 from servelab.models.dummy import DUMMY_SHAPES  # noqa: E402

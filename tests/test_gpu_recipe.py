@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from servelab.base.errors import ConfigError
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.settings import model_of
-from servelab.harness.runs.run import run
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
+from servelab.harness.run.settings import model_of
 from servelab.models import load
 from servelab.models.spec import model_spec
 

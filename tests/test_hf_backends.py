@@ -15,11 +15,11 @@ import torch
 
 from servelab.engine.request import Request, SamplingParams
 from servelab.harness.measure.rundir import RunWriter, read_requests
-from servelab.harness.runner.backends.hf_continuous import ContinuousLimits, ContinuousRunner
-from servelab.harness.runner.backends.hf_model import transformers_model
-from servelab.harness.runner.backends.hf_static import run_batch
-from servelab.harness.runner.compose import compose
-from servelab.harness.runs.run import run
+from servelab.harness.run.backends.hf_continuous import ContinuousLimits, ContinuousRunner
+from servelab.harness.run.backends.hf_model import transformers_model
+from servelab.harness.run.backends.hf_static import run_batch
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
 from servelab.models.load import LoadedModel
 from servelab.models.model import LlamaModel
 from servelab.workloads.spec import RequestSpec, Workload

@@ -11,8 +11,8 @@ import pytest
 
 from servelab.base.errors import ConfigError
 from servelab.commands.knee import main
-from servelab.harness.runner.compose import compose
-from servelab.harness.runs.run import run
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
 
 DELAY = 0.03  # every step delayed: the step time dwarfs the tiny model's own
 RATES = (0.5, 2.0, 8.0)

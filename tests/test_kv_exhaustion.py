@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from servelab.harness.measure.rundir import read_requests
-from servelab.harness.runner.compose import compose
-from servelab.harness.runs.run import run
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
 
 BUDGET = "128KiB"  # the tiny model in fp32 keeps 512 bytes per token: 256 slots
 STRATEGIES = {

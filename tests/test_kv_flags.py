@@ -1,5 +1,5 @@
 """The run's KV budget and dtype as each engine's own switches (`server.same_budget`,
-`harness/runner/backends/kv_flags.py`): as many tokens as servelab's engine fits in
+`harness/run/servers/kv_flags.py`): as many tokens as servelab's engine fits in
 `engine.kv_budget`, in the run's dtype, the switches before `server.flags`."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from servelab.base.errors import ConfigError
-from servelab.harness.runner.backends.kv_flags import budget_flags, kv_token_bytes
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.spec import run_spec
+from servelab.harness.run.compose import compose
+from servelab.harness.run.servers.kv_flags import budget_flags, kv_token_bytes
+from servelab.harness.run.spec import run_spec
 from servelab.models.dummy import DUMMY_SHAPES
 
 SMOLLM = DUMMY_SHAPES["smollm2-135m"]  # 30 layers, 3 KV heads of 64: 46,080 bytes a token in fp32

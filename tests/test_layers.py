@@ -3,8 +3,8 @@
 `PACKAGES` (base, kernels, workloads, engine, models, strategies, harness, reports,
 commands), so no import points back up; within them `kernels` and `workloads` import only
 `base`, the engine and the model only `base` and the kernels; each part of the harness only
-parts below it (checks < measure < runner < simulate < search < runs < serving, gate <
-claims), so no two import each other; and no verb imports another."""
+parts below it (checks < measure < run < search < serving, gate < claims), so no two import
+each other; and no verb imports another."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def test_the_lowest_layers_import_only_what_they_need() -> None:
 
 # the harness's parts, lowest first; a part imports only parts of a lower rank (serving and
 # gate are peers; claims reads the gate's)
-HARNESS = {"checks": 0, "measure": 1, "runner": 2, "simulate": 3, "search": 4, "runs": 5,
-           "serving": 6, "gate": 6, "claims": 7}  # fmt: skip
+HARNESS = {"checks": 0, "measure": 1, "run": 2, "search": 3, "serving": 4, "gate": 4,
+           "claims": 5}  # fmt: skip
 
 
 def test_every_part_of_the_harness_imports_only_parts_below_it() -> None:

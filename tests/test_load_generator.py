@@ -24,11 +24,11 @@ from servelab.harness.measure.load_generator import (
     kolmogorov_p,
     load_generator,
 )
-from servelab.harness.runner.backends.base import peer_inputs
-from servelab.harness.runner.backends.endpoint_settings import endpoint_settings
-from servelab.harness.runner.backends.endpoint_workers import workers_for
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.settings import model_of
+from servelab.harness.run.backends.base import peer_inputs
+from servelab.harness.run.backends.endpoint_settings import endpoint_settings
+from servelab.harness.run.backends.endpoint_workers import workers_for
+from servelab.harness.run.compose import compose
+from servelab.harness.run.settings import model_of
 from servelab.harness.serving.process import start_fake_server
 from servelab.reports.run_report import load_generator_rows
 from servelab.workloads.arrivals import ArrivalSpec

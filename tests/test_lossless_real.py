@@ -14,9 +14,9 @@ import pytest
 from omegaconf import DictConfig
 
 from servelab.commands.verify import verify
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.spec import run_spec
-from servelab.harness.runs import offline
+from servelab.harness.run import offline
+from servelab.harness.run.compose import compose
+from servelab.harness.run.spec import run_spec
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""A server the run starts itself (`server=NAME`, `harness/runner/backends/managed_server.py`):
+"""A server the run starts itself (`server=NAME`, `harness/run/servers/managed.py`):
 checked before any work, started on a free port and waited on, stopped after however the run
 ends (its end, a server that fails, Ctrl-C, SIGTERM, the run killed), recorded in the run
 directory; `servelab -m server=servelab server.strategy=A,B` measures each from a clean one."""
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from servelab.base.errors import ConfigError
-from servelab.harness.runner.backends.managed_server import RECORD, ServerFailed
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.spec import run_spec
-from servelab.harness.runs.run import run
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
+from servelab.harness.run.servers.managed import RECORD, ServerFailed
+from servelab.harness.run.spec import run_spec
 
 FAKE = [sys.executable, "-m", "servelab.harness.serving.fake_server", "--port", "'{port}'"]
 FAKE_SERVER = ["server=command", f"server.command=[{','.join(FAKE)}]",

@@ -16,7 +16,7 @@ import torch
 from servelab.engine.engine import Engine
 from servelab.engine.request import Request, SamplingParams
 from servelab.engine.sampler import DRAFT_STREAM, TARGET_STREAM, generator_for
-from servelab.harness.runner.replay import serve_all
+from servelab.harness.run.replay import serve_all
 from servelab.models.model import LlamaModel
 from tests.tiny import greedy_reference, make_engine, random_prompts, strategy, tiny_model
 

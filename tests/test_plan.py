@@ -9,8 +9,8 @@ import pytest
 
 from servelab.engine.model_runner import StepShape
 from servelab.harness.measure.roofline import ModelShape, step_cost
-from servelab.harness.simulate.cost_model import StepCounts
-from servelab.harness.simulate.hardware import PRESETS, Hardware, RooflineStepTime
+from servelab.harness.run.simulate.cost_model import StepCounts
+from servelab.harness.run.simulate.hardware import PRESETS, Hardware, RooflineStepTime
 from servelab.models.dummy import DUMMY_SHAPES
 
 LLAMA2_13B = DUMMY_SHAPES["llama2-13b"]
@@ -75,7 +75,7 @@ def test_plan_tells_devices_memory_and_cost_for_a_13b_shape(tmp_path, capsys) ->
 
 
 def test_a_device_s_name_finds_its_preset() -> None:
-    from servelab.harness.simulate.hardware import preset_of_device
+    from servelab.harness.run.simulate.hardware import preset_of_device
 
     assert preset_of_device("NVIDIA A100-SXM4-40GB") == "a100-40gb"
     assert preset_of_device("NVIDIA A100 80GB PCIe") == "a100-80gb"
@@ -99,10 +99,10 @@ def _profile(tmp_path, measured_on: str, model: str = "dummy-llama2-13b"):
     no GPU here), of what the plan's vllm rows serve."""
     from dataclasses import replace
 
-    from servelab.harness.runner.compose import compose
-    from servelab.harness.runner.spec import engine_spec
-    from servelab.harness.simulate.backend import described_by
-    from servelab.harness.simulate.cost_model import StepCostModel
+    from servelab.harness.run.compose import compose
+    from servelab.harness.run.simulate.cost_model import StepCostModel
+    from servelab.harness.run.simulate.engine import described_by
+    from servelab.harness.run.spec import engine_spec
 
     cfg = compose([*PLANNED, f"model={model}", "engine.dtype=bf16", "strategy=vllm"])
     checked = engine_spec(cfg)

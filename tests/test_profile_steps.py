@@ -14,13 +14,13 @@ from servelab.base.errors import ConfigError
 from servelab.commands.profile_steps import parse_args
 from servelab.engine.shapes import DECODE, PREFILL, Shape, ShapeRunner
 from servelab.harness.measure.calibrate import device_name
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.spec import engine_spec, run_spec
-from servelab.harness.runs.run import run
-from servelab.harness.simulate.backend import SimulatedBackend
-from servelab.harness.simulate.cost_model import TERMS, StepCostModel, StepCounts
-from servelab.harness.simulate.profile import Grid, ShapeTimer, fit_table
-from servelab.harness.simulate.profile_steps import ProfileArgs, profile_steps
+from servelab.harness.run.backends.simulated import SimulatedBackend
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
+from servelab.harness.run.simulate.cost_model import TERMS, StepCostModel, StepCounts
+from servelab.harness.run.simulate.profile import Grid, ShapeTimer, fit_table
+from servelab.harness.run.simulate.profile_steps import ProfileArgs, profile_steps
+from servelab.harness.run.spec import engine_spec, run_spec
 from tests.conftest import servelab
 from tests.test_simulate import TRUE_SECONDS
 

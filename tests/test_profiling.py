@@ -15,8 +15,8 @@ from servelab.engine.model_runner import StepShape
 from servelab.engine.step_update import StepResult
 from servelab.harness.measure.profiling import SUMMARY_NAME, TRACE_NAME, StepProfiler
 from servelab.harness.measure.trace_steps import step_traces
-from servelab.harness.runner.compose import compose
-from servelab.harness.runs.run import run
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
 
 
 def result_of(step: int, prefill_tokens: int = 0, decode_tokens: int = 4) -> StepResult:

@@ -13,8 +13,8 @@ from safetensors.torch import save_file
 from servelab.base.errors import ConfigError
 from servelab.commands.quantize import main, quantize_main
 from servelab.harness.measure.weights_quality import read_quality
-from servelab.harness.runner.compose import compose
-from servelab.harness.runs.run import run
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
 from servelab.models.hf_folder import hf_config_dict, hf_name
 from tests.int4_cases import CONFIG, tiny_checkpoint
 

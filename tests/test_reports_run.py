@@ -193,8 +193,8 @@ def test_the_command_that_asked_for_a_run_draws_its_report(monkeypatch, tmp_path
     import sys
 
     from servelab.commands.cli import main
-    from servelab.harness.runner.compose import compose
-    from servelab.harness.runs.run import run
+    from servelab.harness.run.compose import compose
+    from servelab.harness.run.run import run
 
     common = ["model=dummy-tiny", "workload=smoke", "workload.num_requests=3",
               "telemetry.roofline=false"]  # fmt: skip

@@ -11,9 +11,9 @@ import torch
 from omegaconf import open_dict
 
 from servelab.base.errors import ConfigError
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.spec import run_record, run_spec
-from servelab.harness.runs.run import run_spec_into
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run_spec_into
+from servelab.harness.run.spec import run_record, run_spec
 from servelab.models.spec import model_spec
 
 TINY = [

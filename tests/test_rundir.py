@@ -11,8 +11,8 @@ from servelab.engine.engine import Engine
 from servelab.harness.measure.metrics import summarize
 from servelab.harness.measure.rundir import read_requests, read_steps
 from servelab.harness.measure.slo.limits import SLO
-from servelab.harness.runner.compose import compose
-from servelab.harness.runs.run import run
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
 
 OVERRIDES = ["model=dummy-tiny", "telemetry.roofline=false", "engine.dtype=fp32"]
 

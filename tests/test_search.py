@@ -305,8 +305,8 @@ def test_a_strategy_slowed_on_purpose_moves_its_knee_down_by_the_factor(tmp_path
     SLO limit doubled: the whole system runs twice as slow (the delay dwarfs the tiny model's
     own step), so its knee should about halve: the two intervals hold a ratio near 2. Static
     batching, whose waits grow with the load well before its throughput ceiling."""
-    from servelab.harness.runner.compose import compose
-    from servelab.harness.runs.run import run
+    from servelab.harness.run.compose import compose
+    from servelab.harness.run.run import run
     from servelab.harness.search.estimator import knee_ratio
     from servelab.harness.search.knee_search import search
 
@@ -352,8 +352,8 @@ def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path) -> None:
 
     from omegaconf import OmegaConf
 
-    from servelab.harness.runner.compose import compose
-    from servelab.harness.runs.run import run
+    from servelab.harness.run.compose import compose
+    from servelab.harness.run.run import run
     from servelab.harness.search.knee_search import search
 
     overrides = [
@@ -389,7 +389,7 @@ def test_scaled_limits_are_multiples_of_the_reference_floor(tmp_path) -> None:
 
 def test_a_scaled_limit_must_name_a_limit() -> None:
     from servelab.base.errors import ConfigError
-    from servelab.harness.runner.compose import compose
+    from servelab.harness.run.compose import compose
     from servelab.harness.search.knee_search import SearchSettings
 
     with pytest.raises(ConfigError, match=r"search\.slo_scale\.ttft: not a limit"):
@@ -400,7 +400,7 @@ def test_a_probe_too_short_to_bound_the_quantile_is_refused_before_any_run() -> 
     """The 0.9-quantile of 35 requests has no upper bound at 95% (1 - 0.9^35 < 0.975): no
     probe that short could show a rate sustained."""
     from servelab.base.errors import ConfigError
-    from servelab.harness.runner.compose import compose
+    from servelab.harness.run.compose import compose
     from servelab.harness.search.knee_search import SearchSettings
 
     with pytest.raises(ConfigError, match=r"search\.requests: 35 requests .* at least 36"):
@@ -414,7 +414,7 @@ def test_each_draw_of_a_probe_is_the_workload_with_its_seed_moved_in_its_own_dir
     """The prober behind `servelab search`: a probe's draw is a new run on other requests
     (workload seed + draw, its own directory), never an earlier probe's run reused; its
     requests come back as their SLO ratios."""
-    from servelab.harness.runner.compose import compose
+    from servelab.harness.run.compose import compose
     from servelab.harness.search.probes import RunProber, SimulatedClock
 
     seen: list[tuple[int, str, str, object]] = []
@@ -469,12 +469,12 @@ def test_a_predicted_search_profiles_once_and_starts_its_probes_around_the_predi
     or named as the probe the budget had no room for). The step errors leave out the runs a
     model was calibrated on."""
     from servelab.harness.measure.rundir import read_steps
-    from servelab.harness.runner.compose import compose
-    from servelab.harness.runs.run import run
+    from servelab.harness.run.compose import compose
+    from servelab.harness.run.run import run
+    from servelab.harness.run.simulate.cost_model import StepCostModel, measured_steps
+    from servelab.harness.run.simulate.step_errors import search_step_errors
     from servelab.harness.search import predict
     from servelab.harness.search.knee_search import search
-    from servelab.harness.simulate.cost_model import StepCostModel, measured_steps
-    from servelab.harness.simulate.step_errors import search_step_errors
 
     calibrated_on: dict[str, list[str]] = {}
 
@@ -551,7 +551,7 @@ def test_a_probe_spans_enough_service_times_and_leaves_its_warm_up_out() -> None
     (25 s), the first probe at 5 req/s counts 125 requests, not the 48 the precision asks, and
     with `warmup` 40 (5 s) its first 25 arrivals are a warm-up on top; the probe's config
     leaves them out of the metrics, and its cost counts them."""
-    from servelab.harness.runner.compose import compose
+    from servelab.harness.run.compose import compose
     from servelab.harness.search.probes import probe_config
 
     policy = replace(SETTINGS, span=200.0, warmup=40.0)
@@ -598,7 +598,7 @@ def test_a_probe_after_one_whose_misses_came_in_runs_asks_for_as_many_draws() ->
 
 def test_a_negative_span_is_refused_before_any_run() -> None:
     from servelab.base.errors import ConfigError
-    from servelab.harness.runner.compose import compose
+    from servelab.harness.run.compose import compose
     from servelab.harness.search.knee_search import SearchSettings
 
     with pytest.raises(ConfigError, match=r"search\.warmup: -1 must be 0 or more"):

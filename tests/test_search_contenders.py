@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from servelab.base.errors import ConfigError
-from servelab.harness.runner.compose import compose
-from servelab.harness.runs.run import run
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
 from servelab.harness.search.contenders import contenders_of, overrides_of, reference_of
 from servelab.harness.search.knee_search import search
 from servelab.harness.search.probes import Probe

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from servelab.harness.runner.compose import compose
-from servelab.harness.runs.run import run
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
 from tests.server_process import start_server
 
 KEY_ENV = "SERVELAB_TEST_SECRET_KEY"

@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from servelab.base.errors import ConfigError
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.loop import EngineDriver
+from servelab.harness.run.compose import compose
+from servelab.harness.run.loop import EngineDriver
 from servelab.harness.serving.app import ServerState, create_app
 from servelab.harness.serving.engine_loop import EngineLoop
 from servelab.harness.serving.intake import Intake, ModelCard

@@ -26,8 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from servelab.base.errors import ConfigError
 from servelab.base.records import RequestRecord
 from servelab.harness.measure.rundir import read_requests, read_steps
-from servelab.harness.runner.compose import compose
-from servelab.harness.runs.run import run
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
 from servelab.reports.grouping import group_runs
 from servelab.reports.load import load_run
 from tests.server_process import ServerProcess, start_server

@@ -110,8 +110,8 @@ def test_a_repeat_judges_every_probe_against_the_first_search_s_slo(tmp_path) ->
     limits given beside it, before any run): every probe of the repeat ran under the first
     search's limits exactly, both record the one SLO, and the repeat sets its reference floor
     beside the first's and measures its own drift."""
-    from servelab.harness.runner.compose import compose
-    from servelab.harness.runs.run import run
+    from servelab.harness.run.compose import compose
+    from servelab.harness.run.run import run
     from servelab.harness.search.knee_search import search
 
     def run_quietly(cfg, d):
@@ -155,10 +155,10 @@ def test_a_search_whose_machine_slowed_widens_its_fitted_knees_by_the_drift(tmp_
     reference floor after the last probe runs on a step-cost model 25% slower (a machine
     that slowed while the search ran): the second records a +25% drift and every fitted
     knee's interval is the first's moved out by 1.25 on each side."""
-    from servelab.harness.runner.compose import compose
-    from servelab.harness.runs.run import run
+    from servelab.harness.run.compose import compose
+    from servelab.harness.run.run import run
+    from servelab.harness.run.simulate.cost_model import StepCostModel
     from servelab.harness.search.knee_search import search
-    from servelab.harness.simulate.cost_model import StepCostModel
 
     per_unit = {"step": 0.004, "seqs": 0.0003, "tokens": 0.0001, "logits_rows": 0.0002}
     steady, slowed = tmp_path / "steady.json", tmp_path / "slowed.json"
@@ -199,7 +199,7 @@ def test_a_search_whose_machine_slowed_widens_its_fitted_knees_by_the_drift(tmp_
 
 
 def test_a_scaled_limit_given_again_is_refused_others_combine() -> None:
-    from servelab.harness.runner.compose import compose
+    from servelab.harness.run.compose import compose
     from servelab.harness.search.knee_search import SearchSettings
 
     for given in ("slo.ttft_s=1", "slo.ttft_per_prompt_token_s=0.01"):  # TTFT's scale sets both

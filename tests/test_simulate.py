@@ -12,10 +12,16 @@ from servelab.base.errors import ConfigError
 from servelab.base.records import StepRecord
 from servelab.harness.measure.flags import SIMULATED, refusals
 from servelab.harness.measure.rundir import read_steps
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.replay import Arrivals
-from servelab.harness.runs.run import run
-from servelab.harness.simulate.cost_model import TERMS, WARMUP_STEPS, StepCostModel, StepCounts, fit
+from servelab.harness.run.compose import compose
+from servelab.harness.run.replay import Arrivals
+from servelab.harness.run.run import run
+from servelab.harness.run.simulate.cost_model import (
+    TERMS,
+    WARMUP_STEPS,
+    StepCostModel,
+    StepCounts,
+    fit,
+)
 from tests.tiny import make_requests
 
 TINY = [

@@ -16,9 +16,9 @@ import servelab.harness.measure.rundir as rundir
 from servelab.harness.measure.metrics import summarize
 from servelab.harness.measure.rundir import read_requests, read_steps
 from servelab.harness.measure.slo.limits import SLO
-from servelab.harness.runner.compose import compose
-from servelab.harness.runs.run import run
-from servelab.harness.simulate.cost_model import StepCostModel
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
+from servelab.harness.run.simulate.cost_model import StepCostModel
 
 SECONDS_PER_UNIT = {
     "step": 0.004,

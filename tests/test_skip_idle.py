@@ -8,9 +8,9 @@ import json
 import pytest
 
 from servelab.harness.measure.rundir import RunWriter
-from servelab.harness.runner.build import build_engine
-from servelab.harness.runner.clock import RunClock
-from servelab.harness.runner.replay import replay, requests_of
+from servelab.harness.run.build import build_engine
+from servelab.harness.run.clock import RunClock
+from servelab.harness.run.replay import replay, requests_of
 from servelab.workloads.hashing import workload_hash
 from servelab.workloads.spec import RequestSpec, Workload
 from tests.tiny import engine_settings, random_prompts, strategy, tiny_model
@@ -87,8 +87,8 @@ def test_a_run_says_what_it_skipped_and_a_peer_cannot_skip(tmp_path) -> None:
     """Four requests at 0.05 req/s: the summary says what was skipped, and telemetry's jump
     over it is no dropout (nothing was in flight)."""
     from servelab.base.errors import ConfigError
-    from servelab.harness.runner.compose import compose
-    from servelab.harness.runs.run import run
+    from servelab.harness.run.compose import compose
+    from servelab.harness.run.run import run
 
     overrides = [
         "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
@@ -110,9 +110,9 @@ def test_a_simulated_run_records_the_same_and_says_what_a_real_one_would_skip(tm
     """A simulation's clock jumps over idle spans either way: with `replay.skip_idle` its
     records are byte for byte the same, and its summary says what it skipped, as a real
     run's does (a search charges a simulated probe that much less)."""
-    from servelab.harness.runner.compose import compose
-    from servelab.harness.runs.run import run
-    from servelab.harness.simulate.cost_model import StepCostModel
+    from servelab.harness.run.compose import compose
+    from servelab.harness.run.run import run
+    from servelab.harness.run.simulate.cost_model import StepCostModel
 
     cost = tmp_path / "cost.json"
     StepCostModel({"step": 0.004, "tokens": 0.0001}, 0.0, {"model": "dummy-tiny"}).save(cost)

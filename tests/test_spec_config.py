@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from servelab.base.errors import ConfigError
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.draft import draft_model_of
-from servelab.harness.runner.settings import model_of
+from servelab.harness.run.compose import compose
+from servelab.harness.run.draft import draft_model_of
+from servelab.harness.run.settings import model_of
 from servelab.strategies.settings import strategy_settings
 from tests.tiny import make_engine, strategy, tiny_model
 

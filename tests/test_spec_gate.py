@@ -8,8 +8,8 @@ from servelab.harness.gate.collect import composed
 from servelab.harness.gate.fingerprint import machine_fingerprint
 from servelab.harness.gate.plan import plan_gate
 from servelab.harness.gate.spec import load_gate
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.settings import CONF_DIR
+from servelab.harness.run.compose import compose
+from servelab.harness.run.settings import CONF_DIR
 
 
 def test_the_speculative_gate_composes_every_run_it_plans(tmp_path: Path) -> None:

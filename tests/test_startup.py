@@ -5,9 +5,9 @@ runs (no GPU timing: there is no GPU)."""
 
 from __future__ import annotations
 
-from servelab.harness.runner import build, startup
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.spec import engine_spec
+from servelab.harness.run import build, startup
+from servelab.harness.run.compose import compose
+from servelab.harness.run.spec import engine_spec
 
 
 def test_peaks_are_calibrated_before_the_kv_cache_is_allocated(monkeypatch) -> None:

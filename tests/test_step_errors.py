@@ -1,4 +1,4 @@
-"""Where the simulator's error arises (`harness/simulate/step_errors.py`): a search's real steps
+"""Where the simulator's error arises (`harness/run/simulate/step_errors.py`): a search's real steps
 against the step-cost model its prediction simulated, by kind of step, and the loop's own time
 measured and put into a profiled model."""
 
@@ -12,16 +12,16 @@ import pytest
 from servelab.base.errors import ConfigError
 from servelab.base.records import StepRecord
 from servelab.commands.profile_steps import parse_args
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.spec import engine_spec
-from servelab.harness.runs.run import run
-from servelab.harness.simulate.cost_model import StepCostModel, StepCounts, calibrated
-from servelab.harness.simulate.profile_steps import profile_steps
-from servelab.harness.simulate.step_errors import (
+from servelab.harness.run.compose import compose
+from servelab.harness.run.run import run
+from servelab.harness.run.simulate.cost_model import StepCostModel, StepCounts, calibrated
+from servelab.harness.run.simulate.profile_steps import profile_steps
+from servelab.harness.run.simulate.step_errors import (
     FILE,
     search_step_errors,
     step_kind,
 )
+from servelab.harness.run.spec import engine_spec
 from tests.conftest import servelab
 from tests.test_profile_steps import SMALL_GRID, TINY
 

@@ -1,4 +1,4 @@
-"""The seed strategies as other engines' switches (`harness/runner/backends/strategy_flags.py`):
+"""The seed strategies as other engines' switches (`harness/run/servers/strategy_flags.py`):
 each preset's choices become the engine's flags, a choice it has no switch for is refused with
 one line naming the engine, and docs/strategies.md shows the table the code makes."""
 
@@ -11,9 +11,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from servelab.base.errors import ConfigError
-from servelab.harness.runner.backends.strategy_flags import table, translate
-from servelab.harness.runner.compose import compose, strategy_preset, strategy_presets
-from servelab.harness.runner.spec import run_spec
+from servelab.harness.run.compose import compose, strategy_preset, strategy_presets
+from servelab.harness.run.servers.strategy_flags import table, translate
+from servelab.harness.run.spec import run_spec
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "strategies.md"
 LIMITS = {"max_batch_size": 8, "max_num_batched_tokens": 512}
@@ -118,4 +118,4 @@ def test_a_server_started_for_a_preset_gets_its_switches_before_its_own_flags() 
 
 def test_the_docs_show_the_table_the_code_makes() -> None:
     made = table(strategy_presets(), compose([]).engine)
-    assert made in DOCS.read_text(), "run python -m servelab.harness.runner.backends.strategy_flags"
+    assert made in DOCS.read_text(), "run python -m servelab.harness.run.servers.strategy_flags"

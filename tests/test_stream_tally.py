@@ -9,8 +9,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from servelab.engine.request import Request, SamplingParams
-from servelab.harness.runner.backends.endpoint import request_body
-from servelab.harness.runner.backends.stream_tally import StreamTally
+from servelab.harness.run.backends.endpoint import request_body
+from servelab.harness.run.backends.stream_tally import StreamTally
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.harness.runs.summarize import summarize_run
+from servelab.harness.run.summary import summarize_run
 
 BASE = [
     "model=dummy-tiny",

@@ -11,10 +11,11 @@ import pytest
 from servelab.base.errors import ConfigError
 from servelab.engine.shapes import DECODE, PREFILL, Shape
 from servelab.harness.measure.rundir import read_requests
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.spec import run_spec
-from servelab.harness.runner.warmup import powers_up_to, warm_up, warmup_shapes
-from servelab.harness.runs.run import prepare, run
+from servelab.harness.run.compose import compose
+from servelab.harness.run.prepare import prepare
+from servelab.harness.run.run import run
+from servelab.harness.run.spec import run_spec
+from servelab.harness.run.warmup import powers_up_to, warm_up, warmup_shapes
 
 TINY = [
     "model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",

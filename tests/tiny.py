@@ -15,9 +15,9 @@ from servelab.base.batch import ForwardBatch
 from servelab.engine.engine import Engine
 from servelab.engine.kv_cache import KVLayout
 from servelab.engine.request import Request, SamplingParams
-from servelab.harness.runner.build import build_engine
-from servelab.harness.runner.replay import serve_all
-from servelab.harness.runner.settings import EngineSettings
+from servelab.harness.run.build import build_engine
+from servelab.harness.run.replay import serve_all
+from servelab.harness.run.settings import EngineSettings
 from servelab.models.dummy import DUMMY_SHAPES
 from servelab.models.load import build_model
 from servelab.models.model import LlamaModel

@@ -1,7 +1,7 @@
 """Carry out a gate's plan: run every slot in order, or read the slots an earlier gate ran.
 
 Every configuration is composed and checked before the first run starts, so a bad override
-fails in seconds with one line. Runs are ordinary runs (`harness.runs.run.run`) into the
+fails in seconds with one line. Runs are ordinary runs (`harness.run.run.run`) into the
 plan's directories. Perplexity measurements are written beside them as small JSON files with
 the hash of their configuration. Reading an earlier gate's directory (`from=DIR`) accepts a
 run only if it is complete and was made from exactly the configuration the plan composes
@@ -21,8 +21,8 @@ from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
 from servelab.harness.gate.plan import GatePlan, PerplexitySlot, RunSlot
-from servelab.harness.runner.spec import config_hash, engine_spec
-from servelab.harness.runs.run import completed_summary
+from servelab.harness.run.run import completed_summary
+from servelab.harness.run.spec import config_hash, engine_spec
 
 
 @dataclass
@@ -98,7 +98,7 @@ def measure(
 ) -> Measurements:
     """Run every slot in the plan's order with `run` (a configuration into its run directory,
     the summary back), then measure every perplexity."""
-    from servelab.harness.runner.perplexity import served_perplexity
+    from servelab.harness.run.perplexity import served_perplexity
 
     runs = []
     total = len(plan.runs) + len(plan.perplexities)

@@ -17,7 +17,7 @@ from servelab.harness.gate.plan import plan_gate
 from servelab.harness.gate.record import gate_record
 from servelab.harness.gate.spec import GateSpec, load_gate
 from servelab.harness.measure.rundir import write_json_atomic
-from servelab.harness.runner.compose import compose
+from servelab.harness.run.compose import compose
 from servelab.harness.search.probes import RunFn
 
 

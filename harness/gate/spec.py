@@ -29,7 +29,7 @@ from servelab.base.errors import ConfigError
 from servelab.harness.gate.fingerprint import Fingerprint
 from servelab.harness.measure.bootstrap import DIRECTIONS
 from servelab.harness.measure.summary_schema import metric_names
-from servelab.harness.runner.compose import check_group_choices
+from servelab.harness.run.compose import check_group_choices
 
 KINDS = ("metric", "identical", "perplexity")
 POLICIES = ("pass", "fail")

@@ -25,9 +25,9 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
-from servelab.harness.runner.backends import ENGINE_LOOPS, backend_of
-from servelab.harness.runner.backends.managed_server import ServerSettings
-from servelab.harness.runner.spec import run_spec
+from servelab.harness.run.backends import ENGINE_LOOPS, backend_of
+from servelab.harness.run.servers.managed import ServerSettings
+from servelab.harness.run.spec import run_spec
 
 PRESET = re.compile(r"[\w.-]+")  # an item that is a preset's name alone
 WORD = re.compile(r"""(?:[^\s'"]|'[^']*'|"[^"]*")+""")  # an override: quotes kept for Hydra

@@ -32,9 +32,9 @@ from servelab.harness.measure.slo.earlier_run import SourceSLO, judged_record, r
 from servelab.harness.measure.slo.limits import LIMITS, SLO
 from servelab.harness.measure.slo.scaled import limits_line, scaled_keys, scaled_limits, speed_drift
 from servelab.harness.measure.slo.sources import one_source_each
-from servelab.harness.runner.backends import backend_of
-from servelab.harness.runner.backends.managed_server import sigterm_exits
-from servelab.harness.runner.settings import device_line, engine_settings
+from servelab.harness.run.backends import backend_of
+from servelab.harness.run.servers.managed import sigterm_exits
+from servelab.harness.run.settings import device_line, engine_settings
 from servelab.harness.search.contenders import Contender, contenders_of, reference_of
 from servelab.harness.search.estimator import fewest_requests
 from servelab.harness.search.policy import Prediction, ProbePolicy

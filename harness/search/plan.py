@@ -18,21 +18,21 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
-from servelab.harness.runner.backends.base import peer_inputs
-from servelab.harness.runner.build import kv_layout
-from servelab.harness.runner.compose import compose
-from servelab.harness.runner.settings import engine_settings, model_of
-from servelab.harness.search.knee_search import search
-from servelab.harness.search.probes import RunFn
-from servelab.harness.simulate.backend import derived_timing, meta_model, simulated_serves
-from servelab.harness.simulate.cost_model import StepCostModel
-from servelab.harness.simulate.hardware import (
+from servelab.harness.run.backends.base import peer_inputs
+from servelab.harness.run.build import kv_layout
+from servelab.harness.run.compose import compose
+from servelab.harness.run.settings import engine_settings, model_of
+from servelab.harness.run.simulate.cost_model import StepCostModel
+from servelab.harness.run.simulate.engine import derived_timing, meta_model, simulated_serves
+from servelab.harness.run.simulate.hardware import (
     BANDWIDTH_EFFICIENCY,
     COMPUTE_EFFICIENCY,
     STEP_OVERHEAD_S,
     hardware_preset,
     preset_of_device,
 )
+from servelab.harness.search.knee_search import search
+from servelab.harness.search.probes import RunFn
 from servelab.strategies.settings import strategy_settings
 
 

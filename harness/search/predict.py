@@ -24,13 +24,13 @@ from pathlib import Path
 from omegaconf import DictConfig, open_dict
 
 from servelab.harness.measure.rundir import read_steps
-from servelab.harness.runner.spec import engine_spec
+from servelab.harness.run.simulate.cost_model import StepCostModel, calibrated
+from servelab.harness.run.simulate.engine import described_by
+from servelab.harness.run.simulate.profile_steps import ProfileArgs, profile_steps
+from servelab.harness.run.spec import engine_spec
 from servelab.harness.search.estimator import ProbeQuantile, probe_quantile
 from servelab.harness.search.policy import LOWEST_SHARE, Prediction, ProbePolicy
 from servelab.harness.search.probes import Prober, ProbeSpec, RunFn, RunProber, SimulatedClock
-from servelab.harness.simulate.backend import described_by
-from servelab.harness.simulate.cost_model import StepCostModel, calibrated
-from servelab.harness.simulate.profile_steps import ProfileArgs, profile_steps
 from servelab.models.load import model_config_of
 
 PRECISION = 0.05  # the simulated knee's bracket, high / low - 1, when the bisection stops

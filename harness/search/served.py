@@ -2,7 +2,7 @@
 servelab|command` in its item): one server for all of its probes, so that a knee is found on
 one engine as it runs, not on a restart per probe.
 
-The server starts before the contender's first run (`managed_server.running_server`: a free
+The server starts before the contender's first run (`servers.managed.running_server`: a free
 port, its health path, one warm-up completion, `server.json` and `server.log` in the
 contender's `server/` folder); its start-up and each probe's warm-up are off the search's clock
 (`OffClock`): a budget buys probes, whatever an engine takes to load. Before every probe but
@@ -25,7 +25,7 @@ from typing import TypeVar
 from omegaconf import DictConfig, open_dict
 
 from servelab.base.records import RequestRecord
-from servelab.harness.runner.backends.managed_server import (
+from servelab.harness.run.servers.managed import (
     RunningServer,
     ServerFailed,
     ServerSettings,

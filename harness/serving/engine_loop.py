@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from servelab.engine.engine import Engine
 from servelab.engine.request import Request
-from servelab.harness.runner.loop import IDLE_WAIT_S, EngineDriver, fail_in_flight
+from servelab.harness.run.loop import IDLE_WAIT_S, EngineDriver, fail_in_flight
 
 MAX_IN_FLIGHT = 512  # requests in the loop at once, unless told otherwise
 log = logging.getLogger(__name__)

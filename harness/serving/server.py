@@ -24,10 +24,10 @@ from omegaconf import DictConfig, OmegaConf
 from servelab.base.errors import ConfigError
 from servelab.engine.kv_cache import parse_bytes
 from servelab.harness.measure.rundir import RunWriter
-from servelab.harness.runner.loop import EngineDriver
-from servelab.harness.runner.settings import api_key_from_env
-from servelab.harness.runner.spec import engine_spec
-from servelab.harness.runner.startup import start_engine
+from servelab.harness.run.loop import EngineDriver
+from servelab.harness.run.settings import api_key_from_env
+from servelab.harness.run.spec import engine_spec
+from servelab.harness.run.startup import start_engine
 from servelab.harness.serving.app import ServerState, create_app
 from servelab.harness.serving.engine_loop import EngineLoop
 from servelab.harness.serving.intake import Intake, ModelCard

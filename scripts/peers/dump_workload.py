@@ -30,8 +30,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from servelab.base.errors import ConfigError
-    from servelab.harness.runner.compose import compose
-    from servelab.harness.runner.settings import model_of
+    from servelab.harness.run.compose import compose
+    from servelab.harness.run.settings import model_of
     from servelab.models.load import model_config_of, tokenizer_for
     from servelab.workloads.build import build_workload
 

@@ -1,7 +1,7 @@
 """What a decoding strategy may need when it is built: the target model and, for a speculative
 strategy that drafts with a network, that network and its own KV cache.
 
-`harness.runner.build.build_engine` makes one of these for every engine. The drafting network
+`harness.run.build.build_engine` makes one of these for every engine. The drafting network
 (the target's first layers, or a separate draft model) gets a KV cache of its own, sized by
 the same budget rule as the target's and managed by the same KV strategy (`build_kv`), so it
 allocates, shares prefixes and rolls back exactly as the target's cache does.

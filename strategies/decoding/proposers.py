@@ -120,7 +120,7 @@ class DraftConfig:
 
 
 class DraftModelSource(DraftSource):
-    """A separate draft model: the runner loads it (`harness.runner.draft`) and checks its
+    """A separate draft model: the runner loads it (`harness.run.draft`) and checks its
     vocabulary against the target's before anything loads."""
 
     def __init__(self, config: DraftConfig) -> None:
