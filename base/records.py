@@ -90,6 +90,19 @@ class StepRecord:
         return _from_json(cls, payload)
 
 
+def step_kind(record: StepRecord) -> str:
+    """decode (every token a decode token), prefill, or mixed."""
+    return fed_kind(record.prefill_tokens, record.decode_tokens)
+
+
+def fed_kind(prefill: int, decode: int) -> str:
+    """decode (no prompt fed), prefill (no decode fed), or mixed, from what a step fed of
+    each (tokens or rows)."""
+    if prefill == 0:
+        return "decode"
+    return "prefill" if decode == 0 else "mixed"
+
+
 @cache
 def fixed_fields(cls: type) -> tuple[str, ...]:
     """A record class's field names but `counters`, in order: asked once per class (looked

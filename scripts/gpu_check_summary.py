@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from servelab.base.records import StepRecord
-from servelab.harness.measure.profiling import SUMMARY_NAME
+from servelab.harness.checks.profiling import SUMMARY_NAME
 from servelab.harness.measure.rundir import read_steps
 from servelab.harness.run.simulate.cost_model import StepCostModel
 from servelab.harness.run.simulate.hardware import PRESETS, preset_of_device

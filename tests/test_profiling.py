@@ -13,8 +13,8 @@ from servelab.base.errors import ConfigError
 from servelab.base.records import StepRecord
 from servelab.engine.model_runner import StepShape
 from servelab.engine.step_update import StepResult
-from servelab.harness.measure.profiling import SUMMARY_NAME, TRACE_NAME, StepProfiler
-from servelab.harness.measure.trace_steps import step_traces
+from servelab.harness.checks.profiling import SUMMARY_NAME, TRACE_NAME, StepProfiler
+from servelab.harness.checks.trace_steps import step_traces
 from servelab.harness.run.compose import compose
 from servelab.harness.run.run import run
 

@@ -29,7 +29,7 @@ above and at least the largest lower bound at any rate below: the first envelope
 at the interval's low end (interpolated: a curve that rises faster than a straight line in
 log-log crosses later, which only moves the end inwards), the second first exceeds 1 at its
 high end, at a probed rate: between two probes the curve may rise as steeply as it likes (a
-queue forming), so no interpolation bounds it from above (`benchmarks.bench_search` found
+queue forming), so no interpolation bounds it from above (`scripts.search_study` found
 an interpolated high end inside the true knee). The caller widens it
 by the machine's measured speed drift. A percentile bootstrap over requests under-covers
 here: a resampled 0.9-quantile of 48 requests varies less than the quantile does, since the

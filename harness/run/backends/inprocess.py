@@ -10,9 +10,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from servelab.base.records import StepRecord
+from servelab.harness.checks.profiling import StepProfiler
 from servelab.harness.measure.calibrate import Peaks, provenance, remeasure_if_beaten
 from servelab.harness.measure.flags import PEAKS_BEATEN, Flag
-from servelab.harness.measure.profiling import StepProfiler
 from servelab.harness.measure.rundir import RunRecords, RunWriter
 from servelab.harness.measure.slo.early_stop import stop_rule
 from servelab.harness.measure.weights_quality import read_quality, weights_summary

@@ -39,9 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from servelab.base.errors import ConfigError
-from servelab.base.records import StepRecord
+from servelab.base.records import StepRecord, fed_kind, step_kind
 from servelab.engine.model_runner import StepShape
-from servelab.harness.measure.profiling import fed_kind, step_kind
 
 TERMS = ("step", "seqs", "tokens", "logits_rows", "attended_pairs", "context_tokens")
 KINDS = ("prefill", "decode", "mixed")  # what a step fed: prompt tokens, next tokens, or both

@@ -29,8 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from servelab.base.errors import ConfigError
-from servelab.base.records import StepRecord
-from servelab.harness.measure import profiling
+from servelab.base.records import StepRecord, fed_kind
 from servelab.harness.measure.rundir import read_steps
 from servelab.harness.run.simulate.cost_model import KINDS as FED_KINDS
 from servelab.harness.run.simulate.cost_model import (
@@ -49,7 +48,7 @@ FILE = "step_errors.json"
 def step_kind(step: StepRecord) -> str:
     """prefill, decode, mixed (both in one step: the kinds a model is calibrated by), or padded
     (any padding computed)."""
-    return "padded" if step.pad_tokens else profiling.step_kind(step)
+    return "padded" if step.pad_tokens else fed_kind(step.prefill_tokens, step.decode_tokens)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The search's benchmark at a GPU's speed (`benchmarks.bench_search_gpu`): its setups are
+"""The search's benchmark at a GPU's speed (`scripts.search_study_gpu`): its setups are
 `make run`'s at the simulator's H100, and a true knee is lengthened until two draws agree."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_search_gpu as gpu
+from scripts import search_study_gpu as gpu
 
 
 def test_the_embedded_setup_is_make_runs_comparison_on_the_h100_preset() -> None:

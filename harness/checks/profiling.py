@@ -19,25 +19,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from servelab.base.errors import ConfigError
-from servelab.base.records import StepRecord
+from servelab.base.records import step_kind
 from servelab.engine.step_update import StepResult
-from servelab.harness.measure.trace_steps import read_trace
+from servelab.harness.checks.trace_steps import read_trace
 
 TRACE_NAME = "profile_trace.json"
 SUMMARY_NAME = "profile.json"
-
-
-def step_kind(record: StepRecord) -> str:
-    """decode (every token a decode token), prefill, or mixed."""
-    return fed_kind(record.prefill_tokens, record.decode_tokens)
-
-
-def fed_kind(prefill: int, decode: int) -> str:
-    """decode (no prompt fed), prefill (no decode fed), or mixed, from what a step fed of
-    each (tokens or rows)."""
-    if prefill == 0:
-        return "decode"
-    return "prefill" if decode == 0 else "mixed"
 
 
 class StepProfiler:

@@ -1,4 +1,4 @@
-"""The search's own benchmark (`benchmarks.bench_search`): its synthetic strategies have the
+"""The search's own benchmark (`scripts.search_study`): its synthetic strategies have the
 knees it says, its machine drifts as it says, and a small run of it reports every knee and
 pair."""
 
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks.bench_search import (
+from scripts.search_study import (
     COMPARISON,
     MAKE_RUN,
     Machine,

@@ -1,7 +1,7 @@
 """The knee search judged at a GPU's speed: the search as a user runs it on an H100, on the
 real engine behind the simulator's clock, against knees found once from long runs.
 
-`benchmarks.bench_search`'s first scenario draws each probe's ratios from a formula fitted
+`scripts.search_study`'s first scenario draws each probe's ratios from a formula fitted
 to this CPU. Here the prober is the engine itself (`backend=simulated`: the real schedulers,
 KV managers and batching, each step's time from the H100 preset's cost model,
 `simulate.hardware=h100-80gb`), so probes from an empty server, queues forming and
@@ -28,7 +28,7 @@ requests (`workload.seed`), as each run on a machine does.
 Printed per knee and per pair: coverage, median and 80th-percentile width, share bounded, and
 for a pair the share whose lead is shown (low end above 1), as the first scenario prints.
 
-    python -m benchmarks.bench_search --scenario h100 [--setup embedded] [--searches 10]
+    python -m scripts.search_study --scenario h100 [--setup embedded] [--searches 10]
         [--strategies orca,vllm] [--budget-s 840] [--seed 0]
 """
 
@@ -45,7 +45,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from benchmarks.bench_search import HEADER, Row, rows_of
+from scripts.search_study import HEADER, Row, rows_of
 from servelab.harness.measure.slo.scaled import scaled_limits
 from servelab.harness.run.compose import compose
 from servelab.harness.search.estimator import probe_quantile
@@ -227,7 +227,7 @@ def truth_commit(setup: str) -> str:
 
 
 def main(args: argparse.Namespace) -> None:
-    """The scenario's table, as `benchmarks.bench_search` prints the first one's."""
+    """The scenario's table, as `scripts.search_study` prints the first one's."""
     strategies = tuple(s for s in args.strategies.split(",") if s)
     policy = tuple(f"search.{key}={value:g}" for key in ("span", "warmup")
                    if (value := getattr(args, key)) is not None)  # fmt: skip

@@ -35,11 +35,11 @@ the true knee (the ratio of true knees), the median and 80th-percentile width (h
 the share with both ends bounded (a ratio decided two-sided), and for a pair the share whose
 ratio's low end is above 1 (the faster one's lead shown, "at least Nx").
 
-    python -m benchmarks.bench_search [--searches 200] [--drift 0.2] [--budget-s 840] [--seed 0]
+    python -m scripts.search_study [--searches 200] [--drift 0.2] [--budget-s 840] [--seed 0]
         [--strategies fastertransformer,orca,vllm]
 
 `--scenario h100` judges the search at a GPU's speed instead, on the engine behind the
-simulator's clock (`benchmarks.bench_search_gpu`).
+simulator's clock (`scripts.search_study_gpu`).
 """
 
 from __future__ import annotations
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.searches = args.searches or (10 if args.scenario == "h100" else 200)
     if args.scenario == "h100":
-        from benchmarks.bench_search_gpu import main as gpu_main
+        from scripts.search_study_gpu import main as gpu_main
 
         gpu_main(args)
         return
