@@ -5,6 +5,7 @@ one line naming the engine, and docs/strategies.md shows the table the code make
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,16 @@ from omegaconf import OmegaConf
 from servelab.base.errors import ConfigError
 from servelab.harness.run.compose import compose, strategy_preset, strategy_presets
 from servelab.harness.run.servers.strategy_flags import table, translate
+from servelab.harness.run.settings import engine_settings
 from servelab.harness.run.spec import run_spec
+from servelab.strategies.settings import StrategySettings, strategy_settings
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "strategies.md"
-LIMITS = {"max_batch_size": 8, "max_num_batched_tokens": 512}
+LIMITS = replace(engine_settings(compose([]).engine), max_batch_size=8, max_num_batched_tokens=512)
+
+
+def preset(name: str) -> StrategySettings:
+    return strategy_settings(strategy_preset(name))
 
 
 def test_a_preset_read_from_its_file_is_the_one_the_run_composes() -> None:
@@ -28,7 +35,7 @@ def test_a_preset_read_from_its_file_is_the_one_the_run_composes() -> None:
 
 
 def test_each_axis_becomes_the_engine_s_switch() -> None:
-    chunked = translate("vllm", "orca-chunked", strategy_preset("orca-chunked"), LIMITS)
+    chunked = translate("vllm", preset("orca-chunked"), LIMITS)
     assert chunked.flags == (
         "--max-num-seqs",
         "8",
@@ -38,24 +45,22 @@ def test_each_axis_becomes_the_engine_s_switch() -> None:
         "--no-enable-prefix-caching",
     )
     assert chunked.notes and "paged" in chunked.notes[0]  # vLLM has no contiguous KV
-    paged = translate("vllm", "vllm", strategy_preset("vllm"), LIMITS)
+    paged = translate("vllm", preset("vllm"), LIMITS)
     assert "--enable-prefix-caching" in paged.flags and "--block-size" not in paged.flags
     assert paged.notes == (
         "its KV block size is its own unless server.same_budget sizes its KV (vLLM on a CPU "
         "takes multiples of 32 only)",
     )
-    ngram = translate("vllm", "vllm-spec-ngram", strategy_preset("vllm-spec-ngram"), LIMITS)
+    ngram = translate("vllm", preset("vllm-spec-ngram"), LIMITS)
     assert ngram.flags[-2:] == (
         "--speculative-config",
         '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":1,"prompt_lookup_max":3}',
     )
-    plain = translate("sglang", "vllm-noprefix", strategy_preset("vllm-noprefix"), LIMITS)
+    plain = translate("sglang", preset("vllm-noprefix"), LIMITS)
     assert "--disable-radix-cache" in plain.flags and "-1" in plain.flags
-    static = translate(
-        "llamacpp", "fastertransformer", strategy_preset("fastertransformer"), LIMITS
-    )
+    static = translate("llamacpp", preset("fastertransformer"), LIMITS)
     assert static.flags == ("--parallel", "8", "--no-cont-batching")
-    reuse = translate("llamacpp", "vllm", strategy_preset("vllm"), LIMITS)
+    reuse = translate("llamacpp", preset("vllm"), LIMITS)
     assert reuse.flags[-2:] == ("--cache-reuse", "16")
 
 
@@ -67,14 +72,14 @@ def test_a_choice_an_engine_has_no_switch_for_is_refused_naming_the_engine() -> 
         ("llamacpp", "vllm-awq"): "GGUF",
         ("vllm", "vllm-spec-layerskip"): "prompt lookup",
     }
-    for (engine, preset), reason in refusals.items():
+    for (engine, name), reason in refusals.items():
         with pytest.raises(
-            ConfigError, match=rf"^server\.strategy: {engine} cannot serve {preset}: .*{reason}"
+            ConfigError, match=rf"^server\.strategy: {engine} cannot serve {name}: .*{reason}"
         ):
-            translate(engine, preset, strategy_preset(preset), LIMITS)
+            translate(engine, preset(name), LIMITS)
     mha = OmegaConf.merge(strategy_preset("vllm"), {"heads": "mha"})
     with pytest.raises(ConfigError, match="vllm cannot serve vllm: .*heads=mha"):
-        translate("vllm", "vllm", mha, LIMITS)
+        translate("vllm", strategy_settings(mha), LIMITS)
 
 
 def test_a_server_started_for_a_preset_gets_its_switches_before_its_own_flags() -> None:
@@ -117,5 +122,6 @@ def test_a_server_started_for_a_preset_gets_its_switches_before_its_own_flags() 
 
 
 def test_the_docs_show_the_table_the_code_makes() -> None:
-    made = table(strategy_presets(), compose([]).engine)
+    presets = {name: strategy_settings(node) for name, node in strategy_presets().items()}
+    made = table(presets, engine_settings(compose([]).engine))
     assert made in DOCS.read_text(), "run python -m servelab.harness.run.servers.strategy_flags"

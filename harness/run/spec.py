@@ -22,7 +22,7 @@ from servelab.harness.measure.slo.limits import SLO
 from servelab.harness.run.backends import ENGINE_LOOPS, STOPS_EARLY, backend_of
 from servelab.harness.run.backends.endpoint_settings import EndpointSettings, endpoint_settings
 from servelab.harness.run.draft import draft_model_of
-from servelab.harness.run.servers.managed import ServerSettings, server_settings
+from servelab.harness.run.servers.settings import ServerSettings, server_settings
 from servelab.harness.run.settings import (
     EngineSettings,
     engine_settings,

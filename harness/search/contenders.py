@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
 from servelab.harness.run.backends import ENGINE_LOOPS, backend_of
-from servelab.harness.run.servers.managed import ServerSettings
+from servelab.harness.run.servers.settings import ServerSettings
 from servelab.harness.run.spec import run_spec
 
 PRESET = re.compile(r"[\w.-]+")  # an item that is a preset's name alone

@@ -25,12 +25,8 @@ from typing import TypeVar
 from omegaconf import DictConfig, open_dict
 
 from servelab.base.records import RequestRecord
-from servelab.harness.run.servers.managed import (
-    RunningServer,
-    ServerFailed,
-    ServerSettings,
-    running_server,
-)
+from servelab.harness.run.servers.managed import RunningServer, ServerFailed, running_server
+from servelab.harness.run.servers.settings import ServerSettings
 from servelab.harness.search.probes import (
     REFERENCE,
     Outcome,
