@@ -26,7 +26,7 @@ LOCK := requirements/lock.txt
 LOCK_PLATFORM := x86_64-manylinux_2_28
 PUBLIC_INDEX := https://pypi.org/simple
 # The GPU recipe's lock: what the GPU machine's image (requirements/gpu-image.txt) lacks of what
-# servelab imports, and what those need in turn (tests/test_gpu_imports.py checks it), at the
+# servelab imports, and what those need in turn (tests/project/test_gpu_imports.py checks it), at the
 # versions of LOCK, carried there as wheels (`make gpu-wheels`). antlr4-python3-runtime
 # (omegaconf's parser) has no wheel on PyPI: built here, pure Python.
 GPU_LOCK := requirements/gpu.txt
@@ -154,10 +154,10 @@ $(HF_MODEL)/config.json:
 # bf16 differently there. Skipped where AVX2 is this CPU's level already (the first pass ran
 # exactly that). The kernel tests of the first pass already run every level this CPU runs.
 PORTABLE_ISA ?= avx2
-PORTABLE_TESTS ?= tests/test_capabilities.py tests/test_cpu_builds.py tests/test_linear_packed.py \
-  tests/test_fused_decode.py tests/test_int4_kernels.py tests/test_int4_weights.py \
-  tests/test_attention_entry.py tests/test_engine_static.py tests/test_engine_iteration.py \
-  tests/test_kv_paged_engine.py tests/test_spec_engine.py tests/test_awq.py
+PORTABLE_TESTS ?= tests/kernels/test_capabilities.py tests/kernels/test_cpu_builds.py tests/kernels/test_linear_packed.py \
+  tests/models/test_fused_decode.py tests/kernels/test_int4_kernels.py tests/strategies/test_int4_weights.py \
+  tests/kernels/test_attention_entry.py tests/engine/test_engine_static.py tests/engine/test_engine_iteration.py \
+  tests/engine/test_kv_paged_engine.py tests/strategies/test_speculative_engine.py tests/strategies/test_awq.py
 # Tests compute on one torch thread each (tests/conftest.py), so they run in one worker per core.
 TEST_WORKERS ?= auto
 test: $(STAMP)

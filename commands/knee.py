@@ -16,8 +16,9 @@ import yaml
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.rundir import REQUESTS, read_requests
 from servelab.harness.measure.slo.limits import SLO
-from servelab.harness.search.estimator import Knee, fit_knee, knee_ratio, probe_ratios
+from servelab.harness.search.estimator import Knee, fit_knee, knee_ratio
 from servelab.harness.search.policy import next_rate
+from servelab.harness.search.probe_ratios import probe_ratios
 from servelab.harness.search.text import knee_text, rate_text
 
 SUMMARY = "each strategy's knee from rate runs on disk, read off every request's SLO ratio"

@@ -15,8 +15,9 @@ from rich.console import Console
 from rich.table import Table
 
 from servelab.harness.run.compose import compose
-from servelab.harness.search.estimator import ProbeQuantile, knee_ratio
+from servelab.harness.search.estimator import knee_ratio
 from servelab.harness.search.knee_search import search
+from servelab.harness.search.probe_ratios import ProbeQuantile
 from servelab.harness.search.probes import Probe
 from servelab.harness.search.result import StrategyResult
 from servelab.harness.search.text import knee_text, rate_text

@@ -14,7 +14,7 @@ dimension), concatenated, and the modules' own tensors become views into them, s
 read the same memory and the model's size is unchanged. It applies where every projection is
 a linear layer without bias or an int4 layer whose kernel reads AutoAWQ's layout (Triton's,
 the reference), and every KV head is stored once; elsewhere the modules run. The function is
-the modules' (`tests/test_gpu_layers.py` compares the two engines token for token).
+the modules' (`tests/models/test_gpu_layers.py` compares the two engines token for token).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servelab.harness.measure.slo.limits import SLO
-from servelab.harness.search.estimator import Knee, fit_knee, probe_ratios
+from servelab.harness.search.estimator import Knee, fit_knee
+from servelab.harness.search.probe_ratios import probe_ratios
 from servelab.reports.grouping import Group
 
 

@@ -18,7 +18,7 @@
 # RECIPE/comparison.args or `make comparison-args` gives them) on the embedded model's shape
 # with random weights, within a budget of a minute.
 # --cpu runs the same steps on the CPU (Triton interpreted, dummy-tiny, fewer requests and
-# kernel tests), so the script is tested where there is no GPU (tests/test_gpu_check.py) and
+# kernel tests), so the script is tested where there is no GPU (tests/scripts/test_gpu_check.py) and
 # does not rot.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -52,8 +52,8 @@ if [[ $MODE == cuda ]]; then
   MEMORY=(engine.kv_budget=4GiB engine.max_batch_size=256 engine.max_num_batched_tokens=8192
     workload.num_requests=256 workload.length_scale=0.5 workload.arrival.rate=32)
   PROFILE=(workload.num_requests=32 profile.first_step=12 profile.num_steps=4)
-  KERNEL_TESTS=(-n 8 tests/test_kernels_paged_attention.py tests/test_attention_entry.py
-    tests/test_int4_kernels.py tests/test_gpu_layers.py tests/test_cuda_graphs.py)
+  KERNEL_TESTS=(-n 8 tests/kernels/test_kernels_paged_attention.py tests/kernels/test_attention_entry.py
+    tests/kernels/test_int4_kernels.py tests/models/test_gpu_layers.py tests/engine/test_cuda_graphs.py)
   ATTENTION=(--dtype bf16 --batches 32 64 --contexts 512 2048 --q-heads 32 --kv-heads 8
     --head-dim 128)  # llama3-8b's layout
   INT4=(--device cuda --dtypes bf16 --shape llama3-8b --layers 4 --batches 1 16 64)
@@ -65,7 +65,7 @@ else  # the same steps, small: the kernel tests' cases run in the test suite alr
   MEMORY=(engine.kv_budget=256KiB engine.max_batch_size=16 engine.max_num_batched_tokens=256
     workload.num_requests=16 workload.length_scale=0.25 workload.arrival.rate=40)
   PROFILE=(workload.num_requests=8 profile.first_step=6 profile.num_steps=3)
-  KERNEL_TESTS=(tests/test_attention_entry.py -k "triton and decode")
+  KERNEL_TESTS=(tests/kernels/test_attention_entry.py -k "triton and decode")
   ATTENTION=(--device cpu --dtype fp32 --batches 2 --contexts 64 --iters 2)
   INT4=(--device cpu --dtypes fp32 --batches 1 --layers 1 --iters 2)
   SEARCH_MODEL=dummy-tiny SEARCH_BUDGET=10

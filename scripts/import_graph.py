@@ -1,6 +1,6 @@
 """Which top-level packages import which: every `servelab.<package>` import in the code of
 each layer folder (inside functions and `TYPE_CHECKING` blocks too), counted by the pair of
-packages, with harness's own subpackages apart (`--harness`). `tests/test_layers.py` holds
+packages, with harness's own subpackages apart (`--harness`). `tests/project/test_layers.py` holds
 the layering to it.
 
     python -m scripts.import_graph [--harness]

@@ -54,9 +54,10 @@ import numpy as np
 
 from servelab.harness.measure.drift import Drift
 from servelab.harness.run.compose import compose
-from servelab.harness.search.estimator import ProbeRatios, knee_ratio
+from servelab.harness.search.estimator import knee_ratio
 from servelab.harness.search.knee_search import SearchSettings
 from servelab.harness.search.policy import Prediction, ProbePolicy
+from servelab.harness.search.probe_ratios import ProbeRatios
 from servelab.harness.search.probes import Outcome, ProbeSpec
 from servelab.harness.search.result import StrategyResult
 from servelab.harness.search.strategy_search import find_knees, widened_for_drift

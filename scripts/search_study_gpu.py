@@ -48,8 +48,8 @@ from omegaconf import DictConfig
 from scripts.search_study import HEADER, Row, rows_of
 from servelab.harness.measure.slo.scaled import scaled_limits
 from servelab.harness.run.compose import compose
-from servelab.harness.search.estimator import probe_quantile
 from servelab.harness.search.knee_search import search
+from servelab.harness.search.probe_ratios import probe_quantile
 from servelab.harness.search.probes import ProbeSpec, RunProber
 from servelab.harness.search.result import StrategyResult
 from servelab.harness.search.text import rate_text

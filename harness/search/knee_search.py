@@ -36,9 +36,9 @@ from servelab.harness.run.backends import backend_of
 from servelab.harness.run.servers.managed import sigterm_exits
 from servelab.harness.run.settings import device_line, engine_settings
 from servelab.harness.search.contenders import Contender, contenders_of, reference_of
-from servelab.harness.search.estimator import fewest_requests
 from servelab.harness.search.policy import Prediction, ProbePolicy
 from servelab.harness.search.predict import Predictor
+from servelab.harness.search.probe_ratios import fewest_requests
 from servelab.harness.search.probes import RunFn, RunProber, SimulatedClock
 from servelab.harness.search.result import StrategyResult
 from servelab.harness.search.served import OffClock, ServedProber

@@ -47,7 +47,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from servelab.harness.search.estimator import Knee, ProbeQuantile
+from servelab.harness.search.estimator import Knee
+from servelab.harness.search.probe_ratios import ProbeQuantile
 from servelab.harness.search.probes import Probe, ProbeSpec
 from servelab.harness.search.result import StrategyResult
 

@@ -28,8 +28,8 @@ from servelab.harness.run.simulate.cost_model import StepCostModel, calibrated
 from servelab.harness.run.simulate.engine import described_by
 from servelab.harness.run.simulate.profile_steps import ProfileArgs, profile_steps
 from servelab.harness.run.spec import engine_spec
-from servelab.harness.search.estimator import ProbeQuantile, probe_quantile
 from servelab.harness.search.policy import LOWEST_SHARE, Prediction, ProbePolicy
+from servelab.harness.search.probe_ratios import ProbeQuantile, probe_quantile
 from servelab.harness.search.probes import Prober, ProbeSpec, RunFn, RunProber, SimulatedClock
 from servelab.models.load import model_config_of
 

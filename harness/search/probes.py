@@ -21,7 +21,7 @@ from omegaconf import DictConfig, open_dict
 from servelab.base.records import RequestRecord
 from servelab.harness.measure.rundir import read_requests
 from servelab.harness.measure.slo.limits import SLO
-from servelab.harness.search.estimator import ProbeQuantile, ProbeRatios, probe_ratios
+from servelab.harness.search.probe_ratios import ProbeQuantile, ProbeRatios, probe_ratios
 
 RunFn = Callable[[DictConfig, Path], dict]  # (config, run directory) -> summary
 Kind = Literal["floor", "ceiling", "rate"]

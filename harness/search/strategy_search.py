@@ -13,8 +13,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from servelab.harness.search.estimator import fit_knee, probe_quantile
+from servelab.harness.search.estimator import fit_knee
 from servelab.harness.search.policy import Done, Prediction, ProbePolicy, SearchState
+from servelab.harness.search.probe_ratios import probe_quantile
 from servelab.harness.search.probes import Probe, Prober, ProberGone, ProbeSpec
 from servelab.harness.search.result import StrategyResult
 

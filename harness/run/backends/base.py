@@ -41,6 +41,12 @@ class Backend(ABC):
     seeds: dict[str, int]
     no_telemetry: str | None = None  # why the run samples no telemetry (None: it does)
 
+    def serves(self, inputs: PeerInputs, device: torch.device, seeds: dict[str, int]) -> None:
+        """What a peer serves, as meta.json describes it: the workload, the model file behind
+        its tokenizer, where it runs and the seeds."""
+        self.workload, self.device, self.seeds = inputs.workload, device, seeds
+        self.model_file, self.model_sha256 = inputs.model_file, inputs.model_sha256
+
     @abstractmethod
     def describe(self) -> dict[str, Any]:
         """meta.json entries: `strategy` (a `name` for reports, and what it stands for), and

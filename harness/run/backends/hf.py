@@ -89,11 +89,7 @@ class HFBackend(Backend):
         self.limits = limits
         self.runner = runner
         self.eos = eos
-        self.workload = inputs.workload
-        self.model_file = inputs.model_file
-        self.model_sha256 = inputs.model_sha256
-        self.device = settings.device
-        self.seeds = seeds
+        self.serves(inputs, settings.device, seeds)
 
     @classmethod
     def prepare(cls, spec: RunSpec, clock: RunClock, progress: bool) -> HFBackend:

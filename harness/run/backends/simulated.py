@@ -62,10 +62,7 @@ class SimulatedBackend(Backend):
                 "a simulation's output lengths are the workload's: set workload.ignore_eos=true",
             )
         self.slo, self.skip_idle = spec.slo, spec.skip_idle
-        self.workload = inputs.workload
-        self.device = torch.device("cpu")  # where the simulation runs
-        self.model_file, self.model_sha256 = inputs.model_file, inputs.model_sha256
-        self.seeds = spec.seeds
+        self.serves(inputs, torch.device("cpu"), spec.seeds)  # where the simulation runs
         self.strategy = strategy
         self.clock = VirtualClock()
         self.timing: StepTime
