@@ -6,24 +6,20 @@ cannot hold)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from benchmarks.bench_launches import decode_engine  # noqa: E402
-from servelab.base.batch import ForwardBatch  # noqa: E402
-from servelab.engine.cuda_graphs import DecodeGraphs, buckets_for  # noqa: E402
-from servelab.engine.kv_cache import KVLayout  # noqa: E402
-from servelab.harness.checks.launches import count_launches  # noqa: E402
-from servelab.harness.run.build import build_engine  # noqa: E402
-from servelab.kernels.layer_triton import rotary_write_kv  # noqa: E402
-from servelab.models.dummy import DUMMY_SHAPES  # noqa: E402
-from tests.tiny import (  # noqa: E402
+from benchmarks.bench_launches import decode_engine
+from servelab.base.batch import ForwardBatch
+from servelab.engine.cuda_graphs import DecodeGraphs, buckets_for
+from servelab.engine.kv_cache import KVLayout
+from servelab.harness.checks.launches import count_launches
+from servelab.harness.run.build import build_engine
+from servelab.kernels.layer_triton import rotary_write_kv
+from servelab.models.dummy import DUMMY_SHAPES
+from tests.tiny import (
     engine_settings,
     make_requests,
     random_prompts,

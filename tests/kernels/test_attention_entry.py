@@ -1,26 +1,22 @@
 """The attention entry point: it writes the new keys and values at exactly the batch's slots,
 then attends like naive dense attention, for both KV layouts and both implementations (the
 Triton one in the interpreter when there is no CUDA), and reuses its per-batch plan across
-layers. Bad configuration and bad batches fail with one clear error. TRITON_INTERPRET is set
-as in test_kernels_paged_attention.py.
+layers. Bad configuration and bad batches fail with one clear error (the interpreter:
+tests/conftest.py sets TRITON_INTERPRET).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from servelab.kernels import paged_attention_triton as tri  # noqa: E402
-from servelab.kernels.attention import Attention, AttentionConfig  # noqa: E402
-from servelab.kernels.cpu_build import active_build_status  # noqa: E402
-from tests.attention_cases import AttentionCase, CaseShape, dense_attention, make_case  # noqa: E402
-from tests.conftest import CPU_IMPLS, attention_impl  # noqa: E402
+from servelab.kernels import paged_attention_triton as tri
+from servelab.kernels.attention import Attention, AttentionConfig
+from servelab.kernels.cpu_build import active_build_status
+from tests.attention_cases import AttentionCase, CaseShape, dense_attention, make_case
+from tests.conftest import CPU_IMPLS, attention_impl
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 CPU = torch.device("cpu")

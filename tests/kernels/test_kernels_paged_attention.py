@@ -2,31 +2,25 @@
 Triton kernel against its reference, over block sizes, group sizes (1, 3, 9), head dims and
 ragged lengths that are not multiples of the block size.
 
-Without CUDA the kernels run in the Triton interpreter: TRITON_INTERPRET is set here, and it
-takes effect only if nothing imported triton before (conftest.py is the place that makes it
-certain). With CUDA they run compiled, and bfloat16 is checked too (the interpreter computes
-it wrongly).
+Without CUDA the kernels run in the Triton interpreter: tests/conftest.py sets TRITON_INTERPRET
+before anything imports triton. With CUDA they run compiled, and bfloat16 is checked too (the
+interpreter computes it wrongly).
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from servelab.kernels import paged_attention_ref as ref  # noqa: E402
-from servelab.kernels import paged_attention_triton as tri  # noqa: E402
-from servelab.kernels.paged_attention_ref import (  # noqa: E402
+from servelab.kernels import paged_attention_ref as ref
+from servelab.kernels import paged_attention_triton as tri
+from servelab.kernels.paged_attention_ref import (
     contiguous_decode_ref,
     contiguous_extend_ref,
     paged_decode_ref,
     paged_extend_ref,
 )
-from tests.attention_cases import AttentionCase, CaseShape, dense_attention, make_case  # noqa: E402
+from tests.attention_cases import AttentionCase, CaseShape, dense_attention, make_case
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SCALE = 0.125

@@ -4,17 +4,12 @@ interpreter computes bfloat16 wrongly)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from servelab.kernels.layer_triton import add_rmsnorm, rotary_write_kv, silu_mul  # noqa: E402
-from servelab.models.model import RMSNorm, RotaryEmbedding, apply_rotary  # noqa: E402
+from servelab.kernels.layer_triton import add_rmsnorm, rotary_write_kv, silu_mul
+from servelab.models.model import RMSNorm, RotaryEmbedding, apply_rotary
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.float32, torch.float16]

@@ -4,23 +4,19 @@ and contiguous; where they cannot apply the modules run."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from servelab.engine.kv_cache import KVLayout  # noqa: E402
-from servelab.harness.run.build import build_engine, random_model  # noqa: E402
-from servelab.kernels.attention import Attention, AttentionConfig  # noqa: E402
-from servelab.kernels.linear import PackedLinear, packed_linear  # noqa: E402
-from servelab.models.dummy import DUMMY_SHAPES  # noqa: E402
-from servelab.models.gpu_layers import GpuLayers, gpu_layers  # noqa: E402
-from servelab.models.load import build_model  # noqa: E402
-from tests.tiny import (  # noqa: E402
+from servelab.engine.kv_cache import KVLayout
+from servelab.harness.run.build import build_engine, random_model
+from servelab.kernels.attention import Attention, AttentionConfig
+from servelab.kernels.linear import PackedLinear, packed_linear
+from servelab.models.dummy import DUMMY_SHAPES
+from servelab.models.gpu_layers import GpuLayers, gpu_layers
+from servelab.models.load import build_model
+from tests.tiny import (
     engine_settings,
     make_requests,
     random_prompts,

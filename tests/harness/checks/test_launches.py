@@ -3,16 +3,11 @@ what one decode step of the GPU code path launches (`benchmarks/bench_launches.p
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from benchmarks.bench_launches import step_launches  # noqa: E402
-from servelab.harness.checks.launches import count_launches  # noqa: E402
-from servelab.models.dummy import DUMMY_SHAPES  # noqa: E402
+from benchmarks.bench_launches import step_launches
+from servelab.harness.checks.launches import count_launches
+from servelab.models.dummy import DUMMY_SHAPES
 
 CPU = torch.device("cpu")
 # A decode step of the GPU code path: a few launches a layer, the step's metadata in one copy,
