@@ -21,7 +21,6 @@ from servelab.base.errors import ConfigError
 from servelab.harness.run.backends.base import peer_inputs
 from servelab.harness.run.build import kv_layout
 from servelab.harness.run.compose import compose
-from servelab.harness.run.settings import engine_settings, model_of
 from servelab.harness.run.simulate.cost_model import StepCostModel
 from servelab.harness.run.simulate.engine import derived_timing, meta_model, simulated_serves
 from servelab.harness.run.simulate.hardware import (
@@ -31,9 +30,9 @@ from servelab.harness.run.simulate.hardware import (
     hardware_preset,
     preset_of_device,
 )
+from servelab.harness.run.spec import engine_spec
 from servelab.harness.search.knee_search import search
 from servelab.harness.search.probes import RunFn
-from servelab.strategies.settings import strategy_settings
 
 
 @dataclass(frozen=True)
@@ -121,9 +120,8 @@ def basis_of(preset: str, cfg: DictConfig, settings: PlanSettings) -> tuple[str,
     if path is None:
         return f"simulate.hardware={preset}", f"datasheet: {hardware_preset(preset).source}"
     measured = measured_profile(preset, path)
-    served = simulated_serves(
-        engine_settings(cfg.engine), strategy_settings(cfg.strategy), model_of(cfg).name
-    )
+    engine = engine_spec(cfg)
+    served = simulated_serves(engine.settings, engine.strategy, engine.model.name)
     measured.check_describes(served, f"plan.profiles.{preset}")
     return f"simulate.cost_model={path}", f"measured: steps profiled on {measured.measured_on}"
 
@@ -139,8 +137,9 @@ def plan_row(
     """One preset and strategy: the memory arithmetic, then the knee search on simulated runs
     (each run by `run`, which the command supplies) timed as `basis` says (`basis_of`)."""
     cfg = compose([*overrides, f"strategy={strategy}"])
-    engine, model_spec = engine_settings(cfg.engine), model_of(cfg)
-    model = meta_model(model_spec, strategy_settings(cfg.strategy))
+    spec = engine_spec(cfg)
+    engine, model_spec = spec.settings, spec.model
+    model = meta_model(model_spec, spec.strategy)
     timing = derived_timing(hardware_preset(preset), model, engine.dtype)
     kv_bytes = settings.memory_utilization * timing.hardware.memory_bytes - timing.weight_bytes
     requests = peer_inputs(model_spec, cfg.workload).workload.requests

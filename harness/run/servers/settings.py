@@ -94,16 +94,15 @@ def server_settings(cfg: DictConfig, run_model: ModelSpec) -> ServerSettings | N
         )
     if strategy is not None and kind.name == "command":
         raise ConfigError("server.strategy", "server=command runs server.command as it is given")
+    # the run's engine settings: its batch limits and KV budget, as an engine's switches
+    engine = engine_settings(cfg.engine) if kind.name in ENGINES else None
     translated = Translated((), ())
     if strategy is not None:
         preset = strategy_preset(str(strategy))  # an unknown name: one line, the known ones
-        if kind.name in ENGINES:
-            translated = translate(
-                kind.name, strategy_settings(preset), engine_settings(cfg.engine)
-            )
+        if engine is not None:
+            translated = translate(kind.name, strategy_settings(preset), engine)
     budget = Budget((), None, ())
-    if kind.name in ENGINES and _flag(node, "same_budget"):
-        engine = engine_settings(cfg.engine)
+    if engine is not None and _flag(node, "same_budget"):
         config = model_config_of(run_model)
         budget = budget_flags(
             kind.name, config, engine.dtype, engine.kv_budget_bytes, engine.device.type
