@@ -1,8 +1,9 @@
 """The server's own state during an endpoint run, scraped from its Prometheus `/metrics`.
 
 A client sees latencies; the server knows what made them: how full its KV cache was, how
-many requests it ran and how many waited. vLLM, SGLang and `servelab serve` publish these as
-gauges, each under its own names (`SERVERS`); a run finds which before its clock starts
+many requests it ran and how many waited. vLLM, SGLang, llama.cpp (`--metrics`, which a server
+the run starts gets) and `servelab serve` publish these as gauges, each under its own names
+(`SERVERS`); a run finds which before its clock starts
 (`find_gauges`), then a thread reads them every `period_s` into `server_metrics.csv`, on the
 run's clock as `telemetry.csv` is, as the three columns every server shares here (`COLUMNS`),
 and the run report plots them against time. A server without `/metrics`, or whose metrics
@@ -37,6 +38,11 @@ SERVERS: dict[str, dict[str, tuple[str, ...]]] = {  # each column's gauge, newes
         "kv_usage_share": ("sglang:token_usage",),
         "running_requests": ("sglang:num_running_reqs",),
         "waiting_requests": ("sglang:num_queue_reqs",),
+    },
+    "llamacpp": {  # with --metrics; its KV usage only where the build still publishes it
+        "kv_usage_share": ("llamacpp:kv_cache_usage_ratio",),
+        "running_requests": ("llamacpp:requests_processing",),
+        "waiting_requests": ("llamacpp:requests_deferred",),
     },
     "servelab": {
         "kv_usage_share": ("servelab_kv_usage",),

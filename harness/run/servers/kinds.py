@@ -65,7 +65,8 @@ KINDS = {
         ),
         ServerKind(
             "llamacpp", "llama-server",
-            lambda exe, model, port: [exe, "-m", model, "--host", HOST, "--port", str(port)],
+            lambda exe, model, port: [exe, "-m", model, "--host", HOST, "--port", str(port),
+                                      "--metrics"],
             lambda exe: [exe, "--version"],
             loads=("embedded", "gguf"), model_kind="a GGUF file",
         ),

@@ -57,6 +57,17 @@ sglang:num_running_reqs{model_name="m"} 12.0
 # TYPE sglang:num_queue_reqs gauge
 sglang:num_queue_reqs{model_name="m"} 4.0
 """
+LLAMACPP = """\
+# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 0
+# HELP llamacpp:requests_processing Number of requests processing
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 2
+# HELP llamacpp:requests_deferred Number of requests deferred
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 5
+"""  # llama-server --metrics, build 0c1e570: no KV usage gauge
 
 
 def test_each_server_s_gauges_under_its_own_names() -> None:
@@ -76,6 +87,9 @@ def test_each_server_s_gauges_under_its_own_names() -> None:
     assert read_columns(SGLANG, names) == {
         "kv_usage_share": 0.28, "running_requests": 12.0, "waiting_requests": 4.0,
     }  # fmt: skip
+    source, names = gauges_in(samples_by_name(LLAMACPP)) or ("", {})
+    assert source == "llamacpp"
+    assert read_columns(LLAMACPP, names) == {"running_requests": 2.0, "waiting_requests": 5.0}
     assert gauges_in(samples_by_name("# TYPE other gauge\nother 1.0\n")) is None
 
 
