@@ -120,7 +120,7 @@ def main(args: list[str]) -> None:
         errors = search_step_errors(result.settings.out_dir)
         print(render(errors))
         print(f"  (written to {write_step_errors(result.settings.out_dir, errors)})")
-    unresolved = [k.strategy for k in result.knees if not k.resolved and not k.gone]
+    unresolved = [k.strategy for k in result.knees if k.budget_spent]
     if unresolved:
         print(f"not resolved within the budget: {', '.join(unresolved)} (raise search.budget_s)")
     print(f"probes and search.json under {result.settings.out_dir}")

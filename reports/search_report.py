@@ -119,7 +119,7 @@ def add_search_section(page: Page, path: Path, record: dict) -> None:
             f"A server did not report its tokens in {len(estimated)} probe(s) "
             f"({', '.join(estimated)}): their counts or times are estimated (flag estimated)."
         )
-    unresolved = [k.strategy for k in knees if not k.resolved and not k.gone]
+    unresolved = [k.strategy for k in knees if k.budget_spent]
     if unresolved:
         notes.append(
             f"Not within {record['settings']['resolution']:.0%} in the budget: "

@@ -21,6 +21,7 @@ class StrategyResult:
     fit: Knee | None = None  # fitted on every rate probe
     resolved: bool = False  # the interval came within the resolution
     gone: bool = False  # what served it exited or never answered: its search ended there
+    budget_spent: bool = False  # the budget ran out before its search ended (raise budget_s)
     note: str = ""
     probes: list[Probe] = field(default_factory=list)
 
@@ -72,6 +73,7 @@ class StrategyResult:
             "widened_by": self.widened_by,
             "resolved": self.resolved,
             "gone": self.gone,
+            "budget_spent": self.budget_spent,
             "note": self.note,
             "probes": [
                 {
@@ -118,5 +120,6 @@ def result_of_record(record: dict) -> StrategyResult:
         ),
         resolved=bool(record.get("resolved")),
         gone=bool(record.get("gone")),
+        budget_spent=bool(record.get("budget_spent")),
         note=record.get("note", ""),
     )

@@ -89,6 +89,7 @@ class StrategySearch:
 
     def out_of_budget(self) -> None:
         assert self.next is not None
+        self.result.budget_spent = True
         self.result.note = (
             f"budget spent before the probe at {self.next.rate:.4g} req/s "  # as its run is named
             f"(about {self.cost_s:.0f} s)"

@@ -202,7 +202,19 @@ def test_a_probe_that_does_not_fit_the_budget_is_not_run() -> None:
     system = System(knee=3.0, ceiling=10.0)
     knee = _search(system, budget_s=20.0)  # floor 1 s, ceiling 2 s, 5 req/s: 9.6 s, then 2.5
     assert not knee.resolved and "budget spent before the probe at" in knee.note
-    assert system.clock.now <= 20.0
+    assert knee.budget_spent and system.clock.now <= 20.0
+
+
+def test_only_a_search_the_budget_stopped_says_the_budget_ran_out() -> None:
+    """A strategy whose ceiling served nothing ends there, whatever the budget; one stopped by
+    the budget says so (what `servelab search` and the report name with "raise budget_s")."""
+    clock = Clock()
+    systems = {"nothing": System(3.0, 0.0, clock=clock), "s": System(3.0, 10.0, clock=clock)}
+    nothing, stopped = find_knees(systems, SETTINGS, 20.0, clock)
+    assert nothing.note == "the ceiling probe served nothing" and not nothing.budget_spent
+    assert stopped.budget_spent and not stopped.resolved
+    resolved = _search(System(knee=3.0, ceiling=10.0, slope=2.5))
+    assert resolved.resolved and not resolved.budget_spent
 
 
 def test_every_knee_gets_a_lower_end_before_any_bounded_one_is_narrowed() -> None:
