@@ -18,6 +18,7 @@ returns; `servelab plan` and `scripts/simulation_accuracy.py` call it on simulat
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -200,8 +201,16 @@ def search(
         raise ConfigError(
             "search.strategies", "a simulated search's contenders are simulated: no server"
         )
-    say(device_line(engine_settings(cfg.engine)))
+    engine = engine_settings(cfg.engine)
+    say(device_line(engine))
     say(settings.plan_line(contenders))
+    started = [c.name for c in contenders if c.server is not None]
+    if started and engine.device.type == "cpu":
+        say(
+            f"note: {', '.join(started)} serve on this machine's {os.cpu_count()} CPU cores "
+            "beside the client sending their requests, which takes its share of them; a "
+            "contender in process has the client in its own process"
+        )
     with sigterm_exits(), ExitStack() as stack:
         off = OffClock()
         clock = simulated or off

@@ -75,9 +75,11 @@ def test_the_reference_contender_is_named_or_the_first() -> None:
     assert [c.cfg.replay.skip_idle for c in skipping] == [True, False]
 
 
-def _search(tmp_path: Path, *items: str, seen=lambda strategy, probe: None):  # noqa: ANN001, ANN202
+def _search(tmp_path: Path, *items: str, seen=lambda s, p: None, say=lambda line: None):  # noqa: ANN001, ANN202
     overrides = [*BASE, strategies(*items), f"search.out_dir={tmp_path}"]
-    return search(overrides, compose, lambda cfg, d: run(cfg, d, progress=False), seen=seen)
+    return search(
+        overrides, compose, lambda cfg, d: run(cfg, d, progress=False), say=say, seen=seen
+    )
 
 
 def _server_record(out_dir: Path, folder: str) -> dict:
@@ -86,7 +88,10 @@ def _server_record(out_dir: Path, folder: str) -> dict:
 
 @pytest.mark.integration
 def test_a_server_serves_every_probe_of_its_contender_cold_and_is_stopped(tmp_path: Path) -> None:
-    result = _search(tmp_path, "vllm", FAKE)
+    lines: list[str] = []
+    result = _search(tmp_path, "vllm", FAKE, say=lines.append)
+    shared = [line for line in lines if line.startswith("note: fake serve on this machine's")]
+    assert shared and "beside the client sending their requests" in shared[0]  # a CPU here
     inprocess, fake = result.knees
     assert len(fake.probes) >= 3 and fake.low is not None and inprocess.low is not None
     nonces = [p.outcome.cache_nonce for p in fake.probes]
