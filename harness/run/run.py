@@ -14,7 +14,6 @@ as failed, and a summary marked failed.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -31,18 +30,14 @@ from servelab.harness.run.clock import RunClock
 from servelab.harness.run.collector import collector_paused
 from servelab.harness.run.servers.managed import running_server
 from servelab.harness.run.spec import RunSpec, config_hash, run_spec
-from servelab.harness.run.summary import meta_entries, summary_for
+from servelab.harness.run.summary import meta_entries, read_json, summary_for
 
 
 def completed_summary(cfg: DictConfig, run_dir: Path) -> dict | None:
     """The summary of an earlier complete (or stopped early: its verdict is known) run of this
     same config in `run_dir`, if any."""
-    path = run_dir / "summary.json"
-    if not path.exists():
-        return None
-    try:
-        summary = json.loads(path.read_text())
-    except json.JSONDecodeError:
+    summary = read_json(run_dir / "summary.json")
+    if summary is None:
         return None
     same = summary.get("config_hash") == config_hash(cfg)
     return summary if same and summary.get("status") in ("complete", "stopped") else None

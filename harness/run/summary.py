@@ -119,8 +119,8 @@ def summarize_run(run_dir: Path) -> dict:
     cfg = OmegaConf.load(config)
     assert isinstance(cfg, DictConfig)
     record = run_record(cfg)
-    meta = _read_json(run_dir / "meta.json") or {}
-    earlier = _read_json(run_dir / "summary.json")
+    meta = read_json(run_dir / "meta.json") or {}
+    earlier = read_json(run_dir / "summary.json")
     error = earlier.get("error") if earlier else STOPPED
     records = RunRecords.read(run_dir)
     summary = summary_for(run_dir, records, record, meta, _telemetry(run_dir), error)
@@ -142,7 +142,8 @@ def summarize_run(run_dir: Path) -> dict:
     return summary
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
+    """A run directory's JSON record, None where it is missing, torn or not an object."""
     if not path.is_file():
         return None
     try:
