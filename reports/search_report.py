@@ -20,6 +20,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from servelab.harness.measure.rundir import read_json
 from servelab.harness.measure.slo.limits import SLO
 from servelab.harness.search.estimator import knee_ratio
 from servelab.harness.search.result import StrategyResult, result_of_record
@@ -151,7 +152,7 @@ def contenders_table(path: Path, record: dict) -> str | None:
     rows = []
     for contender in contenders:
         folder = path / contender["folder"]
-        server = _json(folder / "server" / "server.json")
+        server = read_json(folder / "server" / "server.json")
         if server:
             served = server.get("version") or server["kind"]
             switches = [*server.get("strategy_flags", []), *server.get("budget_flags", []),
@@ -165,7 +166,7 @@ def contenders_table(path: Path, record: dict) -> str | None:
         else:
             served, switches, kv, started = "a server running elsewhere", [contender["item"]], \
                 None, None  # fmt: skip
-        peaks = [(_json(run) or {}).get("server_metrics") or {}
+        peaks = [(read_json(run) or {}).get("server_metrics") or {}
                  for run in sorted(folder.glob("*/summary.json"))]  # fmt: skip
         running = max((m.get("running_requests_max") or 0 for m in peaks), default=0)
         used = max((m.get("kv_usage_share_max") or 0 for m in peaks), default=0)
@@ -180,13 +181,6 @@ def contenders_table(path: Path, record: dict) -> str | None:
         "What served each contender: every server started once, cold for each probe, stopped "
         "after its last (start-up outside the budget); its peaks as its own /metrics said",
     )
-
-
-def _json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def quantile_figure(knee: StrategyResult, recorded: dict) -> go.Figure:

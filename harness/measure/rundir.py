@@ -36,6 +36,17 @@ BATCH_BYTES = 1 << 20  # what a batched writer holds before it writes
 LINE_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY  # how a line is encoded
 
 
+def read_json(path: Path) -> dict | None:
+    """A run directory's JSON record, None where it is missing, torn or not an object."""
+    if not path.is_file():
+        return None
+    try:
+        loaded = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
 def write_json_atomic(path: Path, payload: dict) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")

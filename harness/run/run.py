@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from servelab.harness.measure.flags import add_flags
 from servelab.harness.measure.meta import collect_meta
-from servelab.harness.measure.rundir import RunWriter
+from servelab.harness.measure.rundir import RunWriter, read_json
 from servelab.harness.measure.slo.early_stop import StoppedEarly, StopRecord
 from servelab.harness.measure.telemetry import NoTelemetry, TelemetrySampler
 from servelab.harness.run.backends.registry import prepared_backend
@@ -30,7 +30,7 @@ from servelab.harness.run.clock import RunClock
 from servelab.harness.run.collector import collector_paused
 from servelab.harness.run.servers.managed import running_server
 from servelab.harness.run.spec import RunSpec, config_hash, run_spec
-from servelab.harness.run.summary import meta_entries, read_json, summary_for
+from servelab.harness.run.summary import meta_entries, summary_for
 
 
 def completed_summary(cfg: DictConfig, run_dir: Path) -> dict | None:

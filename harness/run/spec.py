@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from servelab.base.errors import ConfigError
 from servelab.harness.measure.slo.limits import SLO
-from servelab.harness.run.backends import ENGINE_LOOPS, STOPS_EARLY, backend_of
+from servelab.harness.run.backends import KINDS, backend_of
 from servelab.harness.run.backends.endpoint_settings import EndpointSettings, endpoint_settings
 from servelab.harness.run.draft import draft_model_of
 from servelab.harness.run.servers.settings import ServerSettings, server_settings
@@ -154,26 +154,27 @@ def run_spec(cfg: DictConfig) -> RunSpec:
     with open_dict(cfg.workload):
         cfg.workload.cache_bust = resolved(cfg.workload.get("cache_bust"))
     record = run_record(cfg)
-    kind = record.backend
+    name, kind = record.backend, KINDS[record.backend]
     skip_idle = bool(cfg.replay.skip_idle)
-    if skip_idle and kind not in ENGINE_LOOPS:  # a simulation's clock is virtual
-        raise ConfigError("replay.skip_idle", f"in-process runs only; backend={kind} serves")
-    if record.slo.stop_early is not None and kind not in STOPS_EARLY:
-        raise ConfigError("slo.stop_early", f"not with backend={kind}: {', '.join(STOPS_EARLY)}")
+    if skip_idle and not kind.runs_engine:  # a simulation's clock is virtual
+        raise ConfigError("replay.skip_idle", f"in-process runs only; backend={name} serves")
+    if record.slo.stop_early is not None and not kind.stops_early:
+        stopping = ", ".join(n for n, k in KINDS.items() if k.stops_early)
+        raise ConfigError("slo.stop_early", f"not with backend={name}: {stopping}")
     workload = parse_workload_config(cfg.workload)
     profile = cfg.profile
-    engine = None if kind == "openai" else engine_spec(cfg)
+    engine = None if kind.over_http else engine_spec(cfg)
     model = model_of(cfg) if engine is None else engine.model
     server = server_settings(cfg, model)
-    if server is not None and kind != "openai":
-        raise ConfigError("server", f"a started server is measured over HTTP, not backend={kind}")
+    if server is not None and not kind.over_http:
+        raise ConfigError("server", f"a started server is measured over HTTP, not backend={name}")
     return RunSpec(
         record=record,
         workload=workload,
         engine=engine,
-        endpoint=endpoint_settings(cfg.endpoint) if kind == "openai" else None,
+        endpoint=endpoint_settings(cfg.endpoint) if kind.over_http else None,
         server=server,
-        simulate=simulate_settings(cfg.get("simulate") or {}) if kind == "simulated" else None,
+        simulate=simulate_settings(cfg.get("simulate") or {}) if name == "simulated" else None,
         skip_idle=skip_idle,
         profile=ProfileSettings(
             bool(profile.enabled), int(profile.first_step), int(profile.num_steps)

@@ -12,7 +12,6 @@ write its summary keeps its status and error; its figures are recomputed.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -35,13 +34,14 @@ from servelab.harness.measure.metrics import summarize
 from servelab.harness.measure.rundir import (
     SCHEMA_VERSION,
     RunRecords,
+    read_json,
     torn_tail,
     write_json_atomic,
 )
 from servelab.harness.measure.server_metrics import FILE as SERVER_METRICS
 from servelab.harness.measure.server_metrics import server_metrics_summary
 from servelab.harness.measure.telemetry import TelemetryResult
-from servelab.harness.run.backends import backend_kind
+from servelab.harness.run.backends import KINDS
 from servelab.harness.run.spec import RunRecord, run_record
 from servelab.harness.run.step_delay import delay_flag
 
@@ -61,7 +61,7 @@ def summary_for(
     requests, steps = records.requests, records.steps
     name = str(meta.get("workload_name") or record.config.workload.get("name"))
     workload_hash, planned = str(meta.get("workload_hash")), meta.get("workload_requests")
-    kind = backend_kind(record.backend)
+    kind = KINDS[record.backend]  # checked when the config was read
     strategy = record.strategy if kind.runs_engine else meta.get("strategy") or {}
     summary = {
         "schema": SCHEMA_VERSION,
@@ -140,17 +140,6 @@ def summarize_run(run_dir: Path) -> dict:
     summary["rebuilt"] = True
     write_json_atomic(run_dir / "summary.json", summary)
     return summary
-
-
-def read_json(path: Path) -> dict | None:
-    """A run directory's JSON record, None where it is missing, torn or not an object."""
-    if not path.is_file():
-        return None
-    try:
-        loaded = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None
-    return loaded if isinstance(loaded, dict) else None
 
 
 def _telemetry(run_dir: Path) -> TelemetryResult:

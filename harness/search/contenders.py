@@ -25,7 +25,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
-from servelab.harness.run.backends import ENGINE_LOOPS, backend_of
+from servelab.harness.run.backends import KINDS, backend_of
 from servelab.harness.run.servers.settings import ServerSettings
 from servelab.harness.run.spec import run_spec
 
@@ -90,7 +90,7 @@ def contenders_of(
         words = overrides_of(item)
         try:
             cfg = compose([*overrides, *words])
-            if backend_of(cfg) not in ENGINE_LOOPS:
+            if not KINDS[backend_of(cfg)].runs_engine:
                 cfg.replay.skip_idle = False  # a server's clock runs as the machine's does
             spec = run_spec(cfg.copy())  # every field checked, the server's executable too
         except ConfigError as error:

@@ -46,11 +46,6 @@ KINDS = {
     )
 }  # fmt: skip
 BACKENDS = tuple(KINDS)
-ENGINE_LOOPS = tuple(name for name, kind in KINDS.items() if kind.runs_engine)
-STOPS_EARLY = (  # the engine's loops first, as the error naming them lists them
-    *ENGINE_LOOPS,
-    *(name for name, kind in KINDS.items() if kind.stops_early and not kind.runs_engine),
-)
 
 
 def backend_of(cfg: Mapping[str, Any]) -> str:
@@ -58,7 +53,3 @@ def backend_of(cfg: Mapping[str, Any]) -> str:
     if kind not in BACKENDS:
         raise ConfigError("backend", f"{kind!r} is not one of: {', '.join(BACKENDS)}")
     return kind
-
-
-def backend_kind(name: str) -> BackendKind:
-    return KINDS[backend_of({"backend": name})]

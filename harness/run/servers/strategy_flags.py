@@ -63,10 +63,10 @@ def translate(engine: str, strategy: StrategySettings, limits: EngineSettings) -
         raise refuse(f"it admits requests in arrival order (strategy.policy={s.policy.value})")
     if s.weights.value == "int4-rtn":
         raise refuse("it has no round-to-nearest int4 switch (strategy.weights=int4-rtn)")
-    speculative = s.decoding.config if isinstance(s.decoding.config, SpeculativeConfig) else None
-    if speculative is not None and speculative.gamma_rule != "fixed":
+    served = Served.of(s, limits)
+    if served.speculative is not None and served.speculative.gamma_rule != "fixed":
         raise refuse("it drafts a fixed number of tokens (strategy.gamma_rule=adaptive)")
-    return TRANSLATORS[engine](Served.of(s, limits), refuse)
+    return TRANSLATORS[engine](served, refuse)
 
 
 @dataclass(frozen=True)

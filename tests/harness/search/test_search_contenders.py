@@ -29,8 +29,8 @@ FAKE = ("server=command server.command=[" + sys.executable
         "server.health_path=/v1/models endpoint.label=fake")  # fmt: skip
 SILENT = ("server=command server.start_timeout_s=2 server.command=[" + sys.executable
           + ",-c,'import time; time.sleep(600)','{port}'] endpoint.label=silent")  # fmt: skip
-BASE = ["model=dummy-tiny", "engine.dtype=fp32", "telemetry.roofline=false", "workload=random",
-        "workload.input_len.dist=fixed", "workload.input_len.value=8",
+BASE = ["model=dummy-tiny", "engine.device=cpu", "engine.dtype=fp32", "telemetry.roofline=false",
+        "workload=random", "workload.input_len.dist=fixed", "workload.input_len.value=8",
         "workload.output_len.value=3", "slo.ttft_s=1", "search.predict=false",
         "search.budget_s=12"]  # fmt: skip
 
@@ -91,7 +91,7 @@ def test_a_server_serves_every_probe_of_its_contender_cold_and_is_stopped(tmp_pa
     lines: list[str] = []
     result = _search(tmp_path, "vllm", FAKE, say=lines.append)
     shared = [line for line in lines if line.startswith("note: fake serve on this machine's")]
-    assert shared and "beside the client sending their requests" in shared[0]  # a CPU here
+    assert shared and "beside the client sending their requests" in shared[0]  # on a CPU
     inprocess, fake = result.knees
     assert len(fake.probes) >= 3 and fake.low is not None and inprocess.low is not None
     nonces = [p.outcome.cache_nonce for p in fake.probes]
