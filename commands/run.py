@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
 from servelab.harness.run.compose import check_group_choices
+from servelab.harness.run.schema import check
 from servelab.harness.run.settings import CONF_DIR
 
 SUMMARY = "run one configuration (the default verb; -m sweeps)"
@@ -37,12 +38,13 @@ def main(args: list[str]) -> None:
         from servelab.reports.run_report import write_run_report
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-        earlier = completed_summary(cfg, run_dir)
-        if earlier is not None:
-            print(f"already complete, not run again: {run_dir}")
-            render_summary(earlier, str(run_dir))
-            return
         try:
+            check(cfg)
+            earlier = completed_summary(cfg, run_dir)
+            if earlier is not None:
+                print(f"already complete, not run again: {run_dir}")
+                render_summary(earlier, str(run_dir))
+                return
             summary = run(cfg, run_dir)
         except ConfigError as error:
             print(f"servelab: error: {error}", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 Each command that needs configuration composes the same tree as a run, so every override
 works the same way everywhere. Unknown preset names fail here with one line, before Hydra's
-longer message.
+longer message, and so does a bad value of any declared field (`schema`), whichever verb.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from servelab.base.errors import ConfigError
+from servelab.harness.run.schema import check
 from servelab.harness.run.settings import CONF_DIR
 
 GROUPS = ("model", "workload", "strategy", "server")
@@ -35,12 +36,15 @@ def check_group_choices(overrides: list[str]) -> None:
 
 
 def compose(overrides: list[str]) -> DictConfig:
+    """The tree `overrides` compose, its declared fields checked (`schema`)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     check_group_choices(overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return hydra_compose(config_name="config", overrides=overrides)
+        cfg = hydra_compose(config_name="config", overrides=overrides)
+    check(cfg)
+    return cfg
 
 
 def strategy_preset(name: str) -> DictConfig:

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
 from servelab.engine.kv_cache import parse_bytes
-from servelab.kernels.attention import IMPLS
+from servelab.harness.run.schema import checked
 from servelab.kernels.capabilities import capabilities
 from servelab.models.spec import ModelSpec, model_spec
 
@@ -30,8 +30,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return {v: k for k, v in DTYPES.items()}[dtype]
 
 
-FUSED_DECODE = ("auto", "off")
-CUDA_GRAPHS = ("auto", "off")
 GPU_DEFAULT_DTYPE = "bf16"  # the model's own dtype, and every CPU figure's where bf16 is native
 
 log = logging.getLogger(__name__)
@@ -67,27 +65,6 @@ def device_line(settings: EngineSettings) -> str:
     dtype = next(name for name, value in DTYPES.items() if value == settings.dtype)
     fallback = f"; {settings.device_fallback}" if settings.device_fallback else ""
     return f"device: {where}, {dtype} ({settings.dtype_reason}){fallback}"
-
-
-def _choice(node: DictConfig, key: str, allowed: tuple[str, ...], prefix: str) -> str:
-    value = str(node.get(key))
-    if value not in allowed:
-        raise ConfigError(f"{prefix}.{key}", f"{value!r} is not one of: {', '.join(allowed)}")
-    return value
-
-
-def _flag(node: DictConfig, key: str, prefix: str) -> bool:
-    value = node.get(key, True)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{prefix}.{key}", f"{value!r} is not true or false")
-    return value
-
-
-def _positive_int(node: DictConfig, key: str, prefix: str) -> int:
-    value = node.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{prefix}.{key}", f"{value!r} must be a positive integer")
-    return value
 
 
 def api_key_from_env(name: object, field: str) -> str | None:
@@ -185,12 +162,12 @@ def engine_settings(node: DictConfig) -> EngineSettings:
         dtype_reason=dtype_reason,
         kv_budget_bytes=budget_bytes,
         kv_budget_fraction=fraction,
-        max_batch_size=_positive_int(node, "max_batch_size", "engine"),
-        max_num_batched_tokens=_positive_int(node, "max_num_batched_tokens", "engine"),
-        attention=_choice(node, "attention", IMPLS, "engine"),
-        fused_decode=_choice(node, "fused_decode", FUSED_DECODE, "engine") == "auto",
-        cuda_graphs=_choice(node, "cuda_graphs", CUDA_GRAPHS, "engine") == "auto",
-        seed=int(node.get("seed", 0)),
-        warmup=_flag(node, "warmup", "engine"),
+        max_batch_size=checked(node, "engine.max_batch_size"),
+        max_num_batched_tokens=checked(node, "engine.max_num_batched_tokens"),
+        attention=checked(node, "engine.attention"),
+        fused_decode=checked(node, "engine.fused_decode") == "auto",
+        cuda_graphs=checked(node, "engine.cuda_graphs") == "auto",
+        seed=checked(node, "engine.seed", 0),
+        warmup=checked(node, "engine.warmup", True),
         device_fallback=cpu_fallback_note() if asked == "auto" and device.type == "cpu" else None,
     )

@@ -22,6 +22,7 @@ from servelab.harness.measure.slo.limits import SLO
 from servelab.harness.run.backends import KINDS, backend_of
 from servelab.harness.run.backends.endpoint_settings import EndpointSettings, endpoint_settings
 from servelab.harness.run.draft import draft_model_of
+from servelab.harness.run.schema import checked
 from servelab.harness.run.servers.settings import ServerSettings, server_settings
 from servelab.harness.run.settings import (
     EngineSettings,
@@ -61,7 +62,7 @@ def engine_spec(cfg: DictConfig) -> EngineSpec:
     delay = step_delay_s(cfg.engine)
     model = model_of(cfg)
     draft = draft_model_of(model, strategy)
-    roofline = bool(cfg.telemetry.get("roofline", True))
+    roofline = checked(cfg.telemetry, "telemetry.roofline", True)
     return EngineSpec(settings, strategy, delay, model, draft, roofline)
 
 
@@ -100,7 +101,7 @@ def run_record(cfg: DictConfig) -> RunRecord:
         model_name=str(cfg.model.get("name")),
         slo=SLO.of_config(cfg),
         arrival=parse_arrival_spec(cfg.workload.get("arrival"), "workload.arrival"),
-        telemetry_period_s=float(cfg.telemetry.period_s),
+        telemetry_period_s=float(checked(cfg.telemetry, "telemetry.period_s")),
         step_delay_s=step_delay_s(cfg.engine),
     )
 
@@ -155,7 +156,7 @@ def run_spec(cfg: DictConfig) -> RunSpec:
         cfg.workload.cache_bust = resolved(cfg.workload.get("cache_bust"))
     record = run_record(cfg)
     name, kind = record.backend, KINDS[record.backend]
-    skip_idle = bool(cfg.replay.skip_idle)
+    skip_idle = checked(cfg.replay, "replay.skip_idle")
     if skip_idle and not kind.runs_engine:  # a simulation's clock is virtual
         raise ConfigError("replay.skip_idle", f"in-process runs only; backend={name} serves")
     if record.slo.stop_early is not None and not kind.stops_early:
@@ -177,10 +178,12 @@ def run_spec(cfg: DictConfig) -> RunSpec:
         simulate=simulate_settings(cfg.get("simulate") or {}) if name == "simulated" else None,
         skip_idle=skip_idle,
         profile=ProfileSettings(
-            bool(profile.enabled), int(profile.first_step), int(profile.num_steps)
+            checked(profile, "profile.enabled"),
+            checked(profile, "profile.first_step"),
+            checked(profile, "profile.num_steps"),
         ),
         model=model,
-        seeds={"engine": int(cfg.engine.get("seed", 0)), "workload": workload.seed},
+        seeds={"engine": checked(cfg.engine, "engine.seed", 0), "workload": workload.seed},
     )
 
 

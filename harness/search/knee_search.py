@@ -34,6 +34,7 @@ from servelab.harness.measure.slo.limits import LIMITS, SLO
 from servelab.harness.measure.slo.scaled import limits_line, scaled_keys, scaled_limits, speed_drift
 from servelab.harness.measure.slo.sources import one_source_each
 from servelab.harness.run.backends import backend_of
+from servelab.harness.run.schema import checked
 from servelab.harness.run.servers.managed import sigterm_exits
 from servelab.harness.run.settings import device_line, engine_settings
 from servelab.harness.search.contenders import Contender, contenders_of, reference_of
@@ -96,20 +97,17 @@ class SearchSettings:
         strategies = tuple(str(s) for s in node.strategies)
         if not strategies:
             raise ConfigError("search.strategies", "name at least one strategy preset")
-        numbers = {key: float(node[key]) for key in ("budget_s", "resolution", "confidence")}
-        spans = {key: float(node.get(key) or 0.0) for key in ("span", "warmup")}
-        for key, value in spans.items():
-            if value < 0:
-                raise ConfigError(f"search.{key}", f"{value:g} must be 0 or more (requests alone)")
+        numbers = {
+            key: float(checked(node, f"search.{key}"))
+            for key in ("budget_s", "resolution", "confidence")
+        }
+        spans = {key: float(checked(node, f"search.{key}", 0)) for key in ("span", "warmup")}
         keys = ("requests", "max_requests", "floor_requests", "ceiling_requests")
-        counts = {key: int(node[key]) for key in keys}
-        if numbers["budget_s"] <= 0 or numbers["resolution"] <= 0:
-            raise ConfigError("search.budget_s", "budget_s and resolution must be positive")
-        if not 0 < numbers["confidence"] < 1:
-            raise ConfigError("search.confidence", f"{numbers['confidence']} is not in (0, 1)")
-        if min(counts.values()) < 1 or counts["max_requests"] < counts["requests"]:
+        counts = {key: checked(node, f"search.{key}") for key in keys}
+        if counts["max_requests"] < counts["requests"]:
             raise ConfigError(
-                "search.requests", "every request count >= 1, and max_requests >= requests"
+                "search.max_requests",
+                f"{counts['max_requests']} must be at least search.requests ({counts['requests']})",
             )
         least = fewest_requests(slo.attainment, numbers["confidence"])
         if counts["requests"] < least:
@@ -126,11 +124,11 @@ class SearchSettings:
             floor_requests=counts["floor_requests"],
             ceiling_requests=counts["ceiling_requests"],
             confidence=numbers["confidence"],
-            skip_idle=bool(cfg.replay.skip_idle),
+            skip_idle=checked(cfg.replay, "replay.skip_idle"),
             span=spans["span"],
             warmup=spans["warmup"],
         )
-        predict = bool(node.get("predict"))
+        predict = checked(node, "search.predict", False)
         reference = None if node.get("reference") is None else str(node.reference)
         return cls(strategies, numbers["budget_s"], Path(str(node.out_dir)), policy,
                    {key: float(value) for key, value in slo_scale.items()}, slo_from,

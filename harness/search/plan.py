@@ -21,6 +21,7 @@ from servelab.base.errors import ConfigError
 from servelab.harness.run.backends.base import peer_inputs
 from servelab.harness.run.build import kv_layout
 from servelab.harness.run.compose import compose
+from servelab.harness.run.schema import checked
 from servelab.harness.run.simulate.cost_model import StepCostModel
 from servelab.harness.run.simulate.engine import derived_timing, meta_model, simulated_serves
 from servelab.harness.run.simulate.hardware import (
@@ -67,17 +68,13 @@ class PlanSettings:
         settings = cls(
             hardware=[str(h) for h in node.hardware],
             strategies=[str(s) for s in node.strategies],
-            rate=float(node.rate),
-            price_per_hour=float(node.price_per_hour),
-            memory_utilization=float(node.memory_utilization),
-            requests=int(node.requests),
+            rate=float(checked(node, "plan.rate")),
+            price_per_hour=float(checked(node, "plan.price_per_hour")),
+            memory_utilization=float(checked(node, "plan.memory_utilization")),
+            requests=checked(node, "plan.requests"),
             out_dir=Path(str(node.out_dir)),
             profiles={str(k): Path(str(v)) for k, v in (node.get("profiles") or {}).items()},
         )
-        if settings.rate <= 0 or settings.price_per_hour < 0 or settings.requests < 1:
-            raise ConfigError("plan", "rate and requests must be positive, the price not negative")
-        if not 0 < settings.memory_utilization <= 1:
-            raise ConfigError("plan.memory_utilization", "a share of device memory, in (0, 1]")
         for name in settings.hardware:
             hardware_preset(name, "plan.hardware")
         for name, path in settings.profiles.items():

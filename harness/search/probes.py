@@ -21,6 +21,7 @@ from omegaconf import DictConfig, open_dict
 from servelab.base.records import RequestRecord
 from servelab.harness.measure.rundir import read_requests
 from servelab.harness.measure.slo.limits import SLO
+from servelab.harness.run.schema import checked
 from servelab.harness.search.probe_ratios import ProbeQuantile, ProbeRatios, probe_ratios
 
 RunFn = Callable[[DictConfig, Path], dict]  # (config, run directory) -> summary
@@ -144,7 +145,7 @@ class RunProber:
         self.out_dir, self.stop_early = out_dir, stop_early
         self.execute, self.simulated = run, simulated
         self.judge_by(cfg)
-        self.skips_idle = bool(cfg.replay.skip_idle)
+        self.skips_idle = checked(cfg.replay, "replay.skip_idle")
 
     def judge_by(self, cfg: DictConfig) -> None:
         """Run `cfg` from now on, its requests judged by its SLO (set once scaled)."""

@@ -25,6 +25,7 @@ from servelab.base.errors import ConfigError
 from servelab.engine.kv_cache import parse_bytes
 from servelab.harness.measure.rundir import RunWriter
 from servelab.harness.run.loop import EngineDriver
+from servelab.harness.run.schema import checked
 from servelab.harness.run.settings import api_key_from_env
 from servelab.harness.run.spec import engine_spec
 from servelab.harness.run.startup import start_engine
@@ -51,28 +52,17 @@ class ServeSettings:
 
 
 def serve_settings(node: DictConfig) -> ServeSettings:
-    port = node.get("port")
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
-        raise ConfigError("serve.port", f"{port!r} must be a port number 0..65535 (0: any free)")
-    grace = node.get("shutdown_grace_s")
-    if not isinstance(grace, int | float) or grace < 0:
-        raise ConfigError("serve.shutdown_grace_s", f"{grace!r} must be seconds >= 0")
     record = node.get("record_dir")
     name = node.get("model_name")
-    concurrent = node.get("max_concurrent_requests")
-    if not isinstance(concurrent, int) or isinstance(concurrent, bool) or concurrent <= 0:
-        raise ConfigError(
-            "serve.max_concurrent_requests", f"{concurrent!r} must be a positive integer"
-        )
     return ServeSettings(
         host=str(node.get("host")),
-        port=port,
+        port=checked(node, "serve.port"),
         model_name=None if name is None else str(name),
         api_key=api_key_from_env(node.get("api_key_env"), "serve.api_key_env"),
         record_dir=None if record is None else Path(str(record)),
-        shutdown_grace_s=float(grace),
+        shutdown_grace_s=float(checked(node, "serve.shutdown_grace_s")),
         max_body_bytes=_max_body(node.get("max_body")),
-        max_concurrent=concurrent,
+        max_concurrent=checked(node, "serve.max_concurrent_requests"),
     )
 
 

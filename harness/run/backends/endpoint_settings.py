@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from servelab.base.errors import ConfigError
 from servelab.engine.request import Request
+from servelab.harness.run.schema import checked
 from servelab.harness.run.settings import api_key_from_env
 
 
@@ -35,36 +36,21 @@ def endpoint_settings(node: DictConfig) -> EndpointSettings:
     url = str(node.get("url") or "").rstrip("/").removesuffix("/v1")
     if not url.startswith(("http://", "https://")):
         raise ConfigError("endpoint.url", f"{url!r} must be an http:// or https:// base URL")
-    timeout = node.get("timeout_s")
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
-        raise ConfigError("endpoint.timeout_s", f"{timeout!r} must be seconds > 0")
-    connections = node.get("max_connections")
-    if not isinstance(connections, int) or isinstance(connections, bool) or connections < 1:
-        raise ConfigError("endpoint.max_connections", f"{connections!r} must be a positive integer")
     extra = node.get("extra_body") or {}
     extra = OmegaConf.to_container(extra, resolve=True) if isinstance(extra, DictConfig) else extra
     if not isinstance(extra, dict):
         raise ConfigError("endpoint.extra_body", f"{extra!r} must be a mapping of request fields")
-    workers = node.get("workers", "auto")
-    if workers != "auto" and (
-        not isinstance(workers, int) or isinstance(workers, bool) or workers < 1
-    ):
-        raise ConfigError("endpoint.workers", f"{workers!r} must be a positive integer or auto")
-    period = node.get("metrics_period_s")
-    if period is not None and (
-        not isinstance(period, int | float) or isinstance(period, bool) or period <= 0
-    ):
-        raise ConfigError("endpoint.metrics_period_s", f"{period!r} must be seconds > 0 or null")
+    period = checked(node, "endpoint.metrics_period_s")
     model, label, key_env = node.get("model"), node.get("label"), node.get("api_key_env")
     return EndpointSettings(
         url=url,
         model=None if model is None else str(model),
         label=None if label is None else str(label),
         api_key_env=None if key_env is None else str(key_env),
-        timeout_s=float(timeout),
-        max_connections=connections,
+        timeout_s=float(checked(node, "endpoint.timeout_s")),
+        max_connections=checked(node, "endpoint.max_connections"),
         extra_body=dict(extra),
-        workers=workers,
+        workers=checked(node, "endpoint.workers", "auto"),
         metrics_period_s=None if period is None else float(period),
     )
 

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from servelab.base.errors import ConfigError
 from servelab.harness.run.compose import strategy_preset
+from servelab.harness.run.schema import checked
 from servelab.harness.run.servers.kinds import (
     ServerKind,
     check_model,
@@ -102,7 +103,7 @@ def server_settings(cfg: DictConfig, run_model: ModelSpec) -> ServerSettings | N
         if engine is not None:
             translated = translate(kind.name, strategy_settings(preset), engine)
     budget = Budget((), None, ())
-    if engine is not None and _flag(node, "same_budget"):
+    if engine is not None and checked(node, "server.same_budget", True):
         config = model_config_of(run_model)
         budget = budget_flags(
             kind.name, config, engine.dtype, engine.kv_budget_bytes, engine.device.type
@@ -119,10 +120,6 @@ def server_settings(cfg: DictConfig, run_model: ModelSpec) -> ServerSettings | N
     health = str(node.get("health_path") or "")
     if not health.startswith("/"):
         raise ConfigError("server.health_path", f"{health!r} must be a path such as /health")
-    timeouts = {key: node.get(key) for key in ("start_timeout_s", "stop_timeout_s")}
-    for key, value in timeouts.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise ConfigError(f"server.{key}", f"{value!r} must be seconds > 0")
     passes = ()
     if kind.name == "servelab":
         passes = (
@@ -142,17 +139,10 @@ def server_settings(cfg: DictConfig, run_model: ModelSpec) -> ServerSettings | N
         model=None if given is None else str(given),
         run_model=run_model,
         health_path=health,
-        warmup=bool(node.get("warmup", True)),
-        start_timeout_s=float(timeouts["start_timeout_s"]),
-        stop_timeout_s=float(timeouts["stop_timeout_s"]),
+        warmup=checked(node, "server.warmup", True),
+        start_timeout_s=float(checked(node, "server.start_timeout_s")),
+        stop_timeout_s=float(checked(node, "server.stop_timeout_s")),
     )
-
-
-def _flag(node: Mapping[str, Any], key: str) -> bool:
-    value = node.get(key, True)
-    if not isinstance(value, bool):
-        raise ConfigError(f"server.{key}", f"{value!r} must be true or false")
-    return value
 
 
 def _strings(value: Any, field: str) -> tuple[str, ...]:

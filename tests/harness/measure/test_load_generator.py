@@ -136,7 +136,10 @@ def test_worker_processes_send_exactly_the_schedule(tmp_path: Path) -> None:
 
 
 def test_a_closed_loop_or_a_bad_worker_count_is_refused_before_any_work() -> None:
-    cfg = compose(["backend=openai", "endpoint.workers=0"])
+    with pytest.raises(ConfigError, match="endpoint.workers: 0 must be a positive integer"):
+        compose(["backend=openai", "endpoint.workers=0"])
+    cfg = compose(["backend=openai"])
+    cfg.endpoint.workers = 0  # a tree not composed: its reader checks it
     with pytest.raises(ConfigError, match="endpoint.workers"):
         endpoint_settings(cfg.endpoint)
     requests = [Request(str(i), [1], SamplingParams(4), t_scheduled=i / 100) for i in range(100)]

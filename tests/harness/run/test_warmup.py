@@ -67,7 +67,7 @@ def test_a_run_records_its_warm_up_apart_and_serves_the_same_tokens(tmp_path: Pa
 
 
 def test_warmup_must_be_true_or_false() -> None:
-    with pytest.raises(ConfigError, match="engine.warmup: 'yes' is not true or false"):
+    with pytest.raises(ConfigError, match="engine.warmup: 'yes' must be true or false"):
         prepare(run_spec(compose([*TINY, "engine.warmup=yes"])), clock=lambda: 0.0, progress=False)
 
 
