@@ -19,14 +19,7 @@ from servelab.harness.checks.launches import count_launches
 from servelab.harness.run.build import build_engine
 from servelab.kernels.layer_triton import rotary_write_kv
 from servelab.models.dummy import DUMMY_SHAPES
-from tests.tiny import (
-    engine_settings,
-    make_requests,
-    random_prompts,
-    serve,
-    strategy,
-    tiny_model,
-)
+from tests import tiny
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 MAX_ROWS = 4  # sequences a step: decode batches of 1..4 rows, 3 padded up to the bucket of 4
@@ -44,14 +37,14 @@ def served(kv: str, graphs: bool | None) -> tuple[list[list[int]], list[torch.Te
     """Tokens, the KV cache afterwards, and the decode steps the graphs served (every
     decode-only step is asserted served); `graphs` None: eager only; False: the padded
     forwards run eagerly; True: captured (CUDA)."""
-    model = tiny_model(seed=3).to(DEVICE)
+    model = tiny.tiny_model(seed=3).to(DEVICE)
     config = model.config
     layout = KVLayout(config.num_layers, model.kv_heads_stored, config.head_dim, torch.float32)
     settings = replace(
-        engine_settings(400 * layout.bytes_per_token, MAX_ROWS, 64, attention="triton"),
+        tiny.engine_settings(400 * layout.bytes_per_token, MAX_ROWS, 64, attention="triton"),
         device=DEVICE, cuda_graphs=False,
     )  # fmt: skip
-    engine = build_engine(model, settings, strategy("iteration", kv), lambda: 0.0)
+    engine = build_engine(model, settings, tiny.strategy("iteration", kv), lambda: 0.0)
     runner, replays = engine.runner, []
     if graphs is not None:
         decode = DecodeGraphs(
@@ -68,8 +61,8 @@ def served(kv: str, graphs: bool | None) -> tuple[list[list[int]], list[torch.Te
             return logits
 
         decode.run = counted  # type: ignore[method-assign]
-    requests = make_requests(random_prompts(6, 3, 30, seed=5), [12, 5, 9, 16, 7, 11])
-    serve(engine, requests)
+    requests = tiny.make_requests(tiny.random_prompts(6, 3, 30, seed=5), [12, 5, 9, 16, 7, 11])
+    tiny.serve(engine, requests)
     assert all(r.output_ids for r in requests)
     return [r.output_ids for r in requests], runner.cache.k + runner.cache.v, sum(replays)
 
@@ -134,10 +127,10 @@ def test_a_padded_row_writes_no_kv() -> None:
 
 
 def test_off_cuda_the_engine_records_why_no_graphs() -> None:
-    model = tiny_model()
+    model = tiny.tiny_model()
     layout = KVLayout(2, model.kv_heads_stored, model.config.head_dim, torch.float32)
-    settings = engine_settings(100 * layout.bytes_per_token, MAX_ROWS, 24, attention="triton")
+    settings = tiny.engine_settings(100 * layout.bytes_per_token, MAX_ROWS, 24, attention="triton")
     engine = build_engine(
-        model, replace(settings, device=torch.device("cpu")), strategy(), lambda: 0.0
+        model, replace(settings, device=torch.device("cpu")), tiny.strategy(), lambda: 0.0
     )
     assert engine.runner.graphs is None and "no CUDA" in engine.runner.graphs_record.reason

@@ -16,34 +16,27 @@ from servelab.kernels.linear import PackedLinear, packed_linear
 from servelab.models.dummy import DUMMY_SHAPES
 from servelab.models.gpu_layers import GpuLayers, gpu_layers
 from servelab.models.load import build_model
-from tests.tiny import (
-    engine_settings,
-    make_requests,
-    random_prompts,
-    serve,
-    strategy,
-    tiny_model,
-)
+from tests import tiny
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def served(fused: bool, kv: str, chunked: bool, weights: str = "dense") -> tuple[list, bool]:
     if weights == "dense":
-        model = tiny_model(seed=3).to(DEVICE)
+        model = tiny.tiny_model(seed=3).to(DEVICE)
     else:  # random int4 weights, multiplied by the Triton kernels (interpreted on a CPU)
-        settings = strategy(weights=weights, group_size=32, int4_kernel="triton").weights
+        settings = tiny.strategy(weights=weights, group_size=32, int4_kernel="triton").weights
         model = random_model(DUMMY_SHAPES["tiny"], settings, torch.float32, DEVICE)
     config = model.config
     layout = KVLayout(config.num_layers, model.kv_heads_stored, config.head_dim, torch.float32)
     settings = replace(
-        engine_settings(400 * layout.bytes_per_token, 4, 24, attention="triton"),
+        tiny.engine_settings(400 * layout.bytes_per_token, 4, 24, attention="triton"),
         device=DEVICE, fused_decode=fused,
     )  # fmt: skip
-    batching = strategy("iteration", kv, chunked_prefill=chunked)
+    batching = tiny.strategy("iteration", kv, chunked_prefill=chunked)
     engine = build_engine(model, settings, batching, lambda: 0.0)
-    requests = make_requests(random_prompts(6, 3, 30, seed=5), [12, 5, 9, 16, 7, 11])
-    serve(engine, requests)
+    requests = tiny.make_requests(tiny.random_prompts(6, 3, 30, seed=5), [12, 5, 9, 16, 7, 11])
+    tiny.serve(engine, requests)
     return [r.output_ids for r in requests], isinstance(model.layer_runner, GpuLayers)
 
 
@@ -65,7 +58,7 @@ def test_the_fused_layers_serve_the_int4_modules_tokens() -> None:
 
 
 def test_the_modules_run_where_the_fused_layers_cannot() -> None:
-    model = tiny_model()
+    model = tiny.tiny_model()
     assert gpu_layers(model, Attention(AttentionConfig("torch"), DEVICE)) is None
     model.layers[0].self_attn.kv_repeat = 2  # the mha layout stores every KV head twice
     assert gpu_layers(model, Attention(AttentionConfig("triton"), DEVICE)) is None
@@ -80,7 +73,7 @@ def test_the_fused_layers_take_the_layers_a_dense_run_builds() -> None:
 
 
 def test_the_concatenated_weights_are_the_modules_own_memory() -> None:
-    model = tiny_model()
+    model = tiny.tiny_model()
     attn = model.layers[0].self_attn
     q_before = attn.q_proj.weight.clone()
     assert gpu_layers(model, Attention(AttentionConfig("triton"), DEVICE)) is not None
@@ -90,7 +83,7 @@ def test_the_concatenated_weights_are_the_modules_own_memory() -> None:
 
 
 def test_the_joined_int4_tensors_are_the_modules_own_memory() -> None:
-    settings = strategy(weights="int4-rtn", group_size=32, int4_kernel="reference").weights
+    settings = tiny.strategy(weights="int4-rtn", group_size=32, int4_kernel="reference").weights
     model = random_model(DUMMY_SHAPES["tiny"], settings, torch.float32, torch.device("cpu"))
     mlp = model.layers[1].mlp
     x = torch.randn(3, model.config.hidden_size)

@@ -19,15 +19,7 @@ from servelab.models.model import LlamaModel
 from servelab.strategies.decoding.model_drafter import ModelDrafter
 from servelab.strategies.kv.paged import PagedKVManager
 from servelab.strategies.settings import StrategySettings
-from tests.tiny import (
-    greedy_reference,
-    make_engine,
-    make_requests,
-    random_prompts,
-    serve,
-    strategy,
-    tiny_model,
-)
+from tests import tiny
 
 VOCAB = 16
 PROPOSERS = ("ngram", "layerskip", "draft")
@@ -35,14 +27,14 @@ PROPOSERS = ("ngram", "layerskip", "draft")
 
 @pytest.fixture(scope="module")
 def model() -> LlamaModel:
-    return tiny_model(vocab_size=VOCAB)
+    return tiny.tiny_model(vocab_size=VOCAB)
 
 
 @pytest.fixture(scope="module")
 def draft_model() -> LlamaModel:
     """The target's weights plus noise: a draft that agrees often, not always."""
-    drafted = tiny_model(vocab_size=VOCAB)
-    noise = tiny_model(seed=1, scale=0.1, vocab_size=VOCAB)
+    drafted = tiny.tiny_model(vocab_size=VOCAB)
+    noise = tiny.tiny_model(seed=1, scale=0.1, vocab_size=VOCAB)
     with torch.no_grad():
         for mine, extra in zip(drafted.parameters(), noise.parameters(), strict=True):
             if mine.dim() > 1:
@@ -51,7 +43,7 @@ def draft_model() -> LlamaModel:
 
 
 def _spec(batching: str, kv: str, proposer: str, **overrides) -> StrategySettings:
-    return strategy(
+    return tiny.strategy(
         batching,
         kv,
         decoding="speculative",
@@ -82,7 +74,7 @@ def _checker(requests: list[Request]):
 
 def _assert_greedy(model: LlamaModel, requests: list[Request], prompts, counts) -> None:
     for request, prompt, count in zip(requests, prompts, counts, strict=True):
-        assert request.output_ids == greedy_reference(model, prompt, count), request.id
+        assert request.output_ids == tiny.greedy_reference(model, prompt, count), request.id
 
 
 @pytest.mark.parametrize("proposer", PROPOSERS)
@@ -91,17 +83,17 @@ def _assert_greedy(model: LlamaModel, requests: list[Request], prompts, counts) 
 def test_speculation_serves_exactly_the_greedy_tokens(
     model: LlamaModel, draft_model: LlamaModel, proposer: str, batching: str, kv: str
 ) -> None:
-    prompts = random_prompts(6, 3, 20, seed=1, vocab_size=VOCAB)
+    prompts = tiny.random_prompts(6, 3, 20, seed=1, vocab_size=VOCAB)
     counts = [12, 20, 7, 16, 30, 9]
-    requests = make_requests(prompts, counts)
-    engine = make_engine(
+    requests = tiny.make_requests(prompts, counts)
+    engine = tiny.make_engine(
         model,
         _spec(batching, kv, proposer),
         kv_slots=600,
         max_num_seqs=4,
         draft_model=draft_model if proposer == "draft" else None,
     )
-    steps = serve(engine, requests, _checker(requests))
+    steps = tiny.serve(engine, requests, _checker(requests))
     _assert_greedy(model, requests, prompts, counts)
     proposed = sum(s["spec_proposed"] for s in steps)
     accepted = sum(s["spec_accepted"] for s in steps)
@@ -116,12 +108,12 @@ def test_speculation_serves_exactly_the_greedy_tokens(
 def test_speculation_stays_exact_under_preemption_prefix_hits_and_chunked_prefill(
     model: LlamaModel, draft_model: LlamaModel, proposer: str, preemption: str
 ) -> None:
-    shared = random_prompts(2, 12, 12, seed=4, vocab_size=VOCAB)
-    tails = random_prompts(8, 2, 9, seed=5, vocab_size=VOCAB)
+    shared = tiny.random_prompts(2, 12, 12, seed=4, vocab_size=VOCAB)
+    tails = tiny.random_prompts(8, 2, 9, seed=5, vocab_size=VOCAB)
     prompts = [shared[i % 2] + tail for i, tail in enumerate(tails)]
     counts = [14, 9, 20, 6, 17, 11, 8, 15]
-    requests = make_requests(prompts, counts)
-    engine = make_engine(
+    requests = tiny.make_requests(prompts, counts)
+    engine = tiny.make_engine(
         model,
         _spec("iteration", "paged", proposer, chunked_prefill=True, preemption=preemption),
         kv_slots=96,
@@ -129,7 +121,7 @@ def test_speculation_stays_exact_under_preemption_prefix_hits_and_chunked_prefil
         max_num_batched_tokens=24,
         draft_model=draft_model if proposer == "draft" else None,
     )
-    steps = serve(engine, requests, _checker(requests))
+    steps = tiny.serve(engine, requests, _checker(requests))
     _assert_greedy(model, requests, prompts, counts)
     assert sum(s["preempted"] for s in steps) > 0
     assert steps[-1]["prefix_hit_tokens"] > 0
@@ -143,17 +135,17 @@ def test_speculation_stays_exact_under_preemption_prefix_hits_and_chunked_prefil
 def test_a_target_drafting_for_itself_has_every_draft_accepted() -> None:
     """The drafter's own cache, rollback and catch-up are right only if it predicts exactly
     what the target computes; any slip in them shows as a rejected draft."""
-    model = tiny_model()
-    prompts = random_prompts(5, 3, 25, seed=2)
+    model = tiny.tiny_model()
+    prompts = tiny.random_prompts(5, 3, 25, seed=2)
     counts = [17, 5, 26, 11, 9]
-    requests = make_requests(prompts, counts)
-    engine = make_engine(
+    requests = tiny.make_requests(prompts, counts)
+    engine = tiny.make_engine(
         model,
         _spec("iteration", "paged", "draft", gamma=4, block_size=4),
         kv_slots=400,
         draft_model=model,
     )
-    steps = serve(engine, requests, _checker(requests))
+    steps = tiny.serve(engine, requests, _checker(requests))
     _assert_greedy(model, requests, prompts, counts)
     figures = speculative_summary([StepRecord.from_json(s) for s in steps])
     assert figures["spec_proposed"] > 0
@@ -163,16 +155,16 @@ def test_a_target_drafting_for_itself_has_every_draft_accepted() -> None:
 
 
 def test_drafts_are_cut_to_the_token_budget_and_counted_in_it(model: LlamaModel) -> None:
-    prompts = random_prompts(4, 4, 6, seed=3, vocab_size=VOCAB)
+    prompts = tiny.random_prompts(4, 4, 6, seed=3, vocab_size=VOCAB)
     counts = [20, 20, 20, 20]
-    requests = make_requests(prompts, counts)
-    engine = make_engine(
+    requests = tiny.make_requests(prompts, counts)
+    engine = tiny.make_engine(
         model,
         _spec("iteration", "contiguous", "ngram", gamma=6),
         kv_slots=200,
         max_num_batched_tokens=10,
     )
-    steps = serve(engine, requests)
+    steps = tiny.serve(engine, requests)
     _assert_greedy(model, requests, prompts, counts)
     assert all(s["prefill_tokens"] + s["decode_tokens"] <= 10 for s in steps)
     decoding = [s for s in steps if s["prefill_tokens"] == 0]
@@ -181,8 +173,8 @@ def test_drafts_are_cut_to_the_token_budget_and_counted_in_it(model: LlamaModel)
 
 
 def test_the_drafter_cache_takes_its_share_of_the_budget(model: LlamaModel) -> None:
-    plain = make_engine(model, strategy("iteration", "paged"), kv_slots=96)
-    layerskip = make_engine(model, _spec("iteration", "paged", "layerskip"), kv_slots=96)
+    plain = tiny.make_engine(model, tiny.strategy("iteration", "paged"), kv_slots=96)
+    layerskip = tiny.make_engine(model, _spec("iteration", "paged", "layerskip"), kv_slots=96)
     drafter = layerskip.decoder.proposer
     assert isinstance(drafter, ModelDrafter)
     assert drafter.runner.cache.num_slots == layerskip.runner.cache.num_slots
@@ -196,20 +188,20 @@ def test_the_drafter_cache_takes_its_share_of_the_budget(model: LlamaModel) -> N
 def test_sampled_outputs_do_not_depend_on_batch_composition(
     model: LlamaModel, draft_model: LlamaModel, proposer: str
 ) -> None:
-    prompts = random_prompts(5, 4, 12, seed=6, vocab_size=VOCAB)
+    prompts = tiny.random_prompts(5, 4, 12, seed=6, vocab_size=VOCAB)
 
     def sampled(count: int) -> list[Request]:
         requests = [
             Request(str(i), prompt, SamplingParams(15, temperature=0.8, top_k=12, seed=i))
             for i, prompt in enumerate(prompts[:count])
         ]
-        engine = make_engine(
+        engine = tiny.make_engine(
             model,
             _spec("iteration", "paged", proposer),
             kv_slots=400,
             draft_model=draft_model if proposer == "draft" else None,
         )
-        serve(engine, requests)
+        tiny.serve(engine, requests)
         return requests
 
     alone = sampled(1)[0]
@@ -221,9 +213,9 @@ def test_sampled_outputs_do_not_depend_on_batch_composition(
 def test_a_cancelled_request_gives_its_drafter_cache_back(
     model: LlamaModel, draft_model: LlamaModel
 ) -> None:
-    prompts = random_prompts(3, 5, 12, seed=7, vocab_size=VOCAB)
-    requests = make_requests(prompts, [20, 20, 20])
-    engine = make_engine(
+    prompts = tiny.random_prompts(3, 5, 12, seed=7, vocab_size=VOCAB)
+    requests = tiny.make_requests(prompts, [20, 20, 20])
+    engine = tiny.make_engine(
         model, _spec("iteration", "paged", "draft"), kv_slots=300, draft_model=draft_model
     )
     for request in requests:
