@@ -94,7 +94,7 @@ class SearchSettings:
             raise ConfigError(
                 "slo", "search needs at least one limit, e.g. slo.ttft_s=2 or slo.tpot_s=0.1"
             )
-        strategies = tuple(str(s) for s in node.strategies)
+        strategies = checked(node, "search.strategies")
         if not strategies:
             raise ConfigError("search.strategies", "name at least one strategy preset")
         numbers = {

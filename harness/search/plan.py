@@ -66,8 +66,8 @@ class PlanSettings:
     def of(cls, cfg: DictConfig) -> PlanSettings:
         node = cfg.plan
         settings = cls(
-            hardware=[str(h) for h in node.hardware],
-            strategies=[str(s) for s in node.strategies],
+            hardware=list(checked(node, "plan.hardware")),
+            strategies=list(checked(node, "plan.strategies")),
             rate=float(checked(node, "plan.rate")),
             price_per_hour=float(checked(node, "plan.price_per_hour")),
             memory_utilization=float(checked(node, "plan.memory_utilization")),

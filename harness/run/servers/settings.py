@@ -77,8 +77,8 @@ def server_settings(cfg: DictConfig, run_model: ModelSpec) -> ServerSettings | N
     if node.get("kind") is None:
         return None
     kind = kind_of(node.get("kind"))
-    flags = _strings(node.get("flags"), "server.flags")
-    command = _strings(node.get("command"), "server.command")
+    flags = checked(node, "server.flags", [])
+    command = checked(node, "server.command", [])
     if (kind.name == "command") != bool(command):
         raise ConfigError(
             "server.command",
@@ -143,16 +143,6 @@ def server_settings(cfg: DictConfig, run_model: ModelSpec) -> ServerSettings | N
         start_timeout_s=float(checked(node, "server.start_timeout_s")),
         stop_timeout_s=float(checked(node, "server.stop_timeout_s")),
     )
-
-
-def _strings(value: Any, field: str) -> tuple[str, ...]:
-    """A list of strings from the config (Hydra reads `[a,b]`); every item as text."""
-    if value is None:
-        return ()
-    items = OmegaConf.to_container(value) if OmegaConf.is_list(value) else value
-    if not isinstance(items, list):
-        raise ConfigError(field, f"{value!r} must be a list, e.g. {field}=[--a,1]")
-    return tuple(str(item) for item in items)
 
 
 def _overrides(prefix: str, node: Mapping[str, Any]) -> list[str]:

@@ -12,22 +12,39 @@ from omegaconf import OmegaConf
 from servelab.base.errors import ConfigError
 from servelab.commands.cli import main
 from servelab.harness.run.compose import compose
-from servelab.harness.run.schema import SCHEMA, checked
+from servelab.harness.run.schema import FLAG, SCHEMA, checked
 from servelab.harness.run.spec import run_spec
 
+OWN_PARSERS = ("model", "workload", "strategy", "slo")  # presets' shapes; SLO.of_config
 
-def test_every_declared_field_is_in_the_tree() -> None:
-    cfg = compose([])
-    for path in SCHEMA:
-        parent, _, key = path.rpartition(".")
-        assert key in OmegaConf.select(cfg, parent), path
+
+def test_the_schema_is_the_tree() -> None:
+    """Every field of the tree's own nodes (a node's keys, `plan.engine` one field) is
+    declared, and every declared field is in it: a new field without its declaration fails."""
+    tree = OmegaConf.to_container(compose([]))
+    fields = set()
+    for name, node in tree.items():
+        if name in OWN_PARSERS:
+            continue
+        fields |= {f"{name}.{key}" for key in node} if isinstance(node, dict) else {name}
+    assert fields == set(SCHEMA)
 
 
 @pytest.mark.parametrize("path", sorted(SCHEMA))
 def test_a_bad_value_fails_at_compose(path: str) -> None:
+    bad = "nope" if SCHEMA[path] is FLAG else "true"
     with pytest.raises(ConfigError) as error:
-        compose([f"{path}=nope"])
-    assert str(error.value).startswith(f"{path}: 'nope' must be ")
+        compose([f"{path}={bad}"])
+    shown = "'nope'" if bad == "nope" else "True"
+    assert str(error.value).startswith(f"{path}: {shown} must be ")
+
+
+def test_one_name_is_a_list_of_one() -> None:
+    """`search.strategies=vllm` is the list [vllm], not its letters."""
+    cfg = compose(["search.strategies=vllm", "plan.hardware=h100-80gb"])
+    assert checked(cfg.search, "search.strategies") == ("vllm",)
+    assert checked(cfg.plan, "plan.hardware") == ("h100-80gb",)
+    assert checked(compose([]).search, "search.strategies") == ("fastertransformer", "orca", "vllm")
 
 
 @pytest.mark.parametrize(
