@@ -3,6 +3,7 @@ monotone fit's crossing, cliffs, and an interval that covers a made-up system's 
 
 from __future__ import annotations
 
+import itertools
 import math
 from statistics import NormalDist
 
@@ -28,6 +29,7 @@ from servelab.harness.search.probe_ratios import (
     ProbeRatios,
     binomial_cdf,
     dependence,
+    fewest_runs_chance,
     order_statistic_bounds,
     probe_quantile,
     probe_ratios,
@@ -308,6 +310,20 @@ def test_requests_waiting_in_one_queue_count_as_fewer_draws() -> None:
     none = np.zeros(240, dtype=bool)
     assert dependence(spread, none) == 1.0 and dependence(runs, none) > 4
     assert dependence(rng.lognormal(size=240), none) < 1.5
+
+
+def test_the_runs_test_is_exact() -> None:
+    """The chance of at most so many runs, against every order of a few hits and misses
+    counted; two misses in a row among 48 requests: 48 of the 1,128 orders."""
+    for ones, zeros in ((3, 4), (5, 2), (4, 4), (6, 1)):
+        orders = list(itertools.combinations(range(ones + zeros), ones))
+        for runs in range(2, ones + zeros + 1):
+            counted = 0
+            for places in orders:
+                marks = [index in places for index in range(ones + zeros)]
+                counted += 1 + sum(a != b for a, b in itertools.pairwise(marks)) <= runs
+            assert fewest_runs_chance(runs, ones, zeros) == pytest.approx(counted / len(orders))
+    assert fewest_runs_chance(3, 46, 2) == pytest.approx(48 / 1128)
 
 
 def test_fewer_draws_widen_the_quantile_s_interval() -> None:
