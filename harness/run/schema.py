@@ -77,7 +77,13 @@ NAMES = Field(  # presets: one name stands for a list of one
     lambda value: isinstance(value, str) or _is_list(value),
     lambda value: (value,) if isinstance(value, str) else tuple(str(item) for item in value),
 )
-MAPPING = Field("a mapping, e.g. {a: 1}", lambda value: isinstance(value, dict | DictConfig))
+MAPPING = Field(
+    "a mapping, e.g. {a: 1}",
+    lambda value: isinstance(value, dict | DictConfig),
+    lambda value: (
+        OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else dict(value)
+    ),
+)
 
 SCHEMA: dict[str, Field] = {
     "backend": TEXT,  # one of harness/run/backends' KINDS (`backend_of`)

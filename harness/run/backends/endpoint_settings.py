@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from servelab.base.errors import ConfigError
 from servelab.engine.request import Request
@@ -36,10 +36,6 @@ def endpoint_settings(node: DictConfig) -> EndpointSettings:
     url = str(node.get("url") or "").rstrip("/").removesuffix("/v1")
     if not url.startswith(("http://", "https://")):
         raise ConfigError("endpoint.url", f"{url!r} must be an http:// or https:// base URL")
-    extra = node.get("extra_body") or {}
-    extra = OmegaConf.to_container(extra, resolve=True) if isinstance(extra, DictConfig) else extra
-    if not isinstance(extra, dict):
-        raise ConfigError("endpoint.extra_body", f"{extra!r} must be a mapping of request fields")
     period = checked(node, "endpoint.metrics_period_s")
     model, label, key_env = node.get("model"), node.get("label"), node.get("api_key_env")
     return EndpointSettings(
@@ -49,7 +45,7 @@ def endpoint_settings(node: DictConfig) -> EndpointSettings:
         api_key_env=None if key_env is None else str(key_env),
         timeout_s=float(checked(node, "endpoint.timeout_s")),
         max_connections=checked(node, "endpoint.max_connections"),
-        extra_body=dict(extra),
+        extra_body=checked(node, "endpoint.extra_body", {}),
         workers=checked(node, "endpoint.workers", "auto"),
         metrics_period_s=None if period is None else float(period),
     )
